@@ -1,0 +1,51 @@
+// The `strata` command-line tool: each cli/*.cpp registers its subcommands here.
+//
+//   static void register_my_command(strata::cli::Registry& r) { ... }
+//   STRATA_CLI_COMMAND(register_my_command);
+//
+// A registrar adds CLI11 subcommands under r.root() (or r.group("bench", "...")) and sets
+// each subcommand's callback to store the exit code via r.set_exit_code().
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/base/status.hpp"
+
+namespace strata::cli {
+
+class Registry {
+ public:
+  explicit Registry(CLI::App& root) : root_(root) {}
+  CLI::App& root() { return root_; }
+  /// The subcommand `name` of the root, created on first use (e.g. "bench", "store").
+  CLI::App& group(const std::string& name, const std::string& description);
+  static void set_exit_code(int code);
+  static int exit_code();
+
+ private:
+  CLI::App& root_;
+};
+
+using Registrar = void (*)(Registry&);
+std::vector<Registrar>& registrars();
+
+struct AutoRegister {
+  explicit AutoRegister(Registrar r) { registrars().push_back(r); }
+};
+
+/// Prints "strata: error: <status>" to stderr and returns the exit code for it (1).
+int report_error(const Status& status);
+
+/// CLI11 validator/transformer for byte sizes with suffixes (KiB, MiB, GiB, K, M, G).
+uint64_t parse_size_or_throw(const std::string& text, const std::string& option);
+
+/// True when stdout/stderr is a terminal (progress lines are shown only then).
+bool stderr_is_tty();
+
+}  // namespace strata::cli
+
+#define STRATA_CLI_COMMAND(fn) \
+  static ::strata::cli::AutoRegister STRATA_CONCAT(strata_cli_reg_, __LINE__)(fn)

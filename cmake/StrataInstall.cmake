@@ -1,0 +1,19 @@
+# Installs the libraries, headers and the CMake package: find_package(strata CONFIG)
+# gives strata::strata (and strata::base, strata::collectives, strata::store,
+# strata::optimizer).
+include(CMakePackageConfigHelpers)
+set(STRATA_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/strata)
+install(TARGETS strata_base strata_collectives strata_store strata_optimizer strata_strata
+        EXPORT strataTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT strataTargets NAMESPACE strata:: DESTINATION ${STRATA_CMAKE_DIR})
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/strataConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/strataConfig.cmake INSTALL_DESTINATION ${STRATA_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/strataConfig.cmake ${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
+  ${CMAKE_CURRENT_LIST_DIR}/StrataDependencies.cmake
+  DESTINATION ${STRATA_CMAKE_DIR})

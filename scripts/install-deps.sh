@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs strata's build, test and benchmark dependencies from Debian 12 packages.
+# Idempotent: re-running installs nothing new. Must run as root (or via sudo).
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  liburing-dev libhwloc-dev hwloc libboost-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev libhwy-dev nlohmann-json3-dev libcli11-dev
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  fio procps util-linux
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+echo "strata dependencies: all present"

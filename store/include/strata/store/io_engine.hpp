@@ -1,0 +1,116 @@
+// strata::store — the NVMe I/O engine: io_uring (liburing) with O_DIRECT, or a thread-pool
+// pread/pwrite fallback, behind one asynchronous interface.
+//
+// CONTRACT (shared by the store, the optimizer pipeline and the CLI; keep these signatures):
+//  - Every read/write returns Future<uint64_t> resolving to the bytes transferred, which is
+//    always == nbytes on success. A short transfer is continued; a failure is an error
+//    naming path, offset, length and errno. Never a silent truncation.
+//  - Any size and offset works with O_DIRECT: unaligned heads/tails, odd sizes and
+//    unaligned caller buffers are handled by the engine (bounce through aligned memory).
+//  - Buffers passed to read/write must stay valid until the returned future is ready.
+//  - Buffers inside a region registered with register_buffer() use READ_FIXED/WRITE_FIXED.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/base/future.hpp"
+#include "strata/base/status.hpp"
+
+namespace strata {
+
+enum class EngineKind { kUring, kThreads };
+std::string_view engine_kind_name(EngineKind k);  // "uring" | "threads"
+
+/// Options of an IoEngine. Defaults are seeded from STRATA_* environment variables by
+/// IoEngineOptions::from_env(); a field set explicitly always wins.
+struct IoEngineOptions {
+  EngineKind kind = EngineKind::kUring;  ///< STRATA_IO_ENGINE=uring|threads
+  uint32_t queue_depth = 32;             ///< requests in flight per worker (STRATA_QUEUE_DEPTH)
+  uint64_t block_size = 1ull << 20;      ///< bytes per request, max (STRATA_BLOCK_SIZE)
+  uint32_t workers = 1;                  ///< worker threads (one ring each) (STRATA_IO_WORKERS)
+  bool direct = true;                    ///< O_DIRECT (STRATA_DIRECT)
+  bool allow_buffered_fallback = true;   ///< use buffered I/O + one warning when O_DIRECT is refused
+  bool allow_threads_fallback = true;    ///< use the thread engine + one warning when io_uring_setup fails
+  bool register_files = true;            ///< io_uring registered files
+  bool sqpoll = false;                   ///< IORING_SETUP_SQPOLL (opt-in)
+  bool iopoll = false;                   ///< IORING_SETUP_IOPOLL (opt-in; O_DIRECT only)
+
+  /// Defaults overridden by the STRATA_* variables above.
+  /// \error InvalidArgument naming the variable on a malformed value.
+  static Result<IoEngineOptions> from_env();
+};
+
+enum class OpenMode {
+  kRead,       ///< existing file, read only
+  kReadWrite,  ///< existing file, or created when absent
+  kTruncate,   ///< created or truncated to 0
+};
+
+/// An open file on which the engine does I/O. Created by IoEngine::open(); closes on
+/// destruction. Thread-safety: immutable after open; share freely.
+class IoFile {
+ public:
+  virtual ~IoFile() = default;
+  virtual const std::string& path() const = 0;
+  virtual bool direct() const = 0;               ///< opened with O_DIRECT
+  virtual uint32_t offset_alignment() const = 0; ///< DIO offset/length alignment (bytes)
+  virtual uint32_t memory_alignment() const = 0; ///< DIO buffer alignment (bytes)
+  virtual Result<uint64_t> size() const = 0;     ///< current file size in bytes
+};
+
+class IoEngine {
+ public:
+  /// Creates an engine. With kind=kUring and io_uring unavailable, falls back to kThreads
+  /// (one warning) when allow_threads_fallback, else Unavailable.
+  static Result<std::shared_ptr<IoEngine>> create(const IoEngineOptions& options);
+  virtual ~IoEngine() = default;
+
+  virtual EngineKind kind() const = 0;
+  virtual const IoEngineOptions& options() const = 0;
+
+  /// Opens `path`. With options().direct, opens with O_DIRECT; if the filesystem refuses
+  /// O_DIRECT (EINVAL, e.g. tmpfs) and allow_buffered_fallback, opens buffered and warns once.
+  /// \error NotFound (missing file/dir), PermissionDenied, IoError — each naming the path.
+  virtual Result<std::shared_ptr<IoFile>> open(const std::string& path, OpenMode mode) = 0;
+
+  /// Reads nbytes at offset into dst. Reading past EOF is DataLoss naming path/offset.
+  virtual Future<uint64_t> read(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
+                                uint64_t offset) = 0;
+  /// Writes nbytes from src at offset. ENOSPC -> ResourceExhausted naming path/offset.
+  virtual Future<uint64_t> write(const std::shared_ptr<IoFile>& file, const void* src,
+                                 uint64_t nbytes, uint64_t offset) = 0;
+  /// fdatasync of the file (on a worker).
+  virtual Future<void> sync(const std::shared_ptr<IoFile>& file) = 0;
+
+  /// Registers [addr, addr+nbytes) for fixed-buffer I/O (io_uring); no-op for kThreads.
+  virtual Status register_buffer(void* addr, uint64_t nbytes) = 0;
+  virtual Status unregister_buffer(void* addr) = 0;
+
+  /// Blocks until every request submitted so far is complete. Returns at once when none.
+  virtual void drain() = 0;
+};
+
+/// One logical extent striped RAID-0 over files in several directories (one per device):
+/// stripe unit u, k files; logical byte x lives in file (x / u) % k at offset
+/// (x / u / k) * u + x % u. Reads and writes drive all files in parallel.
+class StripedFile {
+ public:
+  /// Opens (or creates) `name` inside each of `dirs`.
+  /// \error InvalidArgument if dirs is empty or stripe_unit is 0 or not a multiple of 4096;
+  ///     NotFound naming a missing directory.
+  static Result<std::shared_ptr<StripedFile>> open(std::shared_ptr<IoEngine> engine,
+                                                   const std::vector<std::string>& dirs,
+                                                   const std::string& name, OpenMode mode,
+                                                   uint64_t stripe_unit = 1ull << 20);
+  virtual ~StripedFile() = default;
+  virtual Future<uint64_t> read(void* dst, uint64_t nbytes, uint64_t offset) = 0;
+  virtual Future<uint64_t> write(const void* src, uint64_t nbytes, uint64_t offset) = 0;
+  virtual Future<void> sync() = 0;
+  virtual uint64_t stripe_unit() const = 0;
+  virtual const std::vector<std::shared_ptr<IoFile>>& files() const = 0;
+};
+
+}  // namespace strata
