@@ -1,31 +1,38 @@
-// strata — element types shared by the store (object dtypes), the collectives (buffers to
-// gather/reduce) and the optimizer (gradient dtypes). Header-only.
+// strata — element types shared by the store, the communicator and the optimizer.
+//
+// Header-only and dependent only on strata::base (status.hpp), so base-level code and every
+// component above collectives can include it without linking anything.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <string>
 #include <string_view>
+
+#include "strata/base/status.hpp"
 
 namespace strata {
 
-/// Element type of a tensor. Stable values (persisted in store catalogs; exposed in the C
-/// API as strata_dtype_t): never renumber.
+/// Element type of a tensor / buffer. Stable values (the C API exposes them 1:1).
 enum class DType : uint8_t {
-  kFloat32 = 0,
-  kFloat16 = 1,   ///< IEEE 754 binary16
-  kBFloat16 = 2,  ///< bfloat16 (8-bit exponent, 7-bit mantissa)
-  kFloat64 = 3,
+  kFloat32 = 0,   ///< IEEE 754 binary32 ("fp32")
+  kFloat16 = 1,   ///< IEEE 754 binary16 ("fp16")
+  kBFloat16 = 2,  ///< bfloat16: the upper 16 bits of a binary32 ("bf16")
+  kFloat64 = 3,   ///< IEEE 754 binary64 ("fp64")
   kInt8 = 4,
   kInt16 = 5,
   kInt32 = 6,
   kInt64 = 7,
   kUInt8 = 8,
-  kBool = 9,  ///< one byte per element, 0 or 1
+  kBool = 9,  ///< one byte per element, 0 = false, anything else = true
 };
 
-/// Bytes per element.
-constexpr size_t dtype_size(DType t) {
+/// Number of DType values (for tables and loops).
+inline constexpr int kNumDTypes = 10;
+
+/// Size of one element in bytes (fp32 -> 4, fp16/bf16 -> 2, bool -> 1, ...).
+/// Thread-safety: pure function.
+constexpr size_t dtype_size(DType t) noexcept {
   switch (t) {
     case DType::kFloat32: return 4;
     case DType::kFloat16: return 2;
@@ -41,14 +48,14 @@ constexpr size_t dtype_size(DType t) {
   return 0;
 }
 
-/// Canonical names, as numpy/torch spell them: "float32", "float16", "bfloat16",
-/// "float64", "int8", "int16", "int32", "int64", "uint8", "bool".
-constexpr std::string_view dtype_name(DType t) {
+/// Short name as used on command lines and in catalogs: "fp32", "fp16", "bf16", "fp64",
+/// "int8", "int16", "int32", "int64", "uint8", "bool". Unknown values give "invalid".
+constexpr std::string_view dtype_name(DType t) noexcept {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat64: return "float64";
+    case DType::kFloat32: return "fp32";
+    case DType::kFloat16: return "fp16";
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat64: return "fp64";
     case DType::kInt8: return "int8";
     case DType::kInt16: return "int16";
     case DType::kInt32: return "int32";
@@ -56,23 +63,41 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::kUInt8: return "uint8";
     case DType::kBool: return "bool";
   }
-  return "unknown";
+  return "invalid";
 }
 
-/// Parses a canonical name or a short alias (fp32, fp16, bf16, fp64, f32, half, float,
-/// double). nullopt when unknown.
-constexpr std::optional<DType> dtype_from_name(std::string_view s) {
-  if (s == "float32" || s == "fp32" || s == "f32" || s == "float") return DType::kFloat32;
-  if (s == "float16" || s == "fp16" || s == "f16" || s == "half") return DType::kFloat16;
-  if (s == "bfloat16" || s == "bf16") return DType::kBFloat16;
-  if (s == "float64" || s == "fp64" || s == "f64" || s == "double") return DType::kFloat64;
-  if (s == "int8") return DType::kInt8;
-  if (s == "int16") return DType::kInt16;
-  if (s == "int32") return DType::kInt32;
-  if (s == "int64") return DType::kInt64;
-  if (s == "uint8") return DType::kUInt8;
-  if (s == "bool") return DType::kBool;
-  return std::nullopt;
+/// True for a value that names one of the ten DTypes (guards casts from integers).
+constexpr bool dtype_is_valid(DType t) noexcept { return dtype_size(t) != 0; }
+
+/// True for fp32, fp16, bf16, fp64.
+constexpr bool dtype_is_floating(DType t) noexcept {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16 ||
+         t == DType::kFloat64;
+}
+
+/// Parses a name of dtype_name() (also the aliases "float32", "float", "float16", "half",
+/// "bfloat16", "float64", "double", "uint8_t"...: the torch spellings without "torch.").
+/// \error InvalidArgument naming `text` when it is not a known dtype.
+inline Result<DType> parse_dtype(std::string_view text) {
+  struct Alias {
+    std::string_view name;
+    DType type;
+  };
+  static constexpr Alias kAliases[] = {
+      {"fp32", DType::kFloat32},  {"float32", DType::kFloat32}, {"float", DType::kFloat32},
+      {"fp16", DType::kFloat16},  {"float16", DType::kFloat16}, {"half", DType::kFloat16},
+      {"bf16", DType::kBFloat16}, {"bfloat16", DType::kBFloat16},
+      {"fp64", DType::kFloat64},  {"float64", DType::kFloat64}, {"double", DType::kFloat64},
+      {"int8", DType::kInt8},     {"int16", DType::kInt16},     {"short", DType::kInt16},
+      {"int32", DType::kInt32},   {"int", DType::kInt32},       {"int64", DType::kInt64},
+      {"long", DType::kInt64},    {"uint8", DType::kUInt8},     {"bool", DType::kBool},
+  };
+  for (const auto& a : kAliases) {
+    if (a.name == text) return a.type;
+  }
+  return invalid_argument("unknown dtype '" + std::string(text) +
+                          "' (expected fp32, fp16, bf16, fp64, int8, int16, int32, int64, "
+                          "uint8 or bool)");
 }
 
 }  // namespace strata

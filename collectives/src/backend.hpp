@@ -1,0 +1,67 @@
+// Private pieces shared by the Gloo and NCCL communicators.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "strata/collectives/communicator.hpp"
+#include "strata/collectives/rendezvous.hpp"
+
+/// Returns a ready failed Future<void> from the enclosing function when `expr` fails.
+#define STRATA_RETURN_FUTURE_IF_ERROR(expr)                                  \
+  do {                                                                       \
+    Status strata_s_ = (expr);                                               \
+    if (!strata_s_.ok()) return make_ready_future(Result<void>(strata_s_)); \
+  } while (0)
+
+namespace strata::detail {
+
+/// What create_communicator() hands a backend: the store connection (and the server when
+/// this rank hosts it) plus the key prefix of this communicator.
+struct Bootstrap {
+  std::unique_ptr<RendezvousServer> server;  // rank 0 only (when it hosts the store)
+  std::unique_ptr<RendezvousClient> client;
+  std::string prefix;  // "strata/comm<k>/"
+  DistributedEnv env;
+  CommunicatorOptions options;
+
+  /// Tears the store down politely: the host waits (bounded) for the other ranks to
+  /// disconnect first, so that none of them loses the store while still using it.
+  ~Bootstrap();
+};
+
+/// Runs operations one at a time, in submission order, on one thread.
+class OpQueue {
+ public:
+  OpQueue();
+  ~OpQueue();  // runs what is queued, then joins
+  Future<void> submit(std::function<Status()> op);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Turns a transport failure into a Status naming the lost rank when the store knows one
+/// (polls lost_ranks() for up to ~1 s since the server may notice the death a little after
+/// the peers do). `timed_out` selects DeadlineExceeded when no rank is known lost.
+Status describe_failure(RendezvousClient& store, int rank, std::string_view what,
+                        const std::string& detail, bool timed_out,
+                        std::chrono::milliseconds timeout);
+
+/// Validates the arguments shared by all collectives.
+Status check_args(std::string_view what, const void* a, const void* b, size_t count, DType dtype);
+
+Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boot);
+Result<std::unique_ptr<Communicator>> create_nccl(std::unique_ptr<Bootstrap> boot);
+
+}  // namespace strata::detail
