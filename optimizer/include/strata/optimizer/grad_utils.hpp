@@ -1,0 +1,67 @@
+// strata::optimizer — gradient utilities for mixed-precision training: the global L2 norm
+// over many tensors (for clipping by norm) and inf/nan detection (to skip a step when a
+// loss-scaled fp16 gradient overflowed).
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "strata/base/status.hpp"
+#include "strata/collectives/dtype.hpp"
+
+namespace strata::optimizer {
+
+class ThreadPool;
+
+/// A read-only view of `numel` gradient elements of type `type` (kFloat32, kFloat16 or
+/// kBFloat16) in host memory. No alignment required.
+struct GradView {
+  const void* data = nullptr;
+  DType type = DType::kFloat32;
+  size_t numel = 0;
+};
+
+/// Elements per reduction tile of the norm (see GradNormAccumulator).
+inline constexpr size_t kNormTileNumel = 4096;
+
+/// Sum of squares of every element, computed so that the result does not depend on thread
+/// count, SIMD target or (see add()) chunking: each tensor is cut into tiles of
+/// kNormTileNumel elements from its first element; a tile's sum is taken in fp64 over 16
+/// interleaved lanes (element i into lane i % 16, in element order; squares of fp32
+/// values are exact in fp64) which are then added pairwise; tile sums are added in order,
+/// tensor after tensor, in fp64.
+/// \threadsafety one accumulator per thread; add() itself fans out over `pool`.
+class GradNormAccumulator {
+ public:
+  /// Adds the squares of `grad`. Adding a tensor in several consecutive chunks gives the
+  /// bit-identical result to adding it whole when every chunk but the tensor's last has a
+  /// numel that is a multiple of kNormTileNumel.
+  /// \error InvalidArgument for a null data pointer with numel > 0 or a non-float type.
+  Status add(const GradView& grad, ThreadPool* pool = nullptr);
+  /// Sum of squares so far (+inf or NaN when any element was inf or NaN).
+  double sum_squares() const { return sum_; }
+  /// sqrt(sum_squares()).
+  double l2_norm() const;
+  /// True when an inf or NaN was seen (the norm is then not finite).
+  bool nonfinite() const;
+
+ private:
+  double sum_ = 0.0;
+};
+
+/// The global L2 norm of all `grads` together (torch.nn.utils.clip_grad_norm_'s
+/// total_norm with norm_type 2): GradNormAccumulator over the views in order.
+/// \returns +inf or NaN when any element is inf or NaN.
+/// \error as GradNormAccumulator::add.
+Result<double> global_l2_norm(std::span<const GradView> grads, ThreadPool* pool = nullptr);
+
+/// The factor torch.nn.utils.clip_grad_norm_ multiplies gradients by:
+/// min(1, max_norm / (total_norm + 1e-6)). Pass it as StepInfo::grad_scale (times
+/// 1/loss_scale if any). Returns 1 for a non-finite total_norm (the caller should skip).
+double clip_coefficient(double total_norm, double max_norm);
+
+/// True when any element of any view is inf or NaN (checks the exponent bits; one pass).
+/// \error InvalidArgument as GradNormAccumulator::add.
+Result<bool> has_inf_or_nan(std::span<const GradView> grads, ThreadPool* pool = nullptr);
+
+}  // namespace strata::optimizer
