@@ -1,0 +1,349 @@
+// strata::optimizer — the offloaded optimizer step (ZeRO-Infinity's CPU/NVMe optimizer).
+//
+// An OffloadedOptimizer owns a set of parameter tensors: fp32 master weights plus the fp32
+// state streams of its UpdateRule (Adam: exp_avg, exp_avg_sq), kept in a Store under
+// `OffloadOptions::key_prefix`. Each tensor is placed in one tier:
+//  - kHost: the master and states live in optimizer-owned DRAM and are updated in place;
+//    each has a backing NVMe object that checkpoint() rewrites.
+//  - kNvme: the master and states are NVMe objects of the store. step() streams them
+//    through a fixed set of pinned buffers in sub-groups of `sub_group_numel` elements as a
+//    three-stage pipeline: read sub-group i+1 (master + states), update sub-group i on the
+//    CPU, write sub-group i-1 back (Store::write_range, copy-on-write), all concurrently.
+//    When every buffer is busy the pipeline waits for one; it never fails for want of one.
+// Results are bit-identical whatever the tier, sub-group size, buffer count or thread
+// count (apply_update() is element-wise; see update.hpp), for one SIMD target.
+//
+// Object keys (P = key_prefix, N = parameter name, S = the rule's state names):
+//   P + "meta"            the checkpoint record (rule name, hyperparameters of every
+//                         param group, each tensor's name/numel/tier/group/step counter)
+//   P + "p/" + N + "/param"     fp32[numel] master weights
+//   P + "p/" + N + "/" + S      fp32[numel] state stream S (e.g. ".../exp_avg")
+//
+// CHECKPOINT CONTRACT. checkpoint() makes the state after the last completed step durable
+// in place: it writes the host-tier tensors to their backing objects, writes the meta
+// record (pinned host-tier object, so LRU never writes it back on its own) and calls
+// Store::flush(), which commits the copy-on-write chunks of every NVMe tensor and the
+// record in one catalog transaction. No NVMe-resident byte is copied elsewhere. After a
+// crash (SIGKILL, power loss) OffloadedOptimizer::open() restores masters, states, step
+// counters and hyperparameters of the last checkpoint, and later steps are bit-identical to
+// an uninterrupted run given the same gradients. The record is also refreshed (not
+// committed) after every step, so any Store::flush()/close() made BETWEEN steps by the
+// store's owner commits NVMe tensors together with their matching step counters; host-tier
+// tensors are only committed by checkpoint(). Do not flush the store while a step runs.
+//
+// Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
+// of the master and every state stream: num_buffers * (1 + num_states) * sub_group_numel *
+// 4 bytes, allocated once at create()/open() and within pinned_budget_bytes. No step
+// allocates memory proportional to a tensor's size, so RSS stays flat across steps
+// (host-tier tensors and the caller's gradients aside).
+//
+// Example:
+//   STRATA_ASSIGN_OR_RETURN(auto store, Store::open({.path = "/nvme/run1"}));
+//   STRATA_ASSIGN_OR_RETURN(auto factory, builtin_rule_factory("adamw"));
+//   STRATA_ASSIGN_OR_RETURN(auto opt, OffloadedOptimizer::create(
+//       std::move(store), factory, {{"lr", 1e-4}, {"weight_decay", 0.01}}, {}));
+//   STRATA_ASSIGN_OR_RETURN(ParamHandle w, opt->add_param("w", n, init_values));
+//   for (...) { opt->set_grad(w, grad_ptr, DType::kBFloat16);
+//               STRATA_RETURN_IF_ERROR(opt->step({.max_grad_norm = 1.0}).status()); }
+//   STRATA_RETURN_IF_ERROR(opt->checkpoint());
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/base/future.hpp"
+#include "strata/base/status.hpp"
+#include "strata/collectives/dtype.hpp"
+#include "strata/optimizer/update.hpp"
+#include "strata/store/store.hpp"
+
+namespace strata::optimizer {
+
+/// Named hyperparameters of a param group, with torch.optim's argument names: "lr",
+/// "beta1", "beta2" (torch's betas[0], betas[1]), "eps", "weight_decay", "amsgrad" (0/1),
+/// "maximize" (0/1), "momentum", "dampening", "nesterov" (0/1), "lr_decay",
+/// "initial_accumulator_value". Booleans are 0.0 / 1.0.
+using Hyperparams = std::map<std::string, double, std::less<>>;
+
+/// Builds the UpdateRule of one param group from its hyperparameters. Called at
+/// create()/open(), add_param_group() and whenever a group's hyperparameters change (e.g.
+/// set_lr() from a learning-rate scheduler): it must be cheap and must not keep references
+/// to its argument. A custom optimizer wraps make_elementwise_rule() in a factory.
+/// \error InvalidArgument naming the hyperparameter that is unknown or out of range.
+/// \threadsafety called from the thread calling the optimizer member, one call at a time.
+using RuleFactory = std::function<Result<std::unique_ptr<UpdateRule>>(const Hyperparams&)>;
+
+/// The factory of a built-in optimizer: "adam", "adamw", "adagrad", "sgd" or "lion"
+/// (optimizers.hpp). Keys absent from the Hyperparams take torch.optim's defaults (see
+/// builtin_default_hyperparams); unknown keys are InvalidArgument.
+/// \error InvalidArgument for an unknown optimizer name.
+Result<RuleFactory> builtin_rule_factory(std::string_view optimizer);
+
+/// torch.optim's defaults of a built-in optimizer, every key it accepts (e.g. adamw:
+/// lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 1e-2, amsgrad 0, maximize 0).
+/// \error InvalidArgument for an unknown optimizer name.
+Result<Hyperparams> builtin_default_hyperparams(std::string_view optimizer);
+
+/// Where a tensor's master and states live.
+enum class Placement : uint8_t {
+  kAuto = 0,  ///< kHost while the host-tier bytes stay within host_budget_bytes, else kNvme
+  kHost = 1,  ///< optimizer-owned DRAM, updated in place
+  kNvme = 2,  ///< store NVMe objects, streamed through the pinned pipeline
+};
+/// "auto" | "host" | "nvme".
+std::string_view placement_name(Placement p);
+
+/// Options of OffloadedOptimizer::create()/open(). Every field states its default and unit.
+/// None can change after create()/open().
+struct OffloadOptions {
+  /// Prefix of every store key this optimizer uses (several optimizers may share a store
+  /// under different prefixes). Default "optim/".
+  std::string key_prefix = "optim/";
+  /// Elements per pipeline sub-group (per stream). 0 = auto: the largest multiple of the
+  /// store's chunk_bytes()/4 elements (at least one chunk, at most 4 chunks) whose buffers
+  /// fit pinned_budget_bytes (when set). Sub-groups that are a multiple of chunk_bytes()/4
+  /// elements let write_range() skip read-modify-write. Any value >= 1 is valid; results do
+  /// not depend on it. Default 0.
+  uint64_t sub_group_numel = 0;
+  /// Pinned buffer slots of the pipeline, 1..16. Each slot holds one sub-group of the
+  /// master and every state. 3 give full read/update/write overlap; 1 runs the stages one
+  /// after another. Default 4.
+  int num_buffers = 4;
+  /// Upper bound of the pinned memory of the pipeline, bytes. 0 = exactly what the slots
+  /// need. When set and sub_group_numel is 0, the sub-group shrinks to fit; when set and
+  /// an explicit sub_group_numel does not fit: InvalidArgument. Default 0.
+  uint64_t pinned_budget_bytes = 0;
+  /// Placement of add_param() calls that pass Placement::kAuto. Default kAuto.
+  Placement default_placement = Placement::kAuto;
+  /// Bytes of DRAM that host-tier tensors (master + states, 4 bytes per element per stream)
+  /// may take under Placement::kAuto; a tensor that would exceed it goes to kNvme.
+  /// Explicit kHost placements count too but are never refused. Default 0 (all kAuto
+  /// tensors go to NVMe).
+  uint64_t host_budget_bytes = 0;
+  /// Worker threads of the update kernel (ThreadPoolOptions::num_threads). 0 = one per core
+  /// of numa_node. Default 0.
+  int num_threads = 0;
+  /// NUMA node for the kernel threads (hwloc logical index), -1 = unbound. Default -1.
+  int numa_node = -1;
+  /// open(): re-read every NVMe chunk of the store and check its checksum
+  /// (Store::verify()) before restoring; any bad chunk fails open() with DataLoss.
+  /// Default false (reads verify chunks as they go when the store's verify_checksums is on).
+  bool verify_on_open = false;
+};
+
+/// Index of a parameter tensor in its optimizer, 0.. in add_param() order (preserved by
+/// open()).
+using ParamHandle = uint32_t;
+
+/// Elements meaning "to the end of the tensor" in the range accessors below.
+inline constexpr uint64_t kToEnd = std::numeric_limits<uint64_t>::max();
+
+/// What param_info() reports.
+struct ParamInfo {
+  std::string name;
+  uint64_t numel = 0;
+  Placement placement = Placement::kNvme;  ///< kHost or kNvme, never kAuto
+  int group = 0;                           ///< param group index
+  int64_t step = 0;                        ///< the tensor's step counter (torch state["step"])
+  bool has_grad = false;                   ///< a gradient is attached
+};
+
+/// Per-call options of step().
+struct StepOptions {
+  /// Every gradient is multiplied by this before use and before the norm is taken, e.g.
+  /// 1/loss_scale for a loss-scaled fp16 gradient. Default 1.
+  float grad_scale = 1.0f;
+  /// > 0: clip by global L2 norm like torch.nn.utils.clip_grad_norm_(max_norm): the norm
+  /// of all attached gradients (times grad_scale) is computed first (a pass over the
+  /// gradients), then each is multiplied by min(1, max_norm / (norm + 1e-6)).
+  /// 0 = no clipping. Default 0.
+  double max_grad_norm = 0.0;
+  /// Skip the whole step (no tensor changes, no step counter advances) when any attached
+  /// gradient holds an inf or NaN (mixed-precision overflow). Default true.
+  bool skip_if_nonfinite = true;
+};
+
+/// What a step did.
+struct StepStats {
+  bool skipped = false;      ///< skipped for a non-finite gradient
+  /// Global L2 norm of the attached gradients times grad_scale (before clipping); NaN when
+  /// neither clipping nor the non-finite check needed it.
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  double clip_coef = 1.0;    ///< factor applied by clipping (1 = none)
+  uint32_t tensors_updated = 0;   ///< tensors with a gradient attached
+  uint64_t numel_updated = 0;     ///< their elements
+  uint64_t bytes_read = 0;        ///< NVMe bytes read by the pipeline (masters + states)
+  uint64_t bytes_written = 0;     ///< NVMe bytes written by the pipeline
+  double seconds = 0.0;           ///< wall time of the step
+  double compute_seconds = 0.0;   ///< time inside apply_update()
+  double io_wait_seconds = 0.0;   ///< time the update stage waited for reads / free slots
+};
+
+/// The offloaded optimizer. Create with create() (new) or open() (resume a checkpoint).
+///
+/// Thread-safety: every member may be called from any thread; calls are serialized by an
+/// internal mutex, and a call made while step_async() runs waits for that step to finish.
+/// Buffers: gradient buffers (set_grad) and parameter-copy buffers (set_param_copy) stay
+/// attached across steps and must stay valid, and the gradients unmodified, from the
+/// step() / step_async() call until it returns / its future is ready.
+class OffloadedOptimizer {
+ public:
+  /// A new optimizer over `store`, with param group 0 built from `defaults`
+  /// (factory(defaults) must succeed). Allocates the pinned buffers and starts the kernel
+  /// threads. The store is shared: it must not be closed before the optimizer is
+  /// destroyed.
+  /// \error InvalidArgument for a null store or factory, bad options (num_buffers outside
+  ///     1..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
+  ///     factory returns; AlreadyExists when the store already holds key_prefix + "meta"
+  ///     (use open()); ResourceExhausted when the pinned pool cannot be created;
+  ///     FailedPrecondition for a read-only store.
+  static Result<std::unique_ptr<OffloadedOptimizer>> create(std::shared_ptr<Store> store,
+                                                            RuleFactory factory,
+                                                            const Hyperparams& defaults,
+                                                            const OffloadOptions& options = {});
+
+  /// Resumes the optimizer checkpointed under options.key_prefix in `store`: every tensor
+  /// (masters, states: NVMe tensors stay where they are, host tensors are read into DRAM),
+  /// step counters, param groups and their hyperparameters, as of the last checkpoint()
+  /// (or Store flush between steps, see the contract). Gradients and parameter copies are
+  /// not restored (attach them again).
+  /// \param factory the same factory as at create(); empty = builtin_rule_factory() of the
+  ///     recorded rule name.
+  /// \error NotFound when there is no checkpoint record or a tensor object is missing;
+  ///     FailedPrecondition when factory's rule name differs from the recorded one;
+  ///     DataLoss for a malformed record or (verify_on_open) a bad chunk; errors of create().
+  static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
+                                                          RuleFactory factory,
+                                                          const OffloadOptions& options = {});
+
+  /// Waits for an in-flight step. Does not checkpoint: state after the last checkpoint()
+  /// is lost unless the store's owner flushes (see the contract). Releases the pinned pool.
+  ~OffloadedOptimizer();
+  OffloadedOptimizer(const OffloadedOptimizer&) = delete;
+  OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
+
+  // ---- param groups ---------------------------------------------------------------------
+
+  /// Adds a param group; keys absent from `hp` take group 0's values.
+  /// \returns the group index (1, 2, ...). \error what the factory returns.
+  Result<int> add_param_group(const Hyperparams& hp);
+  int num_param_groups() const;
+  /// The hyperparameters of `group`. \error OutOfRange for a bad group index.
+  Result<Hyperparams> hyperparams(int group) const;
+  /// Merges `hp` into the group's hyperparameters (keys present replace old values) and
+  /// rebuilds its rule; effective from the next step. On error nothing changes.
+  /// \error OutOfRange for a bad group; what the factory returns (e.g. lr < 0).
+  Status set_hyperparams(int group, const Hyperparams& hp);
+  /// set_hyperparams(group, {{"lr", lr}}).
+  Status set_lr(int group, double lr);
+
+  // ---- tensors --------------------------------------------------------------------------
+
+  /// Adds a parameter tensor of `numel` fp32 elements to `group`, its states filled with
+  /// the rule's initial values, its step counter 0. The NVMe objects are created and
+  /// committed before this returns.
+  /// \param name unique, non-empty, printable ASCII without whitespace (used in keys).
+  /// \param init numel fp32 initial master values (host memory, read during the call), or
+  ///     nullptr for zeros (cheap for huge tensors: no DRAM proportional to numel is used).
+  /// \param placement kAuto = options.default_placement, resolved against
+  ///     host_budget_bytes.
+  /// \returns the tensor's handle.
+  /// \error InvalidArgument for a bad/duplicate name, numel 0 or a bad group;
+  ///     ResourceExhausted when DRAM or the NVMe tier is full; IoError.
+  Result<ParamHandle> add_param(std::string_view name, uint64_t numel, const float* init,
+                                int group = 0, Placement placement = Placement::kAuto);
+  size_t num_params() const;
+  /// \error OutOfRange for a bad handle.
+  Result<ParamInfo> param_info(ParamHandle h) const;
+  /// \error NotFound when no tensor has that name.
+  Result<ParamHandle> find_param(std::string_view name) const;
+
+  /// Attaches the gradient of tensor `h` for the next steps: `numel` elements of `type`
+  /// (kFloat32, kFloat16 or kBFloat16) at `data`, host memory (device memory:
+  /// Unimplemented in this version). nullptr detaches it. Tensors without a gradient are
+  /// not updated by step() and their counters do not advance (like torch's p.grad None).
+  /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
+  Status set_grad(ParamHandle h, const void* data, DType type);
+  /// Detaches every gradient.
+  void clear_grads();
+
+  /// Makes every step write a copy of the updated master of `h`, converted to `type`
+  /// (kFloat16 or kBFloat16, round to nearest even), to `dst` (numel elements, host
+  /// memory): the weights of the next forward pass. nullptr detaches.
+  /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
+  Status set_param_copy(ParamHandle h, void* dst, DType type);
+
+  // ---- stepping -------------------------------------------------------------------------
+
+  /// One optimizer step of every tensor with a gradient attached: host tensors first (in
+  /// place), then the NVMe pipeline over the NVMe tensors in handle order. Each updated
+  /// tensor's step counter advances by one. Blocks until the writes of the step are
+  /// complete (not yet durable: see checkpoint()).
+  /// \error I/O errors of the store (IoError, DataLoss, ResourceExhausted) naming the key;
+  ///     after such an error the NVMe tensors may be partly updated and counters are not
+  ///     advanced: resume from the last checkpoint.
+  Result<StepStats> step(const StepOptions& options = {});
+  /// step() on an internal thread. Gradient and copy buffers must stay valid until the
+  /// future is ready; other members called meanwhile wait for it.
+  Future<StepStats> step_async(const StepOptions& options = {});
+
+  // ---- state access (state_dict / load_state_dict) --------------------------------------
+
+  /// Number of fp32 state streams of the rule and the name of stream i (torch state-dict
+  /// key, e.g. "exp_avg").
+  int num_states() const;
+  std::string state_name(int i) const;
+  /// The rule name ("adam", "adamw", a custom rule's name).
+  std::string rule_name() const;
+
+  /// Copies elements [offset, offset + count) of the master of `h` (count kToEnd: to the
+  /// end) into `dst` (fp32, host memory).
+  /// \error OutOfRange for a bad handle or range; store errors for NVMe tensors.
+  Status read_param(ParamHandle h, float* dst, uint64_t offset = 0, uint64_t count = kToEnd);
+  /// Overwrites elements of the master of `h` from `src` (fp32 host memory). Like a step,
+  /// durable at the next checkpoint(). \error as read_param.
+  Status write_param(ParamHandle h, const float* src, uint64_t offset = 0,
+                     uint64_t count = kToEnd);
+  /// As read_param / write_param for state stream `stream` (0 <= stream < num_states()).
+  /// \error OutOfRange also for a bad stream index.
+  Status read_state(ParamHandle h, int stream, float* dst, uint64_t offset = 0,
+                    uint64_t count = kToEnd);
+  Status write_state(ParamHandle h, int stream, const float* src, uint64_t offset = 0,
+                     uint64_t count = kToEnd);
+  /// The step counter of `h` (torch state["step"]). \error OutOfRange for a bad handle.
+  Result<int64_t> step_count(ParamHandle h) const;
+  /// Restores a step counter (load_state_dict). \error OutOfRange; InvalidArgument for < 0.
+  Status set_step_count(ParamHandle h, int64_t step);
+
+  // ---- durability -----------------------------------------------------------------------
+
+  /// Makes the state after the last completed step durable in place (see the contract):
+  /// host tensors to their backing objects, the meta record, then one Store::flush().
+  /// Waits for an in-flight step first. \error store errors (IoError, ResourceExhausted).
+  Status checkpoint();
+
+  // ---- introspection --------------------------------------------------------------------
+
+  const OffloadOptions& options() const;
+  /// The resolved sub-group size (elements) and pinned bytes of the pipeline.
+  uint64_t sub_group_numel() const;
+  uint64_t pinned_bytes() const;
+  /// Bytes of DRAM held by host-tier tensors (masters + states).
+  uint64_t host_bytes() const;
+  const std::shared_ptr<Store>& store() const;
+
+  struct Impl;
+
+ private:
+  explicit OffloadedOptimizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::optimizer
