@@ -1,0 +1,273 @@
+// Shared helpers of the optimizer tests: fp64 reference optimizers, independent fp16/bf16
+// conversions, deterministic data and misaligned buffers.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/collectives/dtype.hpp"
+#include "strata/optimizer/optimizers.hpp"
+#include "strata/optimizer/update.hpp"
+
+namespace strata::optimizer::testing {
+
+// Independent conversions: the compiler's _Float16 (IEEE binary16, round to nearest even)
+// and c10's bf16 rounding written out in scalar code.
+inline uint16_t f16_bits(float x) {
+  _Float16 h = static_cast<_Float16>(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+inline float f16_value(uint16_t b) {
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+inline uint16_t bf16_bits(float x) {
+  if (std::isnan(x)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// Deterministic uniform numbers in [lo, hi).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s_ ^= s_ << 13;
+    s_ ^= s_ >> 7;
+    s_ ^= s_ << 17;
+    return s_;
+  }
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
+  }
+
+ private:
+  uint64_t s_;
+};
+
+// `n` elements starting `offset_elems` past a 64-byte boundary (misaligned on purpose).
+template <class T>
+class OffsetBuffer {
+ public:
+  OffsetBuffer(size_t n, size_t offset_elems)
+      : storage_(n + offset_elems + 64 / sizeof(T)), n_(n) {
+    auto base = reinterpret_cast<uintptr_t>(storage_.data());
+    const uintptr_t aligned = (base + 63) / 64 * 64;
+    data_ = reinterpret_cast<T*>(aligned) + offset_elems;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return data_[i]; }
+
+ private:
+  std::vector<T> storage_;
+  T* data_;
+  size_t n_;
+};
+
+// Gradients in one of the three dtypes, plus their exact fp32 values.
+struct GradBuffer {
+  GradBuffer(DType t, size_t n, size_t offset) : type(t), f32(n, offset), u16(n, offset), exact(n) {}
+  DType type;
+  OffsetBuffer<float> f32;
+  OffsetBuffer<uint16_t> u16;
+  std::vector<float> exact;
+  const void* data() const {
+    return type == DType::kFloat32 ? static_cast<const void*>(f32.data())
+                                   : static_cast<const void*>(u16.data());
+  }
+  void set(size_t i, float v) {
+    if (type == DType::kFloat32) {
+      f32[i] = v;
+      exact[i] = v;
+    } else if (type == DType::kFloat16) {
+      u16[i] = f16_bits(v);
+      exact[i] = f16_value(u16[i]);
+    } else {
+      u16[i] = bf16_bits(v);
+      exact[i] = bf16_value(u16[i]);
+    }
+  }
+};
+
+enum class Kind { kAdam, kAdagrad, kSgd, kLion };
+
+// One optimizer configuration, buildable as a strata rule and runnable as an fp64 reference.
+struct Variant {
+  std::string name;
+  Kind kind = Kind::kAdam;
+  AdamOptions adam;
+  AdagradOptions adagrad;
+  SgdOptions sgd;
+  LionOptions lion;
+
+  std::unique_ptr<UpdateRule> make() const {
+    Result<std::unique_ptr<UpdateRule>> r = invalid_argument("kind");
+    switch (kind) {
+      case Kind::kAdam: r = make_adam(adam); break;
+      case Kind::kAdagrad: r = make_adagrad(adagrad); break;
+      case Kind::kSgd: r = make_sgd(sgd); break;
+      case Kind::kLion: r = make_lion(lion); break;
+    }
+    return std::move(r).value();
+  }
+
+  // One step of element (p, s[]) with gradient g (already the exact fp32 value) at step t,
+  // in fp64, following the formulas in optimizers.hpp.
+  void reference(double& p, double g, double* s, int64_t t, double grad_scale) const {
+    g *= grad_scale;
+    switch (kind) {
+      case Kind::kAdam: {
+        const auto& o = adam;
+        if (o.maximize) g = -g;
+        if (o.decoupled_weight_decay) {
+          p *= 1.0 - o.lr * o.weight_decay;
+        } else if (o.weight_decay != 0.0) {
+          g += o.weight_decay * p;
+        }
+        s[0] = o.beta1 * s[0] + (1.0 - o.beta1) * g;
+        s[1] = o.beta2 * s[1] + (1.0 - o.beta2) * g * g;
+        double vmax = s[1];
+        if (o.amsgrad) {
+          s[2] = std::max(s[2], s[1]);
+          vmax = s[2];
+        }
+        const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+        const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+        p -= o.lr / bc1 * s[0] / (std::sqrt(vmax) / std::sqrt(bc2) + o.eps);
+        break;
+      }
+      case Kind::kAdagrad: {
+        const auto& o = adagrad;
+        if (o.maximize) g = -g;
+        if (o.weight_decay != 0.0) g += o.weight_decay * p;
+        const double clr = o.lr / (1.0 + static_cast<double>(t - 1) * o.lr_decay);
+        s[0] += g * g;
+        p -= clr * g / (std::sqrt(s[0]) + o.eps);
+        break;
+      }
+      case Kind::kSgd: {
+        const auto& o = sgd;
+        if (o.maximize) g = -g;
+        if (o.weight_decay != 0.0) g += o.weight_decay * p;
+        if (o.momentum != 0.0) {
+          s[0] = t == 1 ? g : o.momentum * s[0] + (1.0 - o.dampening) * g;
+          g = o.nesterov ? g + o.momentum * s[0] : s[0];
+        }
+        p -= o.lr * g;
+        break;
+      }
+      case Kind::kLion: {
+        const auto& o = lion;
+        if (o.maximize) g = -g;
+        const double c = o.beta1 * s[0] + (1.0 - o.beta1) * g;
+        p *= 1.0 - o.lr * o.weight_decay;
+        p -= o.lr * (c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0));
+        s[0] = o.beta2 * s[0] + (1.0 - o.beta2) * g;
+        break;
+      }
+    }
+  }
+
+  // |c| of Lion's sign argument (elements with tiny |c| may legitimately flip sign).
+  double lion_c(double g, const double* s, double grad_scale) const {
+    g *= grad_scale;
+    if (lion.maximize) g = -g;
+    return lion.beta1 * s[0] + (1.0 - lion.beta1) * g;
+  }
+};
+
+inline std::vector<Variant> all_variants() {
+  std::vector<Variant> v;
+  auto add = [&](Variant x) { v.push_back(std::move(x)); };
+  {
+    Variant x;
+    x.name = "adam";
+    x.kind = Kind::kAdam;
+    x.adam.lr = 1e-2;
+    add(x);
+    x.name = "adam_l2_amsgrad";
+    x.adam.weight_decay = 0.05;
+    x.adam.amsgrad = true;
+    add(x);
+    x.name = "adam_maximize";
+    x.adam = AdamOptions{};
+    x.adam.lr = 3e-3;
+    x.adam.maximize = true;
+    x.adam.beta1 = 0.8;
+    x.adam.beta2 = 0.95;
+    x.adam.eps = 1e-6;
+    add(x);
+    x.name = "adamw";
+    x.adam = AdamOptions{};
+    x.adam.lr = 1e-2;
+    x.adam.weight_decay = 0.1;
+    x.adam.decoupled_weight_decay = true;
+    add(x);
+    x.name = "adamw_amsgrad";
+    x.adam.amsgrad = true;
+    add(x);
+  }
+  {
+    Variant x;
+    x.name = "adagrad";
+    x.kind = Kind::kAdagrad;
+    x.adagrad.lr = 0.05;
+    x.adagrad.lr_decay = 0.01;
+    x.adagrad.weight_decay = 0.02;
+    x.adagrad.initial_accumulator_value = 0.1;
+    add(x);
+    x.name = "adagrad_plain";
+    x.adagrad = AdagradOptions{};
+    x.adagrad.maximize = true;
+    add(x);
+  }
+  {
+    Variant x;
+    x.name = "sgd_plain";
+    x.kind = Kind::kSgd;
+    x.sgd.lr = 0.1;
+    add(x);
+    x.name = "sgd_momentum";
+    x.sgd.momentum = 0.9;
+    x.sgd.dampening = 0.1;
+    x.sgd.weight_decay = 0.01;
+    add(x);
+    x.name = "sgd_nesterov";
+    x.sgd.dampening = 0.0;
+    x.sgd.nesterov = true;
+    x.sgd.maximize = true;
+    add(x);
+  }
+  {
+    Variant x;
+    x.name = "lion";
+    x.kind = Kind::kLion;
+    x.lion.lr = 1e-3;
+    x.lion.weight_decay = 0.1;
+    add(x);
+  }
+  return v;
+}
+
+}  // namespace strata::optimizer::testing
