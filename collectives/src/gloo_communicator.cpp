@@ -62,9 +62,8 @@ bool looks_like_timeout(const std::string& msg) {
   return msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
 }
 
-// Largest number of elements one ReduceScatterHalvingDoubling call handles: Gloo keeps
-// element counts and byte sizes in `int`, and allocates two scratch copies of the input.
-constexpr size_t kReduceScatterMaxBytes = 64 * kMiB;
+// Gloo's ReduceScatterHalvingDoubling keeps element counts and byte sizes in `int`.
+constexpr size_t kReduceScatterMaxBytes = size_t{1} << 30;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -93,6 +92,7 @@ class GlooCommunicator final : public Communicator {
       const size_t nbytes = count * dtype_size(dtype);
       auto* out = static_cast<char*>(recv);
       char* mine = out + static_cast<size_t>(rank()) * nbytes;
+      if (nbytes == 0) return;
       if (mine != send) std::memmove(mine, send, nbytes);
       if (size() == 1) return;
       gloo::AllgatherOptions opts(ctx_);
@@ -106,6 +106,7 @@ class GlooCommunicator final : public Communicator {
                                 ReduceOp op) override {
     STRATA_RETURN_FUTURE_IF_ERROR(check_args("all_reduce", send, recv, count, dtype));
     return submit("all_reduce", count * dtype_size(dtype), [=, this] {
+      if (count == 0) return;
       if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
       if (size() == 1) return;
       visit_dtype(dtype, [&](auto tag) {
@@ -139,7 +140,7 @@ class GlooCommunicator final : public Communicator {
           "broadcast: root " + std::to_string(root) + " is not a rank of a communicator of size " +
           std::to_string(size()))));
     return submit("broadcast", count * dtype_size(dtype), [=, this] {
-      if (size() == 1) return;
+      if (count == 0 || size() == 1) return;
       gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(static_cast<char*>(buf), count * dtype_size(dtype));
       opts.setRoot(root);
@@ -161,7 +162,7 @@ class GlooCommunicator final : public Communicator {
   template <class T>
   void run_reduce_scatter(const T* send, T* recv, size_t recv_count, ReduceOp op) {
     const size_t n = static_cast<size_t>(size());
-    const int r = rank();
+    if (recv_count == 0) return;
     if (n == 1) {
       if (send != recv) std::memmove(recv, send, recv_count * sizeof(T));
       return;
@@ -174,8 +175,8 @@ class GlooCommunicator final : public Communicator {
     // Gloo's ReduceScatterHalvingDoubling works in place on one buffer of n blocks and
     // leaves this rank's block at its start. Large inputs go in pieces of `chunk` elements
     // per block: piece [a, a+len) of every block is packed into `work`.
-    const size_t chunk =
-        std::max<size_t>(1, std::min(recv_count, kReduceScatterMaxBytes / sizeof(T) / n));
+    const size_t limit = std::min(kReduceScatterMaxBytes, options().gloo_reduce_scatter_chunk_bytes);
+    const size_t chunk = std::max<size_t>(1, std::min(recv_count, limit / sizeof(T) / n));
     std::vector<T> work(chunk * n);
     for (size_t a = 0; a < recv_count; a += chunk) {
       const size_t len = std::min(chunk, recv_count - a);
@@ -187,7 +188,6 @@ class GlooCommunicator final : public Communicator {
       algo.run();
       std::memcpy(recv + a, work.data(), len * sizeof(T));
     }
-    (void)r;
   }
 
   Future<void> submit(std::string_view what, size_t nbytes, std::function<void()> body) {

@@ -146,11 +146,12 @@ class NcclCommunicator final : public Communicator {
 
   Future<void> submit(std::string_view what, size_t nbytes, std::function<ncclResult_t()> launch) {
     std::string label = std::string(what) + " of " + std::to_string(nbytes) + " bytes";
-    return queue_->submit([this, label, launch = std::move(launch)]() -> Status {
+    return queue_->submit([this, label, nbytes, launch = std::move(launch)]() -> Status {
       if (!broken_.ok())
         return failed_precondition("rank " + std::to_string(rank()) + ": " + label +
                                    ": the communicator is broken by an earlier error: " +
                                    broken_.message());
+      if (nbytes == 0) return Status::OK();
       cudaSetDevice(device_);
       const auto deadline = Clock::now() + options().timeout;
       ncclResult_t r = launch();

@@ -66,6 +66,9 @@ struct CommunicatorOptions {
   /// Gloo: host name or address this rank listens on; empty = 127.0.0.1 when MASTER_ADDR
   /// is a loopback address, otherwise the machine's host name.
   std::string gloo_hostname;
+  /// Gloo: reduce_scatter works on pieces whose packed input (size() blocks) is at most
+  /// this many bytes; it bounds the scratch memory (2 copies) of a call. Default 64 MiB.
+  size_t gloo_reduce_scatter_chunk_bytes = size_t{64} << 20;
   /// NCCL: CUDA device ordinal; -1 = LOCAL_RANK modulo the number of devices. Default -1.
   int cuda_device = -1;
   /// Whether rank 0 starts the rendezvous server on MASTER_ADDR:MASTER_PORT (torchrun's

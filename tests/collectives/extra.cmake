@@ -1,0 +1,15 @@
+# Collectives: a helper process for the multi-process tests. test_collectives starts it N
+# times through launch_local() (real processes talking over loopback).
+add_executable(strata_coll_worker ${CMAKE_CURRENT_SOURCE_DIR}/collectives/worker/coll_worker.cpp)
+target_link_libraries(strata_coll_worker PRIVATE strata::collectives)
+if(STRATA_HAVE_CUDA)
+  target_link_libraries(strata_coll_worker PRIVATE CUDA::cudart)
+  target_compile_definitions(strata_coll_worker PRIVATE STRATA_HAVE_CUDA=1)
+  target_compile_definitions(test_collectives PRIVATE STRATA_HAVE_CUDA=1)
+  target_link_libraries(test_collectives PRIVATE CUDA::cudart)
+endif()
+if(TARGET test_collectives)
+  add_dependencies(test_collectives strata_coll_worker)
+  target_compile_definitions(test_collectives PRIVATE
+    STRATA_COLL_WORKER="$<TARGET_FILE:strata_coll_worker>")
+endif()
