@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <hwloc.h>
+#include <liburing.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -651,6 +653,46 @@ Result<std::vector<int>> Topology::memory_location(const void* addr, uint64_t nb
     return Status(StatusCode::kIoError, "hwloc_get_area_memlocation", e);
   }
   return bitmap_to_vector(set.b);
+}
+
+HostFeatures probe_host_features() {
+  HostFeatures f;
+  {
+    struct io_uring ring;
+    int rc = io_uring_queue_init(8, &ring, 0);
+    if (rc == 0) {
+      f.io_uring = true;
+      io_uring_queue_exit(&ring);
+    } else {
+      f.io_uring_errno = -rc;
+    }
+  }
+  if (auto line = read_first_line("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    auto lb = line->find('['), rb = line->find(']');
+    if (lb != std::string::npos && rb != std::string::npos && rb > lb) {
+      f.thp_mode = line->substr(lb + 1, rb - lb - 1);
+    }
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    unsigned long long v = 0;
+    if (std::sscanf(line.c_str(), "HugePages_Total: %llu", &v) == 1) f.hugetlb_pages_total = v;
+    if (std::sscanf(line.c_str(), "HugePages_Free: %llu", &v) == 1) f.hugetlb_pages_free = v;
+    if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &v) == 1) f.hugetlb_page_bytes = v * 1024;
+  }
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+    f.memlock_limit_bytes = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+  }
+  std::ifstream status("/proc/self/status");
+  while (std::getline(status, line)) {
+    unsigned long long caps = 0;
+    if (std::sscanf(line.c_str(), "CapEff: %llx", &caps) == 1) {
+      f.cap_ipc_lock = (caps >> 14) & 1;  // CAP_IPC_LOCK = 14
+    }
+  }
+  return f;
 }
 
 }  // namespace strata

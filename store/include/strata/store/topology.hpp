@@ -211,6 +211,24 @@ class Topology {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Kernel features strata's I/O engine and pinned pool depend on, probed on the running
+/// machine (not on a loaded topology).
+struct HostFeatures {
+  bool io_uring = false;              ///< io_uring_queue_init(8 entries) succeeded
+  int io_uring_errno = 0;             ///< its errno when it failed (ENOSYS, EPERM: seccomp...)
+  std::string thp_mode;               ///< transparent huge pages: "always" | "madvise" |
+                                      ///< "never" | "" (kernel without THP)
+  uint64_t hugetlb_page_bytes = 0;    ///< default hugetlb page size (Hugepagesize)
+  uint64_t hugetlb_pages_total = 0;   ///< reserved hugetlb pages (vm.nr_hugepages)
+  uint64_t hugetlb_pages_free = 0;    ///< of which free
+  uint64_t memlock_limit_bytes = 0;   ///< RLIMIT_MEMLOCK soft limit; UINT64_MAX = unlimited
+  bool cap_ipc_lock = false;          ///< CAP_IPC_LOCK effective: may lock beyond the limit
+};
+
+/// Probes the features above (sysfs, /proc, one io_uring setup and teardown). ~1 ms.
+/// 	hreadsafety safe.
+HostFeatures probe_host_features();
+
 /// Formats CPU numbers as a kernel-style list: {0,1,2,3,8} -> "0-3,8".
 std::string format_cpulist(const std::vector<int>& cpus);
 
