@@ -1,0 +1,300 @@
+// strata::store — the tiered object store: named tensors in GPU HBM, pinned DRAM and NVMe,
+// moved between tiers asynchronously, with a durable, crash-consistent catalog.
+//
+// A store is a root directory holding the catalog (SQLite, WAL mode) and a lock file, plus
+// one or more NVMe directories (default: the root itself) holding the data files. An
+// object's bytes are cut into chunks of `chunk_bytes`; chunk j of an object lives in NVMe
+// directory (first_dir + j) % k (RAID-0 over the directories), as one 4 KiB-aligned extent
+// of the store's data file there. Each chunk carries an XXH3-64 checksum of its bytes.
+//
+// DURABILITY CONTRACT (see docs/store.md):
+//  - put(..., tier = kNvme) with Durability::kOnPut (the default): when the future is ready
+//    and OK, the chunks were written with O_DIRECT, fdatasync'ed, and then the catalog row
+//    was committed (SQLite WAL, synchronous=FULL): the object survives a crash or power loss.
+//    Before that point a crash leaves the previous version (or no object): never a mix.
+//  - put(..., tier = kHost or kDevice) keeps the object in memory only ("dirty"): it is
+//    durable after the next flush(), close(), evict() or an LRU eviction to NVMe.
+//  - write_range() on an object resident only in NVMe is copy-on-write per chunk: updated
+//    chunks go to fresh extents; the catalog still names the old ones until flush(). A
+//    crash before flush() restores every chunk as of the last flush: flush() is a
+//    consistent checkpoint of all write_range() updates since the previous one.
+//  - flush() writes back every dirty object, fdatasyncs, and commits all pending changes
+//    in one catalog transaction.
+//  - With Durability::kOnFlush, NVMe puts are also committed only by flush()/close().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/base/future.hpp"
+#include "strata/base/status.hpp"
+#include "strata/collectives/dtype.hpp"
+#include "strata/store/io_engine.hpp"
+
+namespace strata {
+
+/// Memory tiers, fastest first. Stable values (persisted, C API).
+enum class Tier : uint8_t {
+  kDevice = 0,  ///< GPU HBM (CUDA builds with a GPU only)
+  kHost = 1,    ///< pinned host DRAM
+  kNvme = 2,    ///< data files in the NVMe directories
+};
+
+/// "device" | "host" | "nvme".
+std::string_view tier_name(Tier t);
+/// Parses "device"/"gpu"/"hbm", "host"/"dram"/"cpu", "nvme"/"disk". nullopt when unknown.
+std::optional<Tier> tier_from_name(std::string_view s);
+
+/// When a put into the NVMe tier becomes durable (see the contract above).
+enum class Durability {
+  kOnPut,    ///< each NVMe put is fdatasync'ed and committed before its future is ready
+  kOnFlush,  ///< NVMe puts are committed (in one transaction) by flush() / close()
+};
+
+/// Options of Store::open(). Every field states its default and unit. Defaults marked
+/// (ENV) are seeded from that environment variable by StoreOptions::from_env().
+struct StoreOptions {
+  /// Root directory: catalog (catalog.db) and lock file (LOCK). Created when absent and
+  /// `create` is set. Required.
+  std::string path;
+  /// NVMe directories (one per device) over which chunks are striped. Default: {path}.
+  /// When reopening, must be empty or equal to the set recorded at creation.
+  std::vector<std::string> nvme_dirs;
+  /// Bytes of pinned DRAM for host-tier objects. Default 1 GiB (STRATA_HOST_BUDGET).
+  uint64_t host_budget_bytes = 1ull << 30;
+  /// Bytes of data in the NVMe tier (sum of chunk extents). 0 = unlimited (bounded by the
+  /// free space of the directories). Default 0 (STRATA_NVME_BUDGET).
+  uint64_t nvme_budget_bytes = 0;
+  /// Bytes of GPU memory for device-tier objects. 0 = half of the free memory at open.
+  /// Ignored without a GPU. Default 0 (STRATA_DEVICE_BUDGET).
+  uint64_t device_budget_bytes = 0;
+  /// CUDA device ordinal of the device tier. Default 0.
+  int device_id = 0;
+  /// Chunk size in bytes for new stores (a multiple of 4096); an existing store keeps the
+  /// value recorded at creation. Default 64 MiB (STRATA_CHUNK_SIZE).
+  uint64_t chunk_bytes = 64ull << 20;
+  /// Bytes of pinned staging memory for streaming (unaligned caller buffers, device
+  /// transfers, read-modify-write). Default 256 MiB (STRATA_STAGING_BYTES).
+  uint64_t staging_bytes = 256ull << 20;
+  /// Verify chunk checksums on every read from NVMe. Default true (STRATA_VERIFY).
+  bool verify_checksums = true;
+  /// See Durability. Default kOnPut.
+  Durability durability = Durability::kOnPut;
+  /// Open without the write lock; every mutating call fails with FailedPrecondition.
+  /// Default false.
+  bool read_only = false;
+  /// Create the store when `path` holds none. Default true.
+  bool create = true;
+  /// Threads that run store operations (each may block on the engine). Default 4.
+  uint32_t worker_threads = 4;
+  /// NUMA node for pinned memory; -1 = no binding. Default -1.
+  int numa_node = -1;
+  /// Options of the I/O engine the store creates (when `engine` is null).
+  IoEngineOptions engine_options;
+  /// An engine to share (e.g. with the optimizer); null = the store creates its own.
+  std::shared_ptr<IoEngine> engine;
+
+  /// Defaults overridden by the STRATA_* variables above (and IoEngineOptions::from_env()).
+  /// \error InvalidArgument naming the variable on a malformed value.
+  static Result<StoreOptions> from_env();
+};
+
+/// Shape and dtype of a tensor: nbytes = numel * dtype_size(dtype); a 0-d shape {} is a
+/// scalar (numel 1); any 0 extent makes numel 0.
+struct TensorDesc {
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * dtype_size(dtype); }
+  /// A 1-d uint8 tensor of `nbytes` elements (raw bytes).
+  static TensorDesc bytes(uint64_t nbytes) { return {DType::kUInt8, {static_cast<int64_t>(nbytes)}}; }
+};
+
+/// "float32[2, 3]".
+std::string to_string(const TensorDesc& d);
+
+/// What stat()/list() report about an object.
+struct ObjectInfo {
+  std::string key;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  Tier tier = Tier::kNvme;  ///< fastest tier holding the current bytes
+  bool on_nvme = false;     ///< an NVMe copy exists (it may be stale when dirty)
+  bool dirty = false;       ///< the in-memory copy (or a pending write_range) is not yet durable
+  bool pinned = false;
+  uint32_t num_chunks = 0;  ///< chunks of the NVMe copy
+};
+
+struct PutOptions {
+  Tier tier = Tier::kNvme;  ///< tier that receives the object. Default nvme.
+  bool overwrite = false;   ///< replace an existing key (else AlreadyExists). Default false.
+  bool pin = false;         ///< pin at once (host/device tiers only). Default false.
+};
+
+/// Per-tier usage, in bytes.
+struct StoreUsage {
+  uint64_t device_bytes = 0, device_budget_bytes = 0;
+  uint64_t host_bytes = 0, host_budget_bytes = 0;
+  uint64_t nvme_bytes = 0, nvme_budget_bytes = 0;  ///< nvme_budget 0 = unlimited
+  uint64_t objects = 0;
+};
+
+/// A verify() finding: a chunk whose bytes do not match its checksum (or cannot be read).
+struct VerifyReport {
+  uint64_t objects = 0;
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;
+  std::vector<Status> errors;  ///< DataLoss / IoError naming key, chunk and offset
+};
+
+/// The tiered object store. Create with Store::open(); close() (or the destructor) flushes.
+///
+/// Buffers: every `src`/`dst` passed to an async call must stay valid and unmodified
+/// (src) / untouched (dst) until the returned future is ready. Buffers may be pageable or
+/// pinned host memory; with CUDA, also device memory (detected with
+/// cudaPointerGetAttributes). Host buffers aligned to 4096 bytes go to the disk with
+/// O_DIRECT without a copy; others stream through the pinned staging buffers.
+///
+/// Errors (each leaves the store usable):
+///  - NotFound: the key is absent.
+///  - AlreadyExists: put of a present key without `overwrite`.
+///  - InvalidArgument: dtype/shape/size mismatch on get, a bad option, Tier::kDevice without
+///    a GPU (Unimplemented when built without CUDA).
+///  - OutOfRange: read_range/write_range past the end of the object.
+///  - ResourceExhausted: a tier budget is full and nothing is evictable (all pinned or
+///    busy), the object is larger than the tier's budget, or a directory is out of space
+///    (sys_errno() == ENOSPC, message names the path).
+///  - DataLoss: a chunk's checksum does not match (message names key, chunk and offset).
+///  - FailedPrecondition: store locked by another process ("store DIR is locked by pid N"),
+///    store closed or read-only, evict of a pinned object.
+///
+/// Thread-safety: every member may be called concurrently from any thread. Concurrent
+/// write_range() calls on one object must touch different chunks; a read concurrent with a
+/// write of the same bytes returns the old or the new bytes of each chunk.
+class Store {
+ public:
+  /// Opens (or creates) the store at options.path and takes its write lock (unless
+  /// read_only). Loads the catalog; space not referenced by any committed object (e.g.
+  /// from a put interrupted by a crash) is reused.
+  /// \error FailedPrecondition when another process holds the lock; NotFound when the
+  ///     store is absent and !create; InvalidArgument for bad options or nvme_dirs that
+  ///     differ from the recorded ones; DataLoss for a corrupt catalog; IoError.
+  static Result<std::unique_ptr<Store>> open(StoreOptions options);
+
+  virtual ~Store() = default;
+
+  /// Writes `desc.nbytes()` bytes from `src` as object `key` into `opts.tier`.
+  /// \error AlreadyExists, InvalidArgument (empty key, no GPU), ResourceExhausted
+  ///     (budget/ENOSPC), IoError, FailedPrecondition (closed/read-only).
+  virtual Future<void> put(const std::string& key, const void* src, const TensorDesc& desc,
+                           const PutOptions& opts = {}) = 0;
+
+  /// Reads object `key` into `dst` from its fastest tier. `desc` must equal the object's
+  /// dtype and shape. Does not change the object's tier.
+  /// \error NotFound; InvalidArgument naming both descs on a mismatch; DataLoss; IoError.
+  virtual Future<void> get(const std::string& key, void* dst, const TensorDesc& desc) = 0;
+  /// Reads object `key` into `dst` (`nbytes` must equal the object's size), any dtype.
+  /// \error NotFound; InvalidArgument on a size mismatch; DataLoss; IoError.
+  virtual Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) = 0;
+
+  /// Reads bytes [offset_bytes, offset_bytes + nbytes) of object `key` into `dst`.
+  /// \error NotFound; OutOfRange past the end; DataLoss (whole chunks are verified).
+  virtual Future<void> read_range(const std::string& key, uint64_t offset_bytes, uint64_t nbytes,
+                                  void* dst) = 0;
+  /// Overwrites bytes [offset_bytes, offset_bytes + nbytes) of object `key` from `src`,
+  /// in whichever tier holds it; checksums of touched chunks are recomputed. Durable at the
+  /// next flush() (copy-on-write for NVMe chunks; see the contract). Cheapest when the
+  /// range covers whole chunks (multiples of chunk_bytes()); partial chunks are
+  /// read-modify-written.
+  /// \error NotFound; OutOfRange; ResourceExhausted; IoError; DataLoss (reading a partial
+  ///     chunk).
+  virtual Future<void> write_range(const std::string& key, uint64_t offset_bytes,
+                                   uint64_t nbytes, const void* src) = 0;
+
+  /// Moves object `key` to `tier`: promotion copies up and keeps the NVMe copy; demotion
+  /// to kNvme writes back a dirty copy (committed before the future is ready) and frees
+  /// the memory tiers. Pinned objects can move between host and device but not to kNvme.
+  /// \error NotFound; ResourceExhausted; FailedPrecondition (pinned to nvme); IoError.
+  virtual Future<void> move(const std::string& key, Tier tier) = 0;
+  /// Promotes `key` to `tier` (default host) unless it already is in that tier or a
+  /// faster one. Errors as move().
+  virtual Future<void> prefetch(const std::string& key, Tier tier = Tier::kHost) = 0;
+  /// Demotes `key` to NVMe (write-back when dirty) and frees its memory.
+  /// \error NotFound; FailedPrecondition when pinned.
+  virtual Future<void> evict(const std::string& key) = 0;
+
+  /// Pins / unpins `key` in its memory tier: a pinned object is never evicted by LRU.
+  /// Pins nest (counted). Pinning an NVMe-only object first promotes it to host.
+  /// \error NotFound; FailedPrecondition for unpin of an unpinned object.
+  virtual Future<void> pin(const std::string& key) = 0;
+  virtual Future<void> unpin(const std::string& key) = 0;
+
+  /// Deletes `key` from every tier; committed before the future is ready (kOnPut).
+  /// \error NotFound.
+  virtual Future<void> remove(const std::string& key) = 0;
+
+  /// Makes everything durable: writes back dirty objects, fdatasyncs, commits pending
+  /// changes in one transaction.
+  virtual Future<void> flush() = 0;
+
+  /// Metadata of `key`. \error NotFound.
+  virtual Result<ObjectInfo> stat(const std::string& key) const = 0;
+  /// Objects whose key starts with `prefix`, sorted by key (bytewise UTF-8).
+  virtual std::vector<ObjectInfo> list(std::string_view prefix = {}) const = 0;
+  virtual bool contains(const std::string& key) const = 0;
+
+  /// Re-reads every NVMe chunk and checks its checksum (ignores verify_checksums).
+  virtual Result<VerifyReport> verify() = 0;
+
+  virtual StoreUsage usage() const = 0;
+  virtual uint64_t chunk_bytes() const = 0;
+  virtual const StoreOptions& options() const = 0;
+  virtual std::shared_ptr<IoEngine> engine() const = 0;
+  /// True when the device tier is usable (CUDA build and a GPU).
+  virtual bool has_device() const = 0;
+
+  /// Flushes, waits for every operation, releases the lock. Later calls fail with
+  /// FailedPrecondition. Idempotent.
+  virtual Status close() = 0;
+
+  // Blocking conveniences: the async call followed by result().
+  Status put_sync(const std::string& key, const void* src, const TensorDesc& desc,
+                  const PutOptions& opts = {}) {
+    return put(key, src, desc, opts).result().status();
+  }
+  Status get_sync(const std::string& key, void* dst, const TensorDesc& desc) {
+    return get(key, dst, desc).result().status();
+  }
+  Status get_bytes_sync(const std::string& key, void* dst, uint64_t nbytes) {
+    return get_bytes(key, dst, nbytes).result().status();
+  }
+  Status read_range_sync(const std::string& key, uint64_t off, uint64_t n, void* dst) {
+    return read_range(key, off, n, dst).result().status();
+  }
+  Status write_range_sync(const std::string& key, uint64_t off, uint64_t n, const void* src) {
+    return write_range(key, off, n, src).result().status();
+  }
+  Status move_sync(const std::string& key, Tier tier) { return move(key, tier).result().status(); }
+  Status prefetch_sync(const std::string& key, Tier tier = Tier::kHost) {
+    return prefetch(key, tier).result().status();
+  }
+  Status evict_sync(const std::string& key) { return evict(key).result().status(); }
+  Status pin_sync(const std::string& key) { return pin(key).result().status(); }
+  Status unpin_sync(const std::string& key) { return unpin(key).result().status(); }
+  Status remove_sync(const std::string& key) { return remove(key).result().status(); }
+  Status flush_sync() { return flush().result().status(); }
+};
+
+/// Reads the catalog of the store at `path` without the write lock and without opening
+/// data files for writing (for `strata store ls/stat`).
+/// \error NotFound when no store is there.
+Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_view prefix = {});
+
+}  // namespace strata

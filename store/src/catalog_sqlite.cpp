@@ -1,0 +1,264 @@
+// strata::store (private) — SQLite catalog. See catalog_sqlite.hpp.
+#include "catalog_sqlite.hpp"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace strata::catalog {
+
+std::string shape_to_text(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  return s;
+}
+
+Result<std::vector<int64_t>> shape_from_text(const std::string& text) {
+  std::vector<int64_t> shape;
+  if (text.empty()) return shape;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string part = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || errno != 0 || *end != '\0' || v < 0) {
+      return data_loss("catalog: malformed shape '" + text + "'");
+    }
+    shape.push_back(v);
+    pos = comma + 1;
+  }
+  return shape;
+}
+
+namespace {
+struct Stmt {
+  sqlite3_stmt* s = nullptr;
+  Stmt() = default;
+  Stmt(const Stmt&) = delete;
+  ~Stmt() { sqlite3_finalize(s); }
+};
+
+constexpr const char* kSchema =
+    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS objects(key TEXT PRIMARY KEY, dtype INTEGER NOT NULL,"
+    " shape TEXT NOT NULL, nbytes INTEGER NOT NULL, first_dir INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS chunks(key TEXT NOT NULL, idx INTEGER NOT NULL,"
+    " dir INTEGER NOT NULL, offset INTEGER NOT NULL, nbytes INTEGER NOT NULL,"
+    " checksum INTEGER NOT NULL, PRIMARY KEY(key, idx));";
+}  // namespace
+
+Catalog::~Catalog() {
+  if (db_) sqlite3_close_v2(db_);
+}
+
+Status Catalog::error(const char* what) {
+  int ext = db_ ? sqlite3_extended_errcode(db_) : 0;
+  std::string msg = std::string("catalog ") + path_ + ": " + what + ": " +
+                    (db_ ? sqlite3_errmsg(db_) : "no database");
+  int prim = ext & 0xff;
+  if (prim == SQLITE_FULL) return resource_exhausted(msg, ENOSPC);
+  if (prim == SQLITE_CORRUPT || prim == SQLITE_NOTADB) return data_loss(msg);
+  if (prim == SQLITE_READONLY || prim == SQLITE_PERM) return permission_denied(msg);
+  if (prim == SQLITE_BUSY || prim == SQLITE_LOCKED) return failed_precondition(msg);
+  return Status(StatusCode::kIoError, msg, sqlite3_system_errno(db_));
+}
+
+Status Catalog::exec(const char* sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+  sqlite3_free(err);
+  if (rc != SQLITE_OK) return error(sql);
+  return Status::OK();
+}
+
+Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool create,
+                                               bool read_only) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 && !create) {
+    return not_found("no store catalog at " + path);
+  }
+  std::unique_ptr<Catalog> c(new Catalog());
+  c->path_ = path;
+  int flags = read_only ? SQLITE_OPEN_READONLY
+                        : (SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0));
+  flags |= SQLITE_OPEN_NOMUTEX;  // the store serializes access (one committer thread)
+  if (sqlite3_open_v2(path.c_str(), &c->db_, flags, nullptr) != SQLITE_OK) {
+    return c->error("open");
+  }
+  sqlite3_busy_timeout(c->db_, 5000);
+  if (!read_only) {
+    STRATA_RETURN_IF_ERROR(c->exec("PRAGMA journal_mode=WAL;"));
+    STRATA_RETURN_IF_ERROR(c->exec("PRAGMA synchronous=FULL;"));
+    STRATA_RETURN_IF_ERROR(c->exec(kSchema));
+  } else {
+    // A read-only reader must still see a schema; a WAL left by a crashed writer is read.
+    Stmt s;
+    if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) !=
+        SQLITE_OK) {
+      return data_loss("catalog " + path + " is not a strata catalog: " + sqlite3_errmsg(c->db_));
+    }
+  }
+  return c;
+}
+
+Result<std::optional<std::string>> Catalog::get_meta(const std::string& name) {
+  Stmt s;
+  if (sqlite3_prepare_v2(db_, "SELECT value FROM meta WHERE name=?", -1, &s.s, nullptr) != SQLITE_OK)
+    return error("prepare get_meta");
+  sqlite3_bind_text(s.s, 1, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
+  int rc = sqlite3_step(s.s);
+  if (rc == SQLITE_ROW) {
+    const char* v = reinterpret_cast<const char*>(sqlite3_column_text(s.s, 0));
+    return std::optional<std::string>(v ? v : "");
+  }
+  if (rc == SQLITE_DONE) return std::optional<std::string>();
+  return error("get_meta");
+}
+
+Status Catalog::set_meta(const std::string& name, const std::string& value) {
+  Stmt s;
+  if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO meta(name, value) VALUES(?, ?)", -1, &s.s,
+                         nullptr) != SQLITE_OK)
+    return error("prepare set_meta");
+  sqlite3_bind_text(s.s, 1, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_text(s.s, 2, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+  if (sqlite3_step(s.s) != SQLITE_DONE) return error("set_meta");
+  return Status::OK();
+}
+
+Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
+  std::vector<ObjectRow> rows;
+  {
+    Stmt s;
+    if (sqlite3_prepare_v2(db_,
+                           "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
+                           "WHERE substr(key, 1, ?) = ? ORDER BY key",
+                           -1, &s.s, nullptr) != SQLITE_OK)
+      return error("prepare load objects");
+    sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));
+    sqlite3_bind_blob(s.s, 2, prefix.data(), static_cast<int>(prefix.size()), SQLITE_TRANSIENT);
+    int rc;
+    while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
+      ObjectRow r;
+      r.key.assign(reinterpret_cast<const char*>(sqlite3_column_blob(s.s, 0)) ?: "",
+                   static_cast<size_t>(sqlite3_column_bytes(s.s, 0)));
+      int dt = sqlite3_column_int(s.s, 1);
+      if (dt < 0 || dt > static_cast<int>(DType::kBool))
+        return data_loss("catalog " + path_ + ": object '" + r.key + "' has unknown dtype " +
+                         std::to_string(dt));
+      r.dtype = static_cast<DType>(dt);
+      const char* sh = reinterpret_cast<const char*>(sqlite3_column_text(s.s, 2));
+      STRATA_ASSIGN_OR_RETURN(r.shape, shape_from_text(sh ? sh : ""));
+      r.nbytes = static_cast<uint64_t>(sqlite3_column_int64(s.s, 3));
+      r.first_dir = static_cast<uint32_t>(sqlite3_column_int(s.s, 4));
+      rows.push_back(std::move(r));
+    }
+    if (rc != SQLITE_DONE) return error("load objects");
+  }
+  // Chunks in one pass, merged by key order (both sorted by key; BINARY collation = memcmp).
+  Stmt s;
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
+                         "WHERE substr(key, 1, ?) = ? ORDER BY key, idx",
+                         -1, &s.s, nullptr) != SQLITE_OK)
+    return error("prepare load chunks");
+  sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));
+  sqlite3_bind_blob(s.s, 2, prefix.data(), static_cast<int>(prefix.size()), SQLITE_TRANSIENT);
+  size_t oi = 0;
+  int rc;
+  while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
+    std::string key(reinterpret_cast<const char*>(sqlite3_column_blob(s.s, 0)) ?: "",
+                    static_cast<size_t>(sqlite3_column_bytes(s.s, 0)));
+    while (oi < rows.size() && rows[oi].key < key) ++oi;
+    if (oi == rows.size() || rows[oi].key != key)
+      return data_loss("catalog " + path_ + ": chunk of unknown object '" + key + "'");
+    ChunkRow c;
+    uint64_t idx = static_cast<uint64_t>(sqlite3_column_int64(s.s, 1));
+    if (idx != rows[oi].chunks.size())
+      return data_loss("catalog " + path_ + ": object '" + key + "' misses chunk " +
+                       std::to_string(rows[oi].chunks.size()));
+    c.dir = static_cast<uint32_t>(sqlite3_column_int(s.s, 2));
+    c.offset = static_cast<uint64_t>(sqlite3_column_int64(s.s, 3));
+    c.nbytes = static_cast<uint64_t>(sqlite3_column_int64(s.s, 4));
+    c.checksum = static_cast<uint64_t>(sqlite3_column_int64(s.s, 5));
+    rows[oi].chunks.push_back(c);
+  }
+  if (rc != SQLITE_DONE) return error("load chunks");
+  for (auto& r : rows) {
+    uint64_t sum = 0;
+    for (auto& c : r.chunks) sum += c.nbytes;
+    if (sum != r.nbytes)
+      return data_loss("catalog " + path_ + ": object '" + r.key + "' chunks hold " +
+                       std::to_string(sum) + " bytes, expected " + std::to_string(r.nbytes));
+  }
+  return rows;
+}
+
+Status Catalog::apply(const std::vector<Op>& ops) {
+  if (ops.empty()) return Status::OK();
+  STRATA_RETURN_IF_ERROR(exec("BEGIN IMMEDIATE;"));
+  auto fail = [&](const char* what) {
+    Status st = error(what);
+    sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    return st;
+  };
+  Stmt del_obj, del_chunks, ins_obj, ins_chunk;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM objects WHERE key=?", -1, &del_obj.s, nullptr) ||
+      sqlite3_prepare_v2(db_, "DELETE FROM chunks WHERE key=?", -1, &del_chunks.s, nullptr) ||
+      sqlite3_prepare_v2(db_,
+                         "INSERT INTO objects(key, dtype, shape, nbytes, first_dir) "
+                         "VALUES(?, ?, ?, ?, ?)",
+                         -1, &ins_obj.s, nullptr) ||
+      sqlite3_prepare_v2(db_,
+                         "INSERT INTO chunks(key, idx, dir, offset, nbytes, checksum) "
+                         "VALUES(?, ?, ?, ?, ?, ?)",
+                         -1, &ins_chunk.s, nullptr)) {
+    return fail("prepare apply");
+  }
+  auto bind_key = [](sqlite3_stmt* s, const std::string& k) {
+    // Keys are stored as BLOBs of their UTF-8 bytes: exact, any content, memcmp order.
+    sqlite3_bind_blob(s, 1, k.data(), static_cast<int>(k.size()), SQLITE_TRANSIENT);
+  };
+  for (const Op& op : ops) {
+    for (sqlite3_stmt* s : {del_obj.s, del_chunks.s}) {
+      sqlite3_reset(s);
+      bind_key(s, op.row.key);
+      if (sqlite3_step(s) != SQLITE_DONE) return fail("delete");
+    }
+    if (op.kind == Op::kDelete) continue;
+    const ObjectRow& r = op.row;
+    sqlite3_reset(ins_obj.s);
+    bind_key(ins_obj.s, r.key);
+    sqlite3_bind_int(ins_obj.s, 2, static_cast<int>(r.dtype));
+    std::string shape = shape_to_text(r.shape);
+    sqlite3_bind_text(ins_obj.s, 3, shape.data(), static_cast<int>(shape.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(ins_obj.s, 4, static_cast<int64_t>(r.nbytes));
+    sqlite3_bind_int(ins_obj.s, 5, static_cast<int>(r.first_dir));
+    if (sqlite3_step(ins_obj.s) != SQLITE_DONE) return fail("insert object");
+    for (size_t i = 0; i < r.chunks.size(); ++i) {
+      const ChunkRow& c = r.chunks[i];
+      sqlite3_reset(ins_chunk.s);
+      bind_key(ins_chunk.s, r.key);
+      sqlite3_bind_int64(ins_chunk.s, 2, static_cast<int64_t>(i));
+      sqlite3_bind_int(ins_chunk.s, 3, static_cast<int>(c.dir));
+      sqlite3_bind_int64(ins_chunk.s, 4, static_cast<int64_t>(c.offset));
+      sqlite3_bind_int64(ins_chunk.s, 5, static_cast<int64_t>(c.nbytes));
+      sqlite3_bind_int64(ins_chunk.s, 6, static_cast<int64_t>(c.checksum));
+      if (sqlite3_step(ins_chunk.s) != SQLITE_DONE) return fail("insert chunk");
+    }
+  }
+  if (sqlite3_exec(db_, "COMMIT;", nullptr, nullptr, nullptr) != SQLITE_OK) return fail("commit");
+  return Status::OK();
+}
+
+}  // namespace strata::catalog

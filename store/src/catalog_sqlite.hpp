@@ -1,0 +1,73 @@
+// strata::store (private) — the store's durable catalog in SQLite.
+//
+// Schema (format 1):
+//   meta(name TEXT PRIMARY KEY, value TEXT)          store_uuid, format, chunk_bytes, nvme_dirs
+//   objects(key TEXT PRIMARY KEY, dtype INT, shape TEXT, nbytes INT, first_dir INT)
+//   chunks(key TEXT, idx INT, dir INT, offset INT, nbytes INT, checksum INT,
+//          PRIMARY KEY(key, idx))
+// WAL journal, synchronous=FULL: a committed transaction survives power loss
+// (https://www.sqlite.org/pragma.html#pragma_synchronous). The store fdatasyncs the data
+// files before it commits rows that name them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/base/status.hpp"
+#include "strata/collectives/dtype.hpp"
+
+struct sqlite3;
+
+namespace strata::catalog {
+
+struct ChunkRow {
+  uint32_t dir = 0;       ///< index into the store's nvme_dirs
+  uint64_t offset = 0;    ///< byte offset of the extent in that directory's data file
+  uint64_t nbytes = 0;    ///< logical bytes of the chunk (the extent is align_up(nbytes, 4096))
+  uint64_t checksum = 0;  ///< XXH3_64bits of the chunk's bytes
+};
+
+struct ObjectRow {
+  std::string key;
+  DType dtype = DType::kUInt8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  uint32_t first_dir = 0;
+  std::vector<ChunkRow> chunks;
+};
+
+struct Op {
+  enum Kind { kUpsert, kDelete } kind = kUpsert;
+  ObjectRow row;  ///< kUpsert: the full row; kDelete: only row.key
+};
+
+std::string shape_to_text(const std::vector<int64_t>& shape);
+Result<std::vector<int64_t>> shape_from_text(const std::string& text);
+
+class Catalog {
+ public:
+  /// Opens (creating when `create`) the SQLite database at `path`.
+  /// \error NotFound when absent and !create; DataLoss when not a strata catalog.
+  static Result<std::unique_ptr<Catalog>> open(const std::string& path, bool create,
+                                               bool read_only);
+  ~Catalog();
+
+  Result<std::optional<std::string>> get_meta(const std::string& name);
+  Status set_meta(const std::string& name, const std::string& value);
+  /// Every committed object with its chunks, sorted by key.
+  Result<std::vector<ObjectRow>> load_all(const std::string& prefix = {});
+  /// Applies `ops` in order in one transaction (all or nothing).
+  Status apply(const std::vector<Op>& ops);
+
+ private:
+  Catalog() = default;
+  Status exec(const char* sql);
+  Status error(const char* what);
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace strata::catalog

@@ -1,0 +1,1819 @@
+// strata::store — the tiered object store (see store.hpp and docs/store.md).
+//
+// Internals in brief:
+//  - Obj: one version of one key. Its NVMe bytes are a Layout (chunks -> extents); its
+//    memory copy is a pinned host buffer or a device allocation. A put creates a new Obj and
+//    installs it in `objects_` (replacing the old version, which readers may still hold).
+//  - durable_: mirror of the catalog (key -> the Layout its committed row names). Extents
+//    are reference-counted: an extent returns to the allocator when neither the catalog
+//    mirror nor any version/reader holds it, so space named by the catalog is never reused.
+//  - Commits go through one committer thread: it fdatasyncs the data files written since
+//    the last batch, applies a batch of catalog ops in one SQLite transaction, then applies
+//    their in-memory effects in the same order (group commit).
+//  - Ordering rule: an op that changes which version a key maps to (put, remove) holds the
+//    exclusive lock of the key's live version from before it enqueues its commit until the
+//    commit's in-memory effect is applied, so catalog order == in-memory order per key.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <list>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "catalog_sqlite.hpp"
+#include "store_device.hpp"
+#include "strata/base/env.hpp"
+#include "strata/base/logging.hpp"
+#include "strata/base/units.hpp"
+#include "strata/store/pinned_pool.hpp"
+#include "strata/store/store.hpp"
+
+namespace strata {
+
+// ---------------------------------------------------------------- small public helpers
+
+std::string_view tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "unknown";
+}
+
+std::optional<Tier> tier_from_name(std::string_view s) {
+  if (s == "device" || s == "gpu" || s == "hbm") return Tier::kDevice;
+  if (s == "host" || s == "dram" || s == "cpu") return Tier::kHost;
+  if (s == "nvme" || s == "disk") return Tier::kNvme;
+  return std::nullopt;
+}
+
+uint64_t TensorDesc::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d < 0 ? 0 : d);
+  return n;
+}
+
+std::string to_string(const TensorDesc& d) {
+  std::string s(dtype_name(d.dtype));
+  s += '[';
+  for (size_t i = 0; i < d.shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(d.shape[i]);
+  }
+  return s + ']';
+}
+
+Result<StoreOptions> StoreOptions::from_env() {
+  StoreOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, env_size("STRATA_HOST_BUDGET", o.host_budget_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.nvme_budget_bytes, env_size("STRATA_NVME_BUDGET", o.nvme_budget_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes,
+                          env_size("STRATA_DEVICE_BUDGET", o.device_budget_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.chunk_bytes, env_size("STRATA_CHUNK_SIZE", o.chunk_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.staging_bytes, env_size("STRATA_STAGING_BYTES", o.staging_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.verify_checksums, env_bool("STRATA_VERIFY", o.verify_checksums));
+  STRATA_ASSIGN_OR_RETURN(o.engine_options, IoEngineOptions::from_env());
+  return o;
+}
+
+namespace {
+
+constexpr uint64_t kAlign = 4096;  // extent offset/length alignment in the data files
+
+// ---------------------------------------------------------------- worker pool
+
+class WorkerPool {
+ public:
+  void start(uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  void submit(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        f = std::move(q_.front());
+        q_.pop_front();
+      }
+      f();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+};
+
+// ---------------------------------------------------------------- extents
+
+class ExtentAllocator;
+
+/// A 4 KiB-aligned range of one directory's data file; returned to the allocator when the
+/// last reference (catalog mirror, a version's layout, a reader's snapshot) drops.
+struct Extent {
+  std::shared_ptr<ExtentAllocator> alloc;
+  uint32_t dir = 0;
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  ~Extent();
+};
+
+class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
+ public:
+  ExtentAllocator(uint32_t ndirs, uint64_t budget) : dirs_(ndirs), budget_(budget) {}
+
+  /// First fit in the free list, else the end of the file.
+  Result<std::shared_ptr<Extent>> allocate(uint32_t dir, uint64_t len, const std::string& key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (budget_ && used_ + len > budget_) {
+      return resource_exhausted("nvme tier budget " + format_bytes(budget_) + " full (" +
+                                format_bytes(used_) + " used): cannot place " +
+                                format_bytes(len) + " of object '" + key + "'");
+    }
+    Dir& d = dirs_[dir];
+    uint64_t off = d.end;
+    bool found = false;
+    for (auto it = d.free.begin(); it != d.free.end(); ++it) {
+      if (it->second >= len) {
+        off = it->first;
+        uint64_t rest = it->second - len;
+        d.free.erase(it);
+        if (rest) d.free.emplace(off + len, rest);
+        found = true;
+        break;
+      }
+    }
+    if (!found) d.end += len;
+    used_ += len;
+    return make(dir, off, len);
+  }
+
+  /// Marks a committed extent used while loading the catalog (before finish_load()).
+  std::shared_ptr<Extent> adopt(uint32_t dir, uint64_t off, uint64_t len) {
+    std::lock_guard<std::mutex> lk(mu_);
+    dirs_[dir].loaded.emplace_back(off, len);
+    used_ += len;
+    return make(dir, off, len);
+  }
+
+  /// Builds the free lists from the gaps between adopted extents.
+  /// \error DataLoss when two committed extents overlap.
+  Status finish_load() {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t di = 0; di < dirs_.size(); ++di) {
+      Dir& d = dirs_[di];
+      std::sort(d.loaded.begin(), d.loaded.end());
+      uint64_t pos = 0;
+      for (auto [off, len] : d.loaded) {
+        if (off < pos) {
+          return data_loss("catalog: extents overlap in directory " + std::to_string(di) +
+                           " at offset " + std::to_string(off));
+        }
+        if (off > pos) d.free.emplace(pos, off - pos);
+        pos = off + len;
+      }
+      d.end = pos;
+      d.loaded.clear();
+      d.loaded.shrink_to_fit();
+    }
+    return Status::OK();
+  }
+
+  void release(uint32_t dir, uint64_t off, uint64_t len) {
+    std::lock_guard<std::mutex> lk(mu_);
+    used_ -= len;
+    Dir& d = dirs_[dir];
+    auto next = d.free.lower_bound(off);
+    if (next != d.free.end() && off + len == next->first) {  // merge with the next
+      len += next->second;
+      next = d.free.erase(next);
+    }
+    if (next != d.free.begin()) {  // merge with the previous
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        off = prev->first;
+        len += prev->second;
+        d.free.erase(prev);
+      }
+    }
+    if (off + len == d.end) {
+      d.end = off;
+    } else {
+      d.free.emplace(off, len);
+    }
+  }
+
+  uint64_t used() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return used_;
+  }
+
+ private:
+  std::shared_ptr<Extent> make(uint32_t dir, uint64_t off, uint64_t len) {
+    auto e = std::make_shared<Extent>();
+    e->alloc = shared_from_this();
+    e->dir = dir;
+    e->offset = off;
+    e->len = len;
+    return e;
+  }
+  struct Dir {
+    std::map<uint64_t, uint64_t> free;  // offset -> length
+    uint64_t end = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> loaded;
+  };
+  mutable std::mutex mu_;
+  std::vector<Dir> dirs_;
+  uint64_t used_ = 0;
+  uint64_t budget_;
+};
+
+Extent::~Extent() {
+  if (alloc) alloc->release(dir, offset, len);
+}
+
+struct ChunkRef {
+  std::shared_ptr<Extent> ext;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;
+};
+using Layout = std::vector<ChunkRef>;
+using LayoutPtr = std::shared_ptr<const Layout>;
+
+// ---------------------------------------------------------------- objects
+
+struct DeviceMem {
+  int id = 0;
+  void* ptr = nullptr;
+  uint64_t nbytes = 0;
+  std::shared_ptr<std::atomic<uint64_t>> used;
+  ~DeviceMem() {
+    store_detail::device_free(id, ptr);
+    if (used) used->fetch_sub(nbytes);
+  }
+};
+
+/// One version of one key. Fields after `io` are guarded by StoreImpl::mu_.
+struct Obj {
+  std::string key;
+  TensorDesc desc;
+  uint64_t nbytes = 0;
+  uint32_t first_dir = 0;
+  /// Shared: readers and write_range. Exclusive: tier changes, write-back, replacement.
+  std::shared_mutex io;
+
+  bool live = true;         // installed in objects_
+  LayoutPtr current;        // NVMe copy (null: none)
+  bool on_host = false;     // memory copy in host (buffer empty when nbytes == 0)
+  PinnedBuffer host;
+  bool on_device = false;
+  std::shared_ptr<DeviceMem> dev;
+  bool dirty = false;       // memory copy newer than `current`
+  int pins = 0;
+  bool in_lru = false;
+  std::list<std::shared_ptr<Obj>>::iterator lru_it;
+
+  Tier tier() const { return on_device ? Tier::kDevice : on_host ? Tier::kHost : Tier::kNvme; }
+  void* mem() const {
+    if (on_device) return dev ? dev->ptr : nullptr;
+    if (on_host) return host.data();
+    return nullptr;
+  }
+};
+using ObjPtr = std::shared_ptr<Obj>;
+
+std::string hex64(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBlock = std::unique_ptr<uint8_t, AlignedFree>;
+AlignedBlock aligned_block(uint64_t n) {
+  void* p = std::aligned_alloc(kAlign, align_up(std::max<uint64_t>(n, 1), kAlign));
+  STRATA_CHECK(p != nullptr);
+  return AlignedBlock(static_cast<uint8_t*>(p));
+}
+
+// ---------------------------------------------------------------- the store
+
+class StoreImpl final : public Store {
+ public:
+  ~StoreImpl() override {
+    Status st = close();
+    if (!st.ok()) log_warn("store " + opts_.path + ": close: " + st.to_string());
+  }
+
+  Status init(StoreOptions options);
+
+  // ---- Store API
+  Future<void> put(const std::string& key, const void* src, const TensorDesc& desc,
+                   const PutOptions& opts) override;
+  Future<void> get(const std::string& key, void* dst, const TensorDesc& desc) override {
+    return get_impl(key, dst, desc.nbytes(), &desc);
+  }
+  Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) override {
+    return get_impl(key, dst, nbytes, nullptr);
+  }
+  Future<void> read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) override;
+  Future<void> write_range(const std::string& key, uint64_t off, uint64_t n,
+                           const void* src) override;
+  Future<void> move(const std::string& key, Tier tier) override {
+    return run_op(true, [=, this] { return move_impl(key, tier, false); });
+  }
+  Future<void> prefetch(const std::string& key, Tier tier) override {
+    return run_op(true, [=, this] { return move_impl(key, tier, true); });
+  }
+  Future<void> evict(const std::string& key) override {
+    return run_op(true, [=, this] { return move_impl(key, Tier::kNvme, false); });
+  }
+  Future<void> pin(const std::string& key) override;
+  Future<void> unpin(const std::string& key) override;
+  Future<void> remove(const std::string& key) override;
+  Future<void> flush() override { return run_op(true, [this] { return flush_impl(); }); }
+  Result<ObjectInfo> stat(const std::string& key) const override;
+  std::vector<ObjectInfo> list(std::string_view prefix) const override;
+  bool contains(const std::string& key) const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return objects_.count(key) != 0;
+  }
+  Result<VerifyReport> verify() override;
+  StoreUsage usage() const override;
+  uint64_t chunk_bytes() const override { return chunk_bytes_; }
+  const StoreOptions& options() const override { return opts_; }
+  std::shared_ptr<IoEngine> engine() const override { return engine_; }
+  bool has_device() const override { return has_device_; }
+  Status close() override;
+
+ private:
+  // ---- plumbing
+  template <class F>
+  Future<void> run_op(bool mutating, F f);
+  template <class F>
+  Future<void> run_op_async(F f);  // f returns Future<void>; the worker does not wait
+  Status check_writable() const;
+  ObjPtr find(const std::string& key) const;
+  ObjPtr lock_live(const std::string& key);         // exclusive; null when absent
+  ObjPtr lock_live_shared(const std::string& key);  // shared; null when absent
+  void install_locked(const ObjPtr& obj);           // under mu_
+  void lru_add_locked(const ObjPtr& o);
+  void lru_remove_locked(const ObjPtr& o);
+  void lru_touch(const ObjPtr& o);
+
+  // ---- commit
+  struct CommitReq {
+    std::vector<catalog::Op> ops;
+    std::function<void(bool)> on_done;  // under mu_, after the transaction (true: committed)
+    Promise<void> promise;
+  };
+  Future<void> enqueue_commit(std::vector<catalog::Op> ops, std::function<void(bool)> on_done);
+  void committer_loop();
+  catalog::ObjectRow row_of(const Obj& o, const Layout& l) const;
+
+  // ---- data movement
+  Result<LayoutPtr> write_layout(const std::string& key, const uint8_t* src, uint64_t nbytes,
+                                 uint32_t first_dir, bool src_dev);
+  Status read_layout(const std::string& key, const Layout& l, uint64_t off, uint64_t n,
+                     uint8_t* dst, bool dst_dev, bool verify);
+  Result<uint64_t> staged_write_chunk(
+      const Extent& ext, uint64_t len,
+      const std::function<Status(uint8_t*, uint64_t, uint64_t)>& fill);
+  Status staged_read_chunk(const std::string& key, uint32_t j, uint64_t chunk_start,
+                           const ChunkRef& c, uint64_t lo, uint64_t hi, bool verify,
+                           const std::function<Status(const uint8_t*, uint64_t, uint64_t)>& sink);
+  Status copy_mem(void* dst, const void* src, uint64_t n, bool any_dev);
+  Result<PinnedBuffer> staging(uint64_t nbytes);
+  Status checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,
+                        const ChunkRef& c, uint64_t got) const;
+  void mark_dir_dirty(uint32_t dir) { dir_dirty_[dir].store(true); }
+
+  // ---- tiers
+  Result<PinnedBuffer> alloc_host(uint64_t nbytes, const Obj* self);
+  Result<std::shared_ptr<DeviceMem>> alloc_device(uint64_t nbytes, const Obj* self);
+  ObjPtr pick_victim(bool device, const Obj* self);
+  Status demote_locked(const ObjPtr& o);  // o exclusively locked
+  Status promote_locked(const ObjPtr& o, Tier tier);
+  Status move_impl(const std::string& key, Tier tier, bool prefetch_only);
+  Status flush_impl();
+  Status get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst);
+  Future<void> get_impl(const std::string& key, void* dst, uint64_t nbytes,
+                        const TensorDesc* desc);
+  Status write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src);
+  ObjectInfo info_locked(const Obj& o) const;
+
+  StoreOptions opts_;
+  std::vector<std::string> dirs_;
+  uint64_t chunk_bytes_ = 0;
+  uint64_t piece_bytes_ = 0;
+  std::string uuid_;
+  int lock_fd_ = -1;
+  bool read_only_ = false;
+  bool has_device_ = false;
+  uint64_t device_budget_ = 0;
+  std::shared_ptr<std::atomic<uint64_t>> device_used_ = std::make_shared<std::atomic<uint64_t>>(0);
+
+  std::shared_ptr<IoEngine> engine_;
+  std::vector<std::shared_ptr<IoFile>> files_;
+  std::unique_ptr<std::atomic<bool>[]> dir_dirty_;
+  std::shared_ptr<ExtentAllocator> alloc_;
+  std::shared_ptr<PinnedPool> host_pool_;
+  std::shared_ptr<PinnedPool> staging_pool_;
+  std::unique_ptr<catalog::Catalog> catalog_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, ObjPtr> objects_;
+  std::unordered_map<std::string, LayoutPtr> durable_;
+  std::unordered_map<std::string, int> pending_creates_;
+  std::unordered_map<std::string, int> inflight_;  // commits enqueued, not yet applied, per key
+  std::list<ObjPtr> host_lru_, device_lru_;
+  std::atomic<uint32_t> next_dir_{0};
+
+  std::mutex commit_mu_;
+  std::condition_variable commit_cv_;
+  std::deque<std::shared_ptr<CommitReq>> commit_q_;
+  bool commit_stop_ = false;
+  std::thread committer_;
+
+  WorkerPool pool_;
+  std::mutex ops_mu_;
+  std::condition_variable ops_cv_;
+  uint64_t ops_in_flight_ = 0;
+  std::atomic<bool> closed_{false};
+  bool closing_ = false;
+  bool started_ = false;
+};
+
+// ---------------------------------------------------------------- open / close
+
+Result<std::string> read_lock_holder(int fd) {
+  char buf[32] = {0};
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return std::string("?");
+  std::string s(buf, static_cast<size_t>(n));
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Status fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, "open directory " + dir);
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) return errno_status(e, "fsync directory " + dir);
+  return Status::OK();
+}
+
+Status StoreImpl::init(StoreOptions options) {
+  opts_ = std::move(options);
+  read_only_ = opts_.read_only;
+  if (opts_.path.empty()) return invalid_argument("StoreOptions.path is empty");
+  if (opts_.chunk_bytes == 0 || opts_.chunk_bytes % kAlign != 0) {
+    return invalid_argument("StoreOptions.chunk_bytes " + std::to_string(opts_.chunk_bytes) +
+                            " is not a positive multiple of 4096");
+  }
+  if (opts_.staging_bytes < 2 * kAlign) {
+    return invalid_argument("StoreOptions.staging_bytes " + std::to_string(opts_.staging_bytes) +
+                            " is below 8 KiB");
+  }
+  if (opts_.worker_threads == 0) return invalid_argument("StoreOptions.worker_threads is 0");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string root = opts_.path;
+  if (!fs::is_directory(root, ec)) {
+    if (!opts_.create || read_only_) return not_found("no store at " + root);
+    fs::create_directories(root, ec);
+    if (ec) return errno_status(ec.value(), "create store directory " + root);
+  }
+  root = fs::absolute(root, ec).lexically_normal().string();
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  opts_.path = root;
+
+  // Lock first: a second writer must fail before touching anything.
+  if (!read_only_) {
+    std::string lock_path = root + "/LOCK";
+    lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) return errno_status(errno, "open lock file " + lock_path);
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      std::string holder = read_lock_holder(lock_fd_).value_or("?");
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+      if (e == EWOULDBLOCK) {
+        return failed_precondition("store " + root + " is locked by pid " + holder);
+      }
+      return errno_status(e, "flock " + lock_path);
+    }
+    std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(lock_fd_, 0) != 0 ||
+        ::pwrite(lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+      log_warn("store " + root + ": cannot write the pid into " + lock_path);
+    }
+  }
+
+  std::string cat_path = root + "/catalog.db";
+  bool fresh = !fs::exists(cat_path, ec);
+  if (fresh && (read_only_ || !opts_.create)) return not_found("no store catalog at " + cat_path);
+  STRATA_ASSIGN_OR_RETURN(catalog_, catalog::Catalog::open(cat_path, opts_.create, read_only_));
+
+  // Store identity and layout: recorded at creation, checked at reopen.
+  STRATA_ASSIGN_OR_RETURN(auto uuid, catalog_->get_meta("store_uuid"));
+  std::vector<std::string> want;
+  for (const auto& d : opts_.nvme_dirs) {
+    std::string a = fs::absolute(d, ec).lexically_normal().string();
+    while (a.size() > 1 && a.back() == '/') a.pop_back();
+    want.push_back(a);
+  }
+  if (want.empty()) want.push_back(root);
+  if (!uuid) {
+    if (read_only_) return data_loss("catalog " + cat_path + " has no store_uuid");
+    unsigned char rnd[8];
+    if (::getrandom(rnd, sizeof rnd, 0) != sizeof rnd) return errno_status(errno, "getrandom");
+    uint64_t v;
+    std::memcpy(&v, rnd, sizeof v);
+    uuid_ = hex64(v);
+    std::string joined;
+    for (auto& d : want) joined += d + "\n";
+    STRATA_RETURN_IF_ERROR(catalog_->set_meta("format", "1"));
+    STRATA_RETURN_IF_ERROR(catalog_->set_meta("chunk_bytes", std::to_string(opts_.chunk_bytes)));
+    STRATA_RETURN_IF_ERROR(catalog_->set_meta("nvme_dirs", joined));
+    STRATA_RETURN_IF_ERROR(catalog_->set_meta("store_uuid", uuid_));
+    dirs_ = want;
+    chunk_bytes_ = opts_.chunk_bytes;
+  } else {
+    uuid_ = *uuid;
+    STRATA_ASSIGN_OR_RETURN(auto cb, catalog_->get_meta("chunk_bytes"));
+    STRATA_ASSIGN_OR_RETURN(auto nd, catalog_->get_meta("nvme_dirs"));
+    if (!cb || !nd) return data_loss("catalog " + cat_path + " lacks chunk_bytes/nvme_dirs");
+    chunk_bytes_ = std::stoull(*cb);
+    std::string rest = *nd;
+    size_t pos;
+    while ((pos = rest.find('\n')) != std::string::npos) {
+      dirs_.push_back(rest.substr(0, pos));
+      rest.erase(0, pos + 1);
+    }
+    if (!opts_.nvme_dirs.empty() && want != dirs_) {
+      std::string rec;
+      for (auto& d : dirs_) rec += (rec.empty() ? "" : ", ") + d;
+      return invalid_argument("store " + root + " was created with nvme_dirs [" + rec +
+                              "]; reopen it with the same directories (or none)");
+    }
+  }
+  opts_.nvme_dirs = dirs_;
+  opts_.chunk_bytes = chunk_bytes_;
+
+  // Engine and data files: <dir>/strata-<uuid>.data, one per NVMe directory.
+  if (opts_.engine) {
+    engine_ = opts_.engine;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(engine_, IoEngine::create(opts_.engine_options));
+  }
+  dir_dirty_.reset(new std::atomic<bool>[dirs_.size()]);
+  for (size_t i = 0; i < dirs_.size(); ++i) {
+    dir_dirty_[i].store(false);
+    if (!fs::is_directory(dirs_[i], ec)) {
+      if (read_only_) return not_found("nvme directory " + dirs_[i] + " is missing");
+      fs::create_directories(dirs_[i], ec);
+      if (ec) return errno_status(ec.value(), "create nvme directory " + dirs_[i]);
+    }
+    std::string fpath = dirs_[i] + "/strata-" + uuid_ + ".data";
+    bool existed = fs::exists(fpath, ec);
+    auto f = engine_->open(fpath, read_only_ ? OpenMode::kRead : OpenMode::kReadWrite);
+    if (!f.ok()) {
+      if (read_only_ && !existed) {
+        files_.push_back(nullptr);
+        continue;
+      }
+      return f.status();
+    }
+    files_.push_back(*f);
+    if (!existed) STRATA_RETURN_IF_ERROR(fsync_dir(dirs_[i]));
+  }
+
+  // Catalog -> in-memory objects; committed extents are in use, everything else is free.
+  alloc_ = std::make_shared<ExtentAllocator>(static_cast<uint32_t>(dirs_.size()),
+                                             opts_.nvme_budget_bytes);
+  STRATA_ASSIGN_OR_RETURN(auto rows, catalog_->load_all());
+  for (auto& r : rows) {
+    auto o = std::make_shared<Obj>();
+    o->key = r.key;
+    o->desc = TensorDesc{r.dtype, r.shape};
+    o->nbytes = r.nbytes;
+    o->first_dir = r.first_dir;
+    if (o->desc.nbytes() != r.nbytes) {
+      return data_loss("catalog: object '" + r.key + "' is " + std::to_string(r.nbytes) +
+                       " bytes but " + to_string(o->desc) + " needs " +
+                       std::to_string(o->desc.nbytes()));
+    }
+    auto l = std::make_shared<Layout>();
+    for (auto& c : r.chunks) {
+      if (c.dir >= dirs_.size() || c.offset % kAlign != 0) {
+        return data_loss("catalog: object '" + r.key + "' has a chunk in directory " +
+                         std::to_string(c.dir) + " at offset " + std::to_string(c.offset) +
+                         " outside the store");
+      }
+      l->push_back(ChunkRef{alloc_->adopt(c.dir, c.offset, align_up(c.nbytes, kAlign)), c.nbytes,
+                            c.checksum});
+    }
+    o->current = l;
+    durable_[r.key] = l;
+    objects_[r.key] = o;
+  }
+  STRATA_RETURN_IF_ERROR(alloc_->finish_load());
+  next_dir_ = static_cast<uint32_t>(rows.size());
+
+  // Pinned memory: host tier and staging buffers.
+  piece_bytes_ = std::max<uint64_t>(
+      kAlign, align_down(std::min<uint64_t>(chunk_bytes_, opts_.staging_bytes / 8), kAlign));
+  PinnedPoolOptions so;
+  so.budget_bytes = align_up(opts_.staging_bytes, kAlign);
+  so.numa_node = opts_.numa_node;
+  STRATA_ASSIGN_OR_RETURN(staging_pool_, PinnedPool::create(so, engine_));
+  if (opts_.host_budget_bytes > 0 && !read_only_) {
+    PinnedPoolOptions ho = so;
+    ho.budget_bytes = align_up(opts_.host_budget_bytes, kAlign);
+    STRATA_ASSIGN_OR_RETURN(host_pool_, PinnedPool::create(ho, engine_));
+  }
+  has_device_ = store_detail::device_available(opts_.device_id);
+  if (has_device_) {
+    device_budget_ = opts_.device_budget_bytes ? opts_.device_budget_bytes
+                                               : store_detail::device_free_bytes(opts_.device_id) / 2;
+  }
+
+  if (!read_only_) committer_ = std::thread([this] { committer_loop(); });
+  pool_.start(opts_.worker_threads);
+  started_ = true;
+  return Status::OK();
+}
+
+Status StoreImpl::close() {
+  {
+    std::unique_lock<std::mutex> lk(ops_mu_);
+    if (closing_) {
+      ops_cv_.wait(lk, [&] { return closed_.load(); });
+      return Status::OK();
+    }
+    closing_ = true;
+  }
+  Status st;
+  if (!read_only_ && started_) {
+    // Wait for the operations in flight, then make everything durable.
+    {
+      std::unique_lock<std::mutex> lk(ops_mu_);
+      ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
+    }
+    st = flush_impl();
+  }
+  {
+    std::unique_lock<std::mutex> lk(ops_mu_);
+    ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
+  }
+  pool_.stop();
+  if (committer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(commit_mu_);
+      commit_stop_ = true;
+    }
+    commit_cv_.notify_all();
+    committer_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    host_lru_.clear();
+    device_lru_.clear();
+    objects_.clear();
+    durable_.clear();
+  }
+  if (engine_) engine_->drain();
+  files_.clear();
+  catalog_.reset();
+  host_pool_.reset();
+  staging_pool_.reset();
+  if (lock_fd_ >= 0) {
+    ::flock(lock_fd_, LOCK_UN);
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+  }
+  {
+    std::lock_guard<std::mutex> lk(ops_mu_);
+    closed_ = true;
+  }
+  ops_cv_.notify_all();
+  return st;
+}
+
+// ---------------------------------------------------------------- plumbing
+
+Status StoreImpl::check_writable() const {
+  if (read_only_) return failed_precondition("store " + opts_.path + " is open read-only");
+  return Status::OK();
+}
+
+template <class F>
+Future<void> StoreImpl::run_op(bool mutating, F f) {
+  if (mutating) {
+    Status st = check_writable();
+    if (!st.ok()) return make_ready_future(Result<void>(st));
+  }
+  {
+    std::lock_guard<std::mutex> lk(ops_mu_);
+    if (closing_ || closed_) {
+      return make_ready_future(
+          Result<void>(failed_precondition("store " + opts_.path + " is closed")));
+    }
+    ++ops_in_flight_;
+  }
+  auto p = std::make_shared<Promise<void>>();
+  Future<void> fut = p->future();
+  pool_.submit([this, p, f = std::move(f)]() mutable {
+    Status st = f();
+    p->set(Result<void>(st));
+    {
+      std::lock_guard<std::mutex> lk(ops_mu_);
+      --ops_in_flight_;
+    }
+    ops_cv_.notify_all();
+  });
+  return fut;
+}
+
+template <class F>
+Future<void> StoreImpl::run_op_async(F f) {
+  if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
+  {
+    std::lock_guard<std::mutex> lk(ops_mu_);
+    if (closing_ || closed_) {
+      return make_ready_future(
+          Result<void>(failed_precondition("store " + opts_.path + " is closed")));
+    }
+    ++ops_in_flight_;
+  }
+  auto p = std::make_shared<Promise<void>>();
+  Future<void> fut = p->future();
+  pool_.submit([this, p, f = std::move(f)]() mutable {
+    Future<void> inner = f();
+    inner.on_ready([this, p](const Result<void>& r) {
+      p->set(r);
+      {
+        std::lock_guard<std::mutex> lk(ops_mu_);
+        --ops_in_flight_;
+      }
+      ops_cv_.notify_all();
+    });
+  });
+  return fut;
+}
+
+ObjPtr StoreImpl::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = objects_.find(key);
+  return it == objects_.end() ? nullptr : it->second;
+}
+
+ObjPtr StoreImpl::lock_live(const std::string& key) {
+  for (;;) {
+    ObjPtr o = find(key);
+    if (!o) return nullptr;
+    o->io.lock();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (o->live) return o;
+    }
+    o->io.unlock();
+  }
+}
+
+ObjPtr StoreImpl::lock_live_shared(const std::string& key) {
+  for (;;) {
+    ObjPtr o = find(key);
+    if (!o) return nullptr;
+    o->io.lock_shared();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (o->live) return o;
+    }
+    o->io.unlock_shared();
+  }
+}
+
+void StoreImpl::lru_add_locked(const ObjPtr& o) {
+  if (o->in_lru || (!o->on_host && !o->on_device)) return;
+  auto& l = o->on_device ? device_lru_ : host_lru_;
+  o->lru_it = l.insert(l.end(), o);
+  o->in_lru = true;
+}
+
+void StoreImpl::lru_remove_locked(const ObjPtr& o) {
+  if (!o->in_lru) return;
+  // The list an entry is in is decided by where it was added; erase from whichever holds it.
+  auto& l = (o->on_device ? device_lru_ : host_lru_);
+  l.erase(o->lru_it);
+  o->in_lru = false;
+}
+
+void StoreImpl::lru_touch(const ObjPtr& o) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!o->in_lru || !o->live) return;
+  auto& l = o->on_device ? device_lru_ : host_lru_;
+  l.splice(l.end(), l, o->lru_it);
+}
+
+void StoreImpl::install_locked(const ObjPtr& obj) {
+  auto it = objects_.find(obj->key);
+  if (it != objects_.end()) {
+    it->second->live = false;
+    lru_remove_locked(it->second);
+    it->second = obj;
+  } else {
+    objects_.emplace(obj->key, obj);
+  }
+  obj->live = true;
+  lru_add_locked(obj);
+}
+
+// ---------------------------------------------------------------- commit
+
+catalog::ObjectRow StoreImpl::row_of(const Obj& o, const Layout& l) const {
+  catalog::ObjectRow r;
+  r.key = o.key;
+  r.dtype = o.desc.dtype;
+  r.shape = o.desc.shape;
+  r.nbytes = o.nbytes;
+  r.first_dir = o.first_dir;
+  for (const auto& c : l) r.chunks.push_back({c.ext->dir, c.ext->offset, c.nbytes, c.checksum});
+  return r;
+}
+
+Future<void> StoreImpl::enqueue_commit(std::vector<catalog::Op> ops,
+                                       std::function<void(bool)> on_done) {
+  auto req = std::make_shared<CommitReq>();
+  req->ops = std::move(ops);
+  req->on_done = std::move(on_done);
+  Future<void> f = req->promise.future();
+  {
+    std::lock_guard<std::mutex> lk(commit_mu_);
+    commit_q_.push_back(req);
+  }
+  commit_cv_.notify_one();
+  return f;
+}
+
+void StoreImpl::committer_loop() {
+  for (;;) {
+    std::vector<std::shared_ptr<CommitReq>> batch;
+    {
+      std::unique_lock<std::mutex> lk(commit_mu_);
+      commit_cv_.wait(lk, [&] { return commit_stop_ || !commit_q_.empty(); });
+      if (commit_q_.empty()) return;
+      batch.assign(commit_q_.begin(), commit_q_.end());
+      commit_q_.clear();
+    }
+    // 1. Data first: fdatasync every data file written since the last batch. Every op in
+    //    the batch was enqueued after its writes completed, and marked its directories
+    //    before submitting them.
+    Status st;
+    std::vector<Future<void>> syncs;
+    for (size_t d = 0; d < files_.size(); ++d) {
+      if (dir_dirty_[d].exchange(false)) syncs.push_back(engine_->sync(files_[d]));
+    }
+    for (auto& f : syncs) {
+      const auto& r = f.result();
+      if (st.ok() && !r.ok()) st = r.status().with_context("fdatasync before catalog commit");
+    }
+    // 2. Then the rows, all in one transaction.
+    if (st.ok()) {
+      std::vector<catalog::Op> all;
+      for (auto& r : batch) all.insert(all.end(), r->ops.begin(), r->ops.end());
+      st = catalog_->apply(all);
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& r : batch) {
+        if (r->on_done) r->on_done(st.ok());
+      }
+    }
+    for (auto& r : batch) {
+      r->on_done = nullptr;  // drop captured versions (and their extents) before waking waiters
+      r->ops.clear();
+    }
+    if (!st.ok()) {
+      // The data may be durable but no row names it: mark everything dirty again so a
+      // retry syncs (cheap) and report the error to every request of the batch.
+      for (size_t d = 0; d < files_.size(); ++d) dir_dirty_[d].store(true);
+    }
+    for (auto& r : batch) r->promise.set(Result<void>(st));
+  }
+}
+
+// ---------------------------------------------------------------- data movement
+
+Result<PinnedBuffer> StoreImpl::staging(uint64_t nbytes) {
+  auto r = staging_pool_->allocate(align_up(nbytes, kAlign), std::chrono::minutes(10));
+  if (!r.ok()) return r.status().with_context("staging buffer of " + format_bytes(nbytes));
+  return r;
+}
+
+Status StoreImpl::copy_mem(void* dst, const void* src, uint64_t n, bool any_dev) {
+  if (n == 0) return Status::OK();
+  if (!any_dev) {
+    std::memcpy(dst, src, n);
+    return Status::OK();
+  }
+  store_detail::DeviceStream s(opts_.device_id);
+  STRATA_RETURN_IF_ERROR(s.copy_async(dst, src, n));
+  return s.synchronize();
+}
+
+Status StoreImpl::checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,
+                                 const ChunkRef& c, uint64_t got) const {
+  return data_loss("object '" + key + "': checksum mismatch in chunk " + std::to_string(j) +
+                   " at object offset " + std::to_string(chunk_start) + " (" +
+                   files_[c.ext->dir]->path() + " offset " + std::to_string(c.ext->offset) +
+                   ", " + std::to_string(c.nbytes) + " bytes): stored xxh3 " +
+                   hex64(c.checksum) + ", read " + hex64(got));
+}
+
+Result<uint64_t> StoreImpl::staged_write_chunk(
+    const Extent& ext, uint64_t len,
+    const std::function<Status(uint8_t*, uint64_t, uint64_t)>& fill) {
+  const uint64_t piece = std::min(piece_bytes_, align_up(len, kAlign));
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(2 * piece));
+  uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
+  Future<uint64_t> pending[2];
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  Status st;
+  mark_dir_dirty(ext.dir);
+  uint64_t i = 0;
+  for (uint64_t p = 0; p < len && st.ok(); p += piece, ++i) {
+    int b = static_cast<int>(i % 2);
+    if (pending[b].valid()) {
+      const auto& r = pending[b].result();
+      if (!r.ok()) {
+        st = r.status();
+        break;
+      }
+    }
+    uint64_t plen = std::min(piece, len - p);
+    st = fill(bufs[b], p, plen);
+    if (!st.ok()) break;
+    XXH3_64bits_update(h, bufs[b], plen);
+    uint64_t padded = align_up(plen, kAlign);
+    if (padded > plen) std::memset(bufs[b] + plen, 0, padded - plen);
+    pending[b] = engine_->write(files_[ext.dir], bufs[b], padded, ext.offset + p);
+  }
+  for (auto& f : pending) {
+    if (f.valid()) {
+      const auto& r = f.result();
+      if (st.ok() && !r.ok()) st = r.status();
+    }
+  }
+  uint64_t digest = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  if (!st.ok()) return st;
+  return digest;
+}
+
+Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t* src,
+                                          uint64_t nbytes, uint32_t first_dir, bool src_dev) {
+  auto layout = std::make_shared<Layout>();
+  if (nbytes == 0) return LayoutPtr(layout);
+  const uint64_t nchunks = (nbytes + chunk_bytes_ - 1) / chunk_bytes_;
+  const uint32_t k = static_cast<uint32_t>(dirs_.size());
+  layout->resize(nchunks);
+  std::vector<Future<uint64_t>> futs;
+  std::vector<AlignedBlock> tails;
+  Status st;
+  for (uint64_t j = 0; j < nchunks && st.ok(); ++j) {
+    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t len = std::min(chunk_bytes_, nbytes - cs);
+    const uint32_t dir = static_cast<uint32_t>((first_dir + j) % k);
+    auto ext = alloc_->allocate(dir, align_up(len, kAlign), key);
+    if (!ext.ok()) {
+      st = ext.status();
+      break;
+    }
+    const auto& file = files_[dir];
+    const uint8_t* s = src + cs;
+    bool direct = !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1));
+    ChunkRef& c = (*layout)[j];
+    c.ext = *ext;
+    c.nbytes = len;
+    if (direct) {
+      c.checksum = XXH3_64bits(s, len);
+      mark_dir_dirty(dir);
+      uint64_t body = align_down(len, kAlign);
+      if (body) futs.push_back(engine_->write(file, s, body, c.ext->offset));
+      if (len > body) {
+        AlignedBlock t = aligned_block(kAlign);
+        std::memset(t.get(), 0, kAlign);
+        std::memcpy(t.get(), s + body, len - body);
+        futs.push_back(engine_->write(file, t.get(), kAlign, c.ext->offset + body));
+        tails.push_back(std::move(t));
+      }
+    } else {
+      auto h = staged_write_chunk(*c.ext, len, [&](uint8_t* buf, uint64_t off, uint64_t n) {
+        return copy_mem(buf, s + off, n, src_dev);
+      });
+      if (!h.ok()) {
+        st = h.status();
+        break;
+      }
+      c.checksum = *h;
+    }
+  }
+  for (auto& f : futs) {
+    const auto& r = f.result();
+    if (st.ok() && !r.ok()) st = r.status();
+  }
+  if (!st.ok()) return st.with_context("put '" + key + "'");
+  return LayoutPtr(layout);
+}
+
+Status StoreImpl::staged_read_chunk(
+    const std::string& key, uint32_t j, uint64_t chunk_start, const ChunkRef& c, uint64_t lo,
+    uint64_t hi, bool verify, const std::function<Status(const uint8_t*, uint64_t, uint64_t)>& sink) {
+  // Range of the chunk to read: all of it when verifying, else the aligned cover of [lo, hi).
+  uint64_t a = verify ? 0 : align_down(lo, kAlign);
+  uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
+  const uint64_t piece = std::min(piece_bytes_, align_up(b - a, kAlign));
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(2 * piece));
+  uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
+  const auto& file = files_[c.ext->dir];
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  auto submit = [&](uint64_t p, int bi) {
+    uint64_t plen = std::min(piece, b - p);
+    return engine_->read(file, bufs[bi], align_up(plen, kAlign), c.ext->offset + p);
+  };
+  Status st;
+  Future<uint64_t> next = submit(a, 0);
+  uint64_t i = 0;
+  for (uint64_t p = a; p < b; p += piece, ++i) {
+    int bi = static_cast<int>(i % 2);
+    const auto& r = next.result();
+    if (!r.ok()) {
+      st = r.status().with_context("object '" + key + "' chunk " + std::to_string(j));
+      break;
+    }
+    uint64_t plen = std::min(piece, b - p);
+    if (p + piece < b) next = submit(p + piece, 1 - bi);  // overlaps the hash and the copy
+    if (verify) XXH3_64bits_update(h, bufs[bi], plen);
+    uint64_t s0 = std::max(p, lo), s1 = std::min(p + plen, hi);
+    if (s0 < s1) {
+      st = sink(bufs[bi] + (s0 - p), s0, s1 - s0);
+      if (!st.ok()) break;
+    }
+  }
+  if (!st.ok() && next.valid()) next.wait();
+  uint64_t got = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  if (!st.ok()) return st;
+  if (verify && got != c.checksum) return checksum_error(key, j, chunk_start, c, got);
+  return Status::OK();
+}
+
+Status StoreImpl::read_layout(const std::string& key, const Layout& l, uint64_t off, uint64_t n,
+                              uint8_t* dst, bool dst_dev, bool verify) {
+  if (n == 0) return Status::OK();
+  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
+  struct Direct {
+    uint32_t j;
+    std::vector<Future<uint64_t>> futs;
+    AlignedBlock tail;
+    uint64_t body = 0;
+  };
+  std::vector<Direct> direct;
+  Status st;
+  // Whole chunks into aligned host memory: straight from the disk (O_DIRECT), all chunks in
+  // flight at once; verified as they complete. The rest streams through staging buffers.
+  for (uint64_t j = j0; j <= j1 && st.ok(); ++j) {
+    const ChunkRef& c = l[j];
+    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t lo = std::max(off, cs), hi = std::min(off + n, cs + c.nbytes);
+    uint8_t* d = dst + (lo - off);
+    const auto& file = files_[c.ext->dir];
+    if (!file) return not_found("object '" + key + "': data file of directory " +
+                                dirs_[c.ext->dir] + " is missing");
+    bool whole = lo == cs && hi == cs + c.nbytes;
+    if (whole && !dst_dev && is_aligned_ptr(d, std::max<uint32_t>(file->memory_alignment(), 1))) {
+      Direct x;
+      x.j = static_cast<uint32_t>(j);
+      x.body = align_down(c.nbytes, kAlign);
+      if (x.body) x.futs.push_back(engine_->read(file, d, x.body, c.ext->offset));
+      if (c.nbytes > x.body) {
+        x.tail = aligned_block(kAlign);
+        x.futs.push_back(engine_->read(file, x.tail.get(), kAlign, c.ext->offset + x.body));
+      }
+      direct.push_back(std::move(x));
+    } else {
+      st = staged_read_chunk(key, static_cast<uint32_t>(j), cs, c, lo - cs, hi - cs, verify,
+                             [&](const uint8_t* b, uint64_t coff, uint64_t len) {
+                               return copy_mem(dst + (cs + coff - off), b, len, dst_dev);
+                             });
+    }
+  }
+  for (auto& x : direct) {
+    for (auto& f : x.futs) {
+      const auto& r = f.result();
+      if (st.ok() && !r.ok()) st = r.status().with_context("object '" + key + "' chunk " +
+                                                           std::to_string(x.j));
+    }
+    if (!st.ok()) continue;
+    const ChunkRef& c = l[x.j];
+    const uint64_t cs = static_cast<uint64_t>(x.j) * chunk_bytes_;
+    uint8_t* d = dst + (cs - off);
+    if (x.tail) std::memcpy(d + x.body, x.tail.get(), c.nbytes - x.body);
+    if (verify) {
+      uint64_t got = XXH3_64bits(d, c.nbytes);
+      if (got != c.checksum) st = checksum_error(key, x.j, cs, c, got);
+    }
+  }
+  return st;
+}
+
+// ---------------------------------------------------------------- tiers
+
+ObjPtr StoreImpl::pick_victim(bool device, const Obj* self) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& l = device ? device_lru_ : host_lru_;
+  for (auto& o : l) {
+    if (o.get() == self || o->pins > 0 || !o->live) continue;
+    if (o->io.try_lock()) return o;
+  }
+  return nullptr;
+}
+
+Result<PinnedBuffer> StoreImpl::alloc_host(uint64_t nbytes, const Obj* self) {
+  if (!host_pool_ || align_up(nbytes, kAlign) > host_pool_->budget_bytes()) {
+    return resource_exhausted("host tier: object '" + self->key + "' of " + format_bytes(nbytes) +
+                              " exceeds the host budget of " +
+                              format_bytes(host_pool_ ? host_pool_->budget_bytes() : 0));
+  }
+  if (nbytes == 0) return PinnedBuffer();
+  for (;;) {
+    auto r = host_pool_->try_allocate(align_up(nbytes, kAlign));
+    if (r.ok()) return r;
+    if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
+    ObjPtr v = pick_victim(false, self);
+    if (!v) {
+      return resource_exhausted("host tier budget " + format_bytes(host_pool_->budget_bytes()) +
+                                " is full and nothing is evictable (" +
+                                format_bytes(host_pool_->used_bytes()) + " used, pinned or busy): " +
+                                "cannot place '" + self->key + "' (" + format_bytes(nbytes) + ")");
+    }
+    Status st = demote_locked(v);
+    v->io.unlock();
+    if (!st.ok()) return st.with_context("evicting '" + v->key + "' from host");
+  }
+}
+
+Result<std::shared_ptr<DeviceMem>> StoreImpl::alloc_device(uint64_t nbytes, const Obj* self) {
+  if (!has_device_) {
+#ifdef STRATA_HAVE_CUDA
+    return invalid_argument("device tier: no GPU (device " + std::to_string(opts_.device_id) +
+                            ") for object '" + self->key + "'");
+#else
+    return unimplemented("device tier: strata was built without CUDA (object '" + self->key + "')");
+#endif
+  }
+  if (nbytes > device_budget_) {
+    return resource_exhausted("device tier: object '" + self->key + "' of " + format_bytes(nbytes) +
+                              " exceeds the device budget of " + format_bytes(device_budget_));
+  }
+  for (;;) {
+    uint64_t used = device_used_->load();
+    if (used + nbytes <= device_budget_) {
+      if (!device_used_->compare_exchange_weak(used, used + nbytes)) continue;
+      auto m = std::make_shared<DeviceMem>();
+      m->id = opts_.device_id;
+      m->nbytes = nbytes;
+      auto p = store_detail::device_alloc(opts_.device_id, nbytes);
+      if (!p.ok()) {
+        device_used_->fetch_sub(nbytes);
+        return p.status();
+      }
+      m->ptr = *p;
+      m->used = device_used_;
+      return m;
+    }
+    ObjPtr v = pick_victim(true, self);
+    if (!v) {
+      return resource_exhausted("device tier budget " + format_bytes(device_budget_) +
+                                " is full and nothing is evictable: cannot place '" + self->key +
+                                "' (" + format_bytes(nbytes) + ")");
+    }
+    Status st = demote_locked(v);
+    v->io.unlock();
+    if (!st.ok()) return st.with_context("evicting '" + v->key + "' from device");
+  }
+}
+
+Status StoreImpl::demote_locked(const ObjPtr& o) {
+  bool dirty, on_dev;
+  uint8_t* mem;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!o->on_host && !o->on_device) return Status::OK();
+    dirty = o->dirty;
+    on_dev = o->on_device;
+    mem = static_cast<uint8_t*>(o->mem());
+  }
+  if (dirty) {
+    STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev));
+    std::lock_guard<std::mutex> lk(mu_);
+    o->current = l;
+    o->dirty = false;
+  }
+  // Make the NVMe copy durable before the memory copy goes.
+  LayoutPtr cur;
+  bool need_commit;
+  Future<void> commit;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cur = o->current;
+    auto it = durable_.find(o->key);
+    // A commit in flight for this key (a newer put or a remove) supersedes this version.
+    need_commit = o->live && !inflight_.count(o->key) && (it == durable_.end() || it->second != cur);
+    if (need_commit) {
+      std::vector<catalog::Op> ops(1);
+      ops[0].row = row_of(*o, *cur);
+      std::string key = o->key;
+      ++inflight_[key];
+      commit = enqueue_commit(std::move(ops), [this, key, cur](bool ok) {
+        if (ok) durable_[key] = cur;
+        if (--inflight_[key] == 0) inflight_.erase(key);
+      });
+    }
+  }
+  if (need_commit) STRATA_RETURN_IF_ERROR(commit.result().status());
+  std::lock_guard<std::mutex> lk(mu_);
+  lru_remove_locked(o);
+  o->on_host = false;
+  o->on_device = false;
+  o->host = PinnedBuffer();
+  o->dev.reset();
+  return Status::OK();
+}
+
+Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
+  Tier from;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    from = o->tier();
+  }
+  if (from == tier) return Status::OK();
+  if (tier == Tier::kHost) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, alloc_host(o->nbytes, o.get()));
+    if (from == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(copy_mem(buf.data(), o->dev->ptr, o->nbytes, true));
+    } else {
+      STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+                                         static_cast<uint8_t*>(buf.data()), false,
+                                         opts_.verify_checksums));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    lru_remove_locked(o);
+    o->dev.reset();
+    o->on_device = false;
+    o->host = std::move(buf);
+    o->on_host = true;
+    lru_add_locked(o);
+    return Status::OK();
+  }
+  // tier == kDevice
+  STRATA_ASSIGN_OR_RETURN(auto mem, alloc_device(o->nbytes, o.get()));
+  if (from == Tier::kHost) {
+    STRATA_RETURN_IF_ERROR(copy_mem(mem->ptr, o->host.data(), o->nbytes, true));
+  } else {
+    // NVMe -> pinned staging -> HBM, pipelined piece by piece (staged_read_chunk).
+    STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+                                       static_cast<uint8_t*>(mem->ptr), true,
+                                       opts_.verify_checksums));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  lru_remove_locked(o);
+  o->host = PinnedBuffer();
+  o->on_host = false;
+  o->dev = std::move(mem);
+  o->on_device = true;
+  lru_add_locked(o);
+  return Status::OK();
+}
+
+Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_only) {
+  ObjPtr o = lock_live(key);
+  if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+  std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+  Tier from;
+  int pins;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    from = o->tier();
+    pins = o->pins;
+  }
+  if (prefetch_only && static_cast<int>(from) <= static_cast<int>(tier)) return Status::OK();
+  if (tier == Tier::kNvme) {
+    if (pins > 0 && from != Tier::kNvme) {
+      return failed_precondition("object '" + key + "' is pinned in " +
+                                 std::string(tier_name(from)) + "; unpin it before evicting");
+    }
+    return demote_locked(o);
+  }
+  return promote_locked(o, tier);
+}
+
+// ---------------------------------------------------------------- put / get / ranges
+
+Future<void> StoreImpl::put(const std::string& key, const void* src, const TensorDesc& desc,
+                            const PutOptions& opts) {
+  if (key.empty()) return make_ready_future(Result<void>(invalid_argument("put: empty key")));
+  for (int64_t d : desc.shape) {
+    if (d < 0) {
+      return make_ready_future(Result<void>(
+          invalid_argument("put '" + key + "': negative extent in shape " + to_string(desc))));
+    }
+  }
+  if (desc.nbytes() > 0 && src == nullptr) {
+    return make_ready_future(Result<void>(invalid_argument("put '" + key + "': src is null")));
+  }
+  if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!opts.overwrite && (objects_.count(key) || pending_creates_.count(key))) {
+      return make_ready_future(Result<void>(
+          already_exists("object '" + key + "' already exists in store " + opts_.path +
+                         " (pass overwrite to replace it)")));
+    }
+    ++pending_creates_[key];
+  }
+  auto o = std::make_shared<Obj>();
+  o->key = key;
+  o->desc = desc;
+  o->nbytes = desc.nbytes();
+  o->first_dir = next_dir_.fetch_add(1) % static_cast<uint32_t>(dirs_.size());
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  auto release = [this, key] {  // under mu_
+    if (--pending_creates_[key] == 0) pending_creates_.erase(key);
+  };
+  return run_op_async([=, this]() -> Future<void> {
+    auto fail = [&](Status st) {
+      std::lock_guard<std::mutex> lk(mu_);
+      release();
+      return make_ready_future(Result<void>(std::move(st)));
+    };
+    bool src_dev = store_detail::is_device_pointer(s);
+    if (opts.tier == Tier::kNvme) {
+      if (opts.pin) return fail(invalid_argument("put '" + key + "': pin needs the host or device tier"));
+      auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev);
+      if (!l.ok()) return fail(l.status());
+      o->current = *l;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (opts_.durability == Durability::kOnFlush) {
+        install_locked(o);
+        release();
+        return make_ready_future();
+      }
+      // The worker does not wait for the commit: the committer completes the future, so
+      // many small puts share one fdatasync + one transaction (group commit).
+      ++inflight_[key];
+      std::vector<catalog::Op> ops(1);
+      ops[0].row = row_of(*o, *o->current);
+      return enqueue_commit(std::move(ops), [this, o, release](bool ok) {
+        if (ok) {
+          install_locked(o);
+          durable_[o->key] = o->current;
+        }
+        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        release();
+      });
+    }
+    // Memory tiers: the object is dirty until flushed / evicted.
+    if (opts.tier == Tier::kHost) {
+      auto b = alloc_host(o->nbytes, o.get());
+      if (!b.ok()) return fail(b.status());
+      o->host = std::move(*b);
+      if (Status st = copy_mem(o->host.data(), s, o->nbytes, src_dev); !st.ok()) return fail(st);
+      o->on_host = true;
+    } else {
+      auto m = alloc_device(o->nbytes, o.get());
+      if (!m.ok()) return fail(m.status());
+      o->dev = *m;
+      if (Status st = copy_mem(o->dev->ptr, s, o->nbytes, true); !st.ok()) return fail(st);
+      o->on_device = true;
+    }
+    o->dirty = true;
+    o->pins = opts.pin ? 1 : 0;
+    std::lock_guard<std::mutex> lk(mu_);
+    install_locked(o);
+    release();
+    return make_ready_future();
+  });
+}
+
+Status StoreImpl::get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
+  bool dst_dev = store_detail::is_device_pointer(dst);
+  uint8_t* mem;
+  bool mem_dev;
+  LayoutPtr cur;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    mem = static_cast<uint8_t*>(o->mem());
+    mem_dev = o->on_device;
+    cur = o->current;
+  }
+  if (o->on_host || o->on_device) return copy_mem(dst, mem + off, n, dst_dev || mem_dev);
+  if (!cur) return internal_error("object '" + o->key + "' has no copy in any tier");
+  return read_layout(o->key, *cur, off, n, dst, dst_dev, opts_.verify_checksums);
+}
+
+Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nbytes,
+                                 const TensorDesc* desc_ptr) {
+  std::optional<TensorDesc> desc;
+  if (desc_ptr) desc = *desc_ptr;
+  return run_op(false, [=, this]() -> Status {
+    ObjPtr o = find(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
+      return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
+                              ", the destination is " + to_string(*desc));
+    }
+    if (nbytes != o->nbytes) {
+      return invalid_argument("get '" + key + "': the object is " + std::to_string(o->nbytes) +
+                              " bytes, the destination " + std::to_string(nbytes) + " bytes");
+    }
+    if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
+    std::shared_lock<std::shared_mutex> rl(o->io);
+    Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
+    lru_touch(o);
+    return st;
+  });
+}
+
+Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
+  return run_op(false, [=, this]() -> Status {
+    ObjPtr o = find(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (off > o->nbytes || n > o->nbytes - off) {
+      return out_of_range("read_range '" + key + "': bytes [" + std::to_string(off) + ", " +
+                          std::to_string(off + n) + ") past the end (" +
+                          std::to_string(o->nbytes) + " bytes)");
+    }
+    std::shared_lock<std::shared_mutex> rl(o->io);
+    Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
+    lru_touch(o);
+    return st;
+  });
+}
+
+Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src) {
+  bool src_dev = store_detail::is_device_pointer(src);
+  uint8_t* mem;
+  bool mem_dev;
+  LayoutPtr cur;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    mem = static_cast<uint8_t*>(o->mem());
+    mem_dev = o->on_device;
+    cur = o->current;
+  }
+  if (o->on_host || o->on_device) {
+    STRATA_RETURN_IF_ERROR(copy_mem(mem + off, src, n, src_dev || mem_dev));
+    std::lock_guard<std::mutex> lk(mu_);
+    o->dirty = true;
+    return Status::OK();
+  }
+  // NVMe only: copy-on-write per chunk. The catalog keeps naming the old extents until the
+  // next flush(); a crash restores them.
+  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
+  for (uint64_t j = j0; j <= j1; ++j) {
+    const ChunkRef old = (*cur)[j];
+    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
+    STRATA_ASSIGN_OR_RETURN(auto ext, alloc_->allocate(old.ext->dir, old.ext->len, o->key));
+    const uint8_t* s = src + (cs + lo - off);
+    ChunkRef nc{ext, old.nbytes, 0};
+    const auto& file = files_[ext->dir];
+    if (lo == 0 && hi == old.nbytes && !src_dev &&
+        is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1)) &&
+        old.nbytes % kAlign == 0) {
+      nc.checksum = XXH3_64bits(s, old.nbytes);
+      mark_dir_dirty(ext->dir);
+      STRATA_RETURN_IF_ERROR(engine_->write(file, s, old.nbytes, ext->offset).result().status());
+    } else {
+      // Read-modify-write piece by piece: old bytes outside [lo, hi) (verified), new inside.
+      XXH3_state_t* vh = nullptr;
+      bool partial = !(lo == 0 && hi == old.nbytes);
+      if (partial && opts_.verify_checksums) {
+        vh = XXH3_createState();
+        XXH3_64bits_reset(vh);
+      }
+      const auto& ofile = files_[old.ext->dir];
+      auto h = staged_write_chunk(*ext, old.nbytes, [&](uint8_t* buf, uint64_t p, uint64_t plen) {
+        if (partial) {
+          STRATA_RETURN_IF_ERROR(engine_->read(ofile, buf, align_up(plen, kAlign),
+                                               old.ext->offset + p).result().status());
+          if (vh) XXH3_64bits_update(vh, buf, plen);
+        }
+        uint64_t a = std::max(p, lo), b = std::min(p + plen, hi);
+        if (a < b) STRATA_RETURN_IF_ERROR(copy_mem(buf + (a - p), src + (cs + a - off), b - a, src_dev));
+        return Status::OK();
+      });
+      uint64_t got = vh ? XXH3_64bits_digest(vh) : 0;
+      if (vh) XXH3_freeState(vh);
+      if (!h.ok()) return h.status().with_context("write_range '" + o->key + "'");
+      if (vh && got != old.checksum) return checksum_error(o->key, static_cast<uint32_t>(j), cs, old, got);
+      nc.checksum = *h;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    auto l = std::make_shared<Layout>(*o->current);
+    (*l)[j] = nc;
+    o->current = l;
+    cur = l;
+  }
+  return Status::OK();
+}
+
+Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64_t n,
+                                    const void* src) {
+  return run_op(true, [=, this]() -> Status {
+    ObjPtr o = lock_live_shared(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    std::shared_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (off > o->nbytes || n > o->nbytes - off) {
+      return out_of_range("write_range '" + key + "': bytes [" + std::to_string(off) + ", " +
+                          std::to_string(off + n) + ") past the end (" +
+                          std::to_string(o->nbytes) + " bytes)");
+    }
+    if (n == 0) return Status::OK();
+    Status st = write_range_impl(o, off, n, static_cast<const uint8_t*>(src));
+    lru_touch(o);
+    return st;
+  });
+}
+
+// ---------------------------------------------------------------- pin / remove / flush
+
+Future<void> StoreImpl::pin(const std::string& key) {
+  return run_op(true, [=, this]() -> Status {
+    ObjPtr o = lock_live(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (!o->on_host && !o->on_device) STRATA_RETURN_IF_ERROR(promote_locked(o, Tier::kHost));
+    std::lock_guard<std::mutex> lk(mu_);
+    ++o->pins;
+    return Status::OK();
+  });
+}
+
+Future<void> StoreImpl::unpin(const std::string& key) {
+  return run_op(true, [=, this]() -> Status {
+    ObjPtr o = lock_live(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (o->pins == 0) return failed_precondition("unpin: object '" + key + "' is not pinned");
+    --o->pins;
+    return Status::OK();
+  });
+}
+
+Future<void> StoreImpl::remove(const std::string& key) {
+  return run_op(true, [=, this]() -> Status {
+    ObjPtr o = lock_live(key);
+    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    auto drop = [this, o](bool ok) {
+      if (!ok) {
+        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        return;
+      }
+      auto it = objects_.find(o->key);
+      if (it != objects_.end() && it->second == o) objects_.erase(it);
+      o->live = false;
+      lru_remove_locked(o);
+      durable_.erase(o->key);
+      if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+    };
+    Future<void> f;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++inflight_[key];
+      if (!durable_.count(key) && inflight_[key] == 1) {
+        drop(true);
+        return Status::OK();
+      }
+      std::vector<catalog::Op> ops(1);
+      ops[0].kind = catalog::Op::kDelete;
+      ops[0].row.key = key;
+      f = enqueue_commit(std::move(ops), drop);
+    }
+    return f.result().status();
+  });
+}
+
+Status StoreImpl::flush_impl() {
+  // 1. Write back every dirty memory copy (each under its own lock).
+  std::vector<ObjPtr> snapshot;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [k, o] : objects_) snapshot.push_back(o);
+  }
+  for (auto& o : snapshot) {
+    bool dirty;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      dirty = o->dirty && o->live;
+    }
+    if (!dirty) continue;
+    std::unique_lock<std::shared_mutex> held(o->io);
+    uint8_t* mem;
+    bool on_dev;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!o->dirty || !o->live) continue;
+      mem = static_cast<uint8_t*>(o->mem());
+      on_dev = o->on_device;
+    }
+    STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev));
+    std::lock_guard<std::mutex> lk(mu_);
+    o->current = l;
+    o->dirty = false;
+  }
+  // 2. Lock every changed live version (key order), enqueue one batch, unlock.
+  std::vector<catalog::Op> ops;
+  std::vector<std::pair<std::string, LayoutPtr>> updates;
+  // 2. Under mu_, one batch of every live version whose NVMe copy the catalog does not name
+  //    yet. Keys with a commit in flight are skipped: that commit (a newer put or a
+  //    remove) supersedes this version and is ordered after it anyway.
+  Future<void> f;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [key, o] : objects_) {
+      auto it = durable_.find(key);
+      if (!o->current || o->dirty || inflight_.count(key) ||
+          (it != durable_.end() && it->second == o->current)) {
+        continue;
+      }
+      catalog::Op op;
+      op.row = row_of(*o, *o->current);
+      ops.push_back(std::move(op));
+      updates.emplace_back(key, o->current);
+    }
+    for (auto& u : updates) ++inflight_[u.first];
+    f = enqueue_commit(std::move(ops), [this, updates](bool ok) {
+      for (auto& [k, l] : updates) {
+        if (ok) durable_[k] = l;
+        if (--inflight_[k] == 0) inflight_.erase(k);
+      }
+    });
+  }
+  return f.result().status();
+}
+
+// ---------------------------------------------------------------- queries
+
+ObjectInfo StoreImpl::info_locked(const Obj& o) const {
+  ObjectInfo i;
+  i.key = o.key;
+  i.dtype = o.desc.dtype;
+  i.shape = o.desc.shape;
+  i.nbytes = o.nbytes;
+  i.tier = o.tier();
+  i.on_nvme = o.current != nullptr;
+  auto it = durable_.find(o.key);
+  i.dirty = o.dirty || it == durable_.end() || it->second != o.current;
+  i.pinned = o.pins > 0;
+  i.num_chunks = o.current ? static_cast<uint32_t>(o.current->size()) : 0;
+  return i;
+}
+
+Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);
+  return info_locked(*it->second);
+}
+
+std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<ObjectInfo> out;
+  for (auto it = objects_.lower_bound(std::string(prefix)); it != objects_.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    out.push_back(info_locked(*it->second));
+  }
+  return out;
+}
+
+StoreUsage StoreImpl::usage() const {
+  StoreUsage u;
+  u.device_budget_bytes = device_budget_;
+  u.device_bytes = device_used_->load();
+  u.host_budget_bytes = host_pool_ ? host_pool_->budget_bytes() : 0;
+  u.host_bytes = host_pool_ ? host_pool_->used_bytes() : 0;
+  u.nvme_budget_bytes = opts_.nvme_budget_bytes;
+  u.nvme_bytes = alloc_->used();
+  std::lock_guard<std::mutex> lk(mu_);
+  u.objects = objects_.size();
+  return u;
+}
+
+Result<VerifyReport> StoreImpl::verify() {
+  VerifyReport rep;
+  std::vector<ObjPtr> snapshot;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [k, o] : objects_) snapshot.push_back(o);
+  }
+  for (auto& o : snapshot) {
+    LayoutPtr cur;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cur = o->current;
+    }
+    ++rep.objects;
+    if (!cur) continue;
+    for (uint32_t j = 0; j < cur->size(); ++j) {
+      const ChunkRef& c = (*cur)[j];
+      ++rep.chunks;
+      rep.bytes += c.nbytes;
+      if (!files_[c.ext->dir]) {
+        rep.errors.push_back(not_found("object '" + o->key + "' chunk " + std::to_string(j) +
+                                       ": data file in " + dirs_[c.ext->dir] + " is missing"));
+        continue;
+      }
+      Status st = staged_read_chunk(o->key, j, uint64_t{j} * chunk_bytes_, c, 0, 0, true,
+                                    [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
+      if (!st.ok()) rep.errors.push_back(st);
+    }
+  }
+  return rep;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
+  auto s = std::make_unique<StoreImpl>();
+  Status st = s->init(std::move(options));
+  if (!st.ok()) return st;
+  return std::unique_ptr<Store>(std::move(s));
+}
+
+Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_view prefix) {
+  STRATA_ASSIGN_OR_RETURN(auto cat, catalog::Catalog::open(path + "/catalog.db", false, true));
+  STRATA_ASSIGN_OR_RETURN(auto rows, cat->load_all(std::string(prefix)));
+  std::vector<ObjectInfo> out;
+  for (auto& r : rows) {
+    ObjectInfo i;
+    i.key = r.key;
+    i.dtype = r.dtype;
+    i.shape = r.shape;
+    i.nbytes = r.nbytes;
+    i.tier = Tier::kNvme;
+    i.on_nvme = true;
+    i.num_chunks = static_cast<uint32_t>(r.chunks.size());
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+}  // namespace strata
