@@ -267,7 +267,7 @@ int run_peer_failure(bool kill) {
   if (c.rank() == victim) {
     if (kill) raise(SIGKILL);
     // Hung: keep every socket open and answer nothing until the others have given up.
-    std::this_thread::sleep_for(opts->timeout + std::chrono::seconds(4));
+    std::this_thread::sleep_for(opts->timeout + std::chrono::milliseconds(1500));
     std::_Exit(0);
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -282,8 +282,10 @@ int run_peer_failure(bool kill) {
   Status again = c.barrier();
   std::printf("AFTER %s\n", std::string(status_code_name(again.code())).c_str());
   std::fflush(stdout);
-  // Do not linger in destructors that wait for the dead peer.
-  std::_Exit(0);
+  // Rank 0 hosts the store: keep it until every survivor has made its diagnosis.
+  ok_or_die(c.store().barrier("survivors", c.size() - 1, opts->timeout), "survivor barrier");
+  // Normal teardown: rank 0 keeps the store until the other survivor has disconnected.
+  return 0;
 }
 
 int run_nccl() {
