@@ -224,7 +224,8 @@ class PinnedPoolImpl final : public PinnedPool {
     return Status::OK();
   }
 
-  // Best fit: the smallest free range of at least n bytes; the rest stays free.
+  // Best fit: the smallest free range of at least n bytes; the rest stays free. Tree nodes
+  // are reused (extract/insert), so the common cases allocate no memory.
   bool take_locked(uint64_t n, uint64_t* off) {
     auto it = by_size_.lower_bound({n, 0});
     if (it == by_size_.end()) {
@@ -233,40 +234,56 @@ class PinnedPoolImpl final : public PinnedPool {
     }
     const uint64_t size = it->first;
     const uint64_t start = it->second;
-    by_size_.erase(it);
-    by_offset_.erase(start);
+    auto snode = by_size_.extract(it);
+    auto onode = by_offset_.extract(start);
     if (size > n) {
-      by_offset_.emplace(start + n, size - n);
-      by_size_.emplace(size - n, start + n);
+      snode.value() = {size - n, start + n};
+      by_size_.insert(std::move(snode));
+      onode.key() = start + n;
+      onode.mapped() = size - n;
+      by_offset_.insert(std::move(onode));
     }
     used_ += n;
     *off = start;
     return true;
   }
 
+  // Returns [off, off + n) to the free lists, merging it with free neighbours.
   void insert_free_locked(uint64_t off, uint64_t n) {
-    uint64_t start = off, size = n;
     auto next = by_offset_.lower_bound(off);
     STRATA_CHECK_MSG(next == by_offset_.end() || off + n <= next->first,
                      "pinned pool: double free or overlapping release");
+    auto prev = by_offset_.end();
     if (next != by_offset_.begin()) {
-      auto prev = std::prev(next);
+      prev = std::prev(next);
       STRATA_CHECK_MSG(prev->first + prev->second <= off,
                        "pinned pool: double free or overlapping release");
-      if (prev->first + prev->second == off) {
-        start = prev->first;
-        size += prev->second;
-        by_size_.erase({prev->second, prev->first});
-        by_offset_.erase(prev);
+    }
+    const bool merge_prev = prev != by_offset_.end() && prev->first + prev->second == off;
+    const bool merge_next = next != by_offset_.end() && off + n == next->first;
+    if (merge_prev) {
+      auto snode = by_size_.extract({prev->second, prev->first});
+      uint64_t size = prev->second + n;
+      if (merge_next) {
+        size += next->second;
+        by_size_.erase({next->second, next->first});
+        by_offset_.erase(next);
       }
+      prev->second = size;
+      snode.value() = {size, prev->first};
+      by_size_.insert(std::move(snode));
+    } else if (merge_next) {
+      auto onode = by_offset_.extract(next);
+      auto snode = by_size_.extract({onode.mapped(), onode.key()});
+      onode.key() = off;
+      onode.mapped() += n;
+      snode.value() = {onode.mapped(), off};
+      by_offset_.insert(std::move(onode));
+      by_size_.insert(std::move(snode));
+    } else {
+      by_offset_.emplace(off, n);
+      by_size_.emplace(n, off);
     }
-    if (next != by_offset_.end() && off + n == next->first) {
-      size += next->second;
-      by_size_.erase({next->second, next->first});
-      by_offset_.erase(next);
-    }
-    by_offset_.emplace(start, size);
-    by_size_.emplace(size, start);
   }
 
   uint64_t largest_locked() const { return by_size_.empty() ? 0 : by_size_.rbegin()->first; }
