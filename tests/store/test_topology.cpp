@@ -2,6 +2,7 @@
 // drives on different sockets (tests/store/data/two_socket_gpu_nvme.xml, written by
 // make_two_socket_xml.py next to it), the running machine, and path -> block device.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -356,6 +357,35 @@ TEST(Topology, PathMissing) {
   auto info = topo->path_info("/nonexistent/strata/dir");
   EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
   EXPECT_NE(info.status().message().find("/nonexistent/strata/dir"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(HostFeatures, MatchTheKernel) {
+  HostFeatures f = probe_host_features();
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (std::getline(thp, line)) {
+    EXPECT_NE(line.find("[" + f.thp_mode + "]"), std::string::npos) << line;
+  } else {
+    EXPECT_EQ(f.thp_mode, "");
+  }
+  struct rlimit rl {};
+  ASSERT_EQ(::getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+  EXPECT_EQ(f.memlock_limit_bytes, rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur);
+  EXPECT_EQ(f.hugetlb_page_bytes % 4096, 0u);
+  EXPECT_LE(f.hugetlb_pages_free, f.hugetlb_pages_total);
+  // io_uring works here unless the kernel or a seccomp filter says otherwise (errno kept).
+  EXPECT_EQ(f.io_uring, f.io_uring_errno == 0);
+  if (!f.io_uring) {
+    EXPECT_TRUE(f.io_uring_errno == ENOSYS || f.io_uring_errno == EPERM ||
+                f.io_uring_errno == ENOMEM)
+        << f.io_uring_errno;
+  }
 }
 
 }  // namespace
