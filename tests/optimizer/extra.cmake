@@ -10,3 +10,14 @@ if(STRATA_PYTHON)
     LABELS optimizer TIMEOUT 300
     ENVIRONMENT "STRATA_OPTIM_DRIVER=$<TARGET_FILE:optim_driver>")
 endif()
+
+# Offloaded optimizer (test_offload_resume.cpp): the child process that is SIGKILLed and
+# resumed. Its source is also globbed into test_optimizer, where it compiles to nothing
+# without STRATA_OFFLOAD_CRASH_CHILD_MAIN.
+add_executable(offload_crash_child ${CMAKE_CURRENT_SOURCE_DIR}/optimizer/offload_crash_child.cpp)
+target_compile_definitions(offload_crash_child PRIVATE STRATA_OFFLOAD_CRASH_CHILD_MAIN=1)
+target_include_directories(offload_crash_child PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/optimizer)
+target_link_libraries(offload_crash_child PRIVATE strata::strata)
+add_dependencies(test_optimizer offload_crash_child)
+target_compile_definitions(test_optimizer PRIVATE
+  STRATA_OFFLOAD_CRASH_CHILD="$<TARGET_FILE:offload_crash_child>")

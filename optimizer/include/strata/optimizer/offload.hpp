@@ -217,7 +217,8 @@ class OffloadedOptimizer {
   /// \param factory the same factory as at create(); empty = builtin_rule_factory() of the
   ///     recorded rule name.
   /// \error NotFound when there is no checkpoint record or a tensor object is missing;
-  ///     FailedPrecondition when factory's rule name differs from the recorded one;
+  ///     FailedPrecondition when the factory rejects the recorded hyperparameters or builds
+  ///     a rule whose name or state count differs from the recorded one;
   ///     DataLoss for a malformed record or (verify_on_open) a bad chunk; errors of create().
   static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
                                                           RuleFactory factory,

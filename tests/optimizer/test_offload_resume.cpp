@@ -1,0 +1,164 @@
+// Checkpoint and resume of the offloaded optimizer: in-process reopen, and a real SIGKILL of
+// a child process (offload_crash_child) followed by a resume that must be bit-identical to
+// an uninterrupted run.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "offload_test_util.hpp"
+#include "strata/optimizer/optimizers.hpp"
+
+extern char** environ;
+
+namespace strata::optimizer {
+namespace {
+
+using namespace offload_test;
+
+std::string child_path() {
+  if (const char* e = std::getenv("STRATA_OFFLOAD_CRASH_CHILD")) return e;
+#ifdef STRATA_OFFLOAD_CRASH_CHILD
+  return STRATA_OFFLOAD_CRASH_CHILD;
+#else
+  return {};
+#endif
+}
+
+// Runs the child with `args`; returns the raw wait status.
+int run_child(const std::vector<std::string>& args) {
+  std::vector<std::string> all = {child_path()};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return -1;
+  return status;
+}
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST(OffloadResume, SigkillThenResumeIsBitIdenticalToAnUninterruptedRun) {
+  if (child_path().empty()) GTEST_SKIP() << "offload_crash_child not built";
+  TempDir full_dir, crash_dir, out_dir;
+  const std::string full_out = out_dir.path() + "/full.bin";
+  const std::string resumed_out = out_dir.path() + "/resumed.bin";
+  const int n = 6, k = 3;
+  int st = run_child({"run", full_dir.path() + "/s", full_out, std::to_string(n)});
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "run child status " << st;
+  st = run_child({"crash", crash_dir.path() + "/s", std::to_string(k)});
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "crash child status " << st;
+  st = run_child({"resume", crash_dir.path() + "/s", resumed_out, std::to_string(n)});
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "resume child status " << st;
+  auto a = slurp(full_out), b = slurp(resumed_out);
+  // 3 tensors, each an int64 counter and master + 2 Adam states.
+  const uint64_t numel = 100003 + 20000 + 3 * kChunkNumel;
+  ASSERT_EQ(a.size(), 3 * 8 + numel * 12);
+  ASSERT_EQ(b.size(), a.size());
+  EXPECT_TRUE(a == b) << "resumed run differs from the uninterrupted run";
+  int64_t step0;
+  std::memcpy(&step0, b.data(), 8);
+  EXPECT_EQ(step0, n);
+}
+
+TEST(OffloadResume, ReopenRestoresTensorsCountersAndHyperparameters) {
+  TempDir dir;
+  auto factory = *builtin_rule_factory("adam");
+  const Hyperparams hp = {{"lr", 1e-2}, {"amsgrad", 1}};
+  std::vector<std::vector<std::vector<float>>> saved;
+  std::vector<float> ga = grad_for(0, 1, 50000), gb = grad_for(1, 1, 9000);
+  {
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+    auto opt = must(OffloadedOptimizer::create(store, factory, hp, {}));
+    auto g1 = *opt->add_param_group({{"lr", 0.5}});
+    auto ia = values(1, 50000), ib = values(2, 9000);
+    auto a = *opt->add_param("a", 50000, ia.data(), 0, Placement::kNvme);
+    auto b = *opt->add_param("b", 9000, ib.data(), g1, Placement::kHost);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, ga.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(b, gb.data(), DType::kFloat32));
+    ASSERT_TRUE(opt->step().ok());
+    ASSERT_TRUE(opt->step().ok());
+    OFFLOAD_ASSERT_OK(opt->set_lr(0, 2e-3));
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+    saved.push_back(dump(*opt, a));
+    saved.push_back(dump(*opt, b));
+    // A second optimizer under the same prefix is refused.
+    EXPECT_EQ(OffloadedOptimizer::create(store, factory, hp, {}).status().code(),
+              StatusCode::kAlreadyExists);
+    opt.reset();
+    OFFLOAD_ASSERT_OK(store->close());
+  }
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  // The wrong rule is refused.
+  EXPECT_EQ(OffloadedOptimizer::open(store, *builtin_rule_factory("sgd"), {}).status().code(),
+            StatusCode::kFailedPrecondition);
+  OffloadOptions oo;
+  oo.verify_on_open = true;
+  auto r = OffloadedOptimizer::open(store, factory, oo);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto& opt = **r;
+  ASSERT_EQ(opt.num_params(), 2u);
+  EXPECT_EQ(opt.num_states(), 3);
+  EXPECT_EQ(opt.num_param_groups(), 2);
+  EXPECT_EQ(opt.hyperparams(0)->at("lr"), 2e-3);
+  EXPECT_EQ(opt.hyperparams(1)->at("lr"), 0.5);
+  auto ia = opt.param_info(0), ib = opt.param_info(1);
+  EXPECT_EQ(ia->name, "a");
+  EXPECT_EQ(ia->placement, Placement::kNvme);
+  EXPECT_EQ(ib->placement, Placement::kHost);
+  EXPECT_EQ(ib->group, 1);
+  EXPECT_EQ(ia->step, 2);
+  EXPECT_EQ(ib->step, 2);
+  EXPECT_FALSE(ia->has_grad);
+  for (uint32_t t = 0; t < 2; ++t) {
+    auto got = dump(opt, t);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t s = 0; s < got.size(); ++s) EXPECT_TRUE(bit_equal(got[s], saved[t][s])) << t << "/" << s;
+  }
+}
+
+TEST(OffloadResume, FlushBetweenStepsCommitsNvmeTensorsWithTheirCounters) {
+  // Store::close() (a flush) after an un-checkpointed step: NVMe tensors come back at that
+  // step with matching counters; DRAM tensors come back at their last checkpoint.
+  TempDir dir;
+  auto factory = *builtin_rule_factory("adam");
+  std::vector<float> g = grad_for(0, 1, 30000);
+  std::vector<std::vector<float>> nvme_after2, host_after1;
+  {
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+    auto opt = must(OffloadedOptimizer::create(store, factory, {}, {}));
+    auto a = *opt->add_param("a", 30000, nullptr, 0, Placement::kNvme);
+    auto b = *opt->add_param("b", 30000, nullptr, 0, Placement::kHost);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, g.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(b, g.data(), DType::kFloat32));
+    ASSERT_TRUE(opt->step().ok());
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+    host_after1 = dump(*opt, b);
+    ASSERT_TRUE(opt->step().ok());
+    nvme_after2 = dump(*opt, a);
+    opt.reset();
+    OFFLOAD_ASSERT_OK(store->close());
+  }
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  auto opt = must(OffloadedOptimizer::open(store, nullptr, {}));
+  EXPECT_EQ(*opt->step_count(0), 2);
+  EXPECT_EQ(*opt->step_count(1), 1);
+  auto a = dump(*opt, 0), b = dump(*opt, 1);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_TRUE(bit_equal(a[s], nvme_after2[s]));
+    EXPECT_TRUE(bit_equal(b[s], host_after1[s]));
+  }
+}
+
+}  // namespace
+}  // namespace strata::optimizer
