@@ -1,0 +1,384 @@
+/* strata — C API (C99). Link with -lstrata_c (CMake: strata::c).
+ *
+ * Conventions
+ *  - Every fallible function returns a strata_status_t: STRATA_OK (0) on success, otherwise
+ *    one of the codes below, which are 1:1 with the C++ strata::StatusCode values
+ *    (docs/errors.md). On failure the calling thread's last-error message (what went wrong,
+ *    naming the key, path, offset or option at fault) is available from strata_last_error()
+ *    and the errno of a failed OS call from strata_last_errno(); both are thread-local and
+ *    stay valid until the next strata call on the same thread that fails. A successful call
+ *    does not clear them.
+ *  - Objects are opaque handles created by *_open / *_create / *_init functions and released
+ *    by the matching *_close / *_free / *_destroy function. Passing NULL where a handle is
+ *    required returns STRATA_ERR_INVALID_ARGUMENT.
+ *  - Options are versioned structs: always initialize them with their *_INIT macro, then set
+ *    the fields you need. The first field, struct_size, lets a newer library accept a
+ *    struct compiled against an older header. Fields left at STRATA_UNDEF_* take the
+ *    library default (seeded from the STRATA_* environment variables, see each field).
+ *  - Asynchronous calls (*_async) return a strata_future_t. Every buffer passed to them must
+ *    stay valid (and, for sources, unmodified) until the future is ready (strata_future_poll
+ *    reports 1 or strata_future_wait returned). Freeing a future does not cancel its work.
+ *  - Thread-safety: a store, optimizer and communicator handle may be used from several
+ *    threads at once unless stated otherwise; a handle must not be used concurrently with its
+ *    own close/free call.
+ */
+#ifndef STRATA_STRATA_H_
+#define STRATA_STRATA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define STRATA_C_API __attribute__((visibility("default")))
+#else
+#define STRATA_C_API
+#endif
+
+/** Version of this header's structs and functions. */
+#define STRATA_C_API_VERSION 1
+
+/* ---- status codes, errors ------------------------------------------------------------- */
+
+/** Status codes; values equal strata::StatusCode (docs/errors.md). */
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_ERR_INVALID_ARGUMENT = 1,    /**< bad argument, option, dtype, shape or size */
+  STRATA_ERR_NOT_FOUND = 2,           /**< key, path or object absent */
+  STRATA_ERR_ALREADY_EXISTS = 3,      /**< key present and overwrite not requested */
+  STRATA_ERR_OUT_OF_RANGE = 4,        /**< offset/length past the end */
+  STRATA_ERR_RESOURCE_EXHAUSTED = 5,  /**< a budget or a device (ENOSPC) is full */
+  STRATA_ERR_FAILED_PRECONDITION = 6, /**< wrong state: locked store, closed handle */
+  STRATA_ERR_DATA_LOSS = 7,           /**< checksum mismatch, truncated file */
+  STRATA_ERR_UNAVAILABLE = 8,         /**< peer or service gone */
+  STRATA_ERR_IO = 9,                  /**< an OS call failed (strata_last_errno) */
+  STRATA_ERR_DEADLINE_EXCEEDED = 10,  /**< a wait timed out */
+  STRATA_ERR_CANCELLED = 11,          /**< work abandoned */
+  STRATA_ERR_UNIMPLEMENTED = 12,      /**< feature not built (e.g. CUDA) */
+  STRATA_ERR_INTERNAL = 13,           /**< a strata bug */
+  STRATA_ERR_PERMISSION_DENIED = 14   /**< EACCES / EPERM / EROFS */
+} strata_status_t;
+
+/** Message of the last failed strata call on this thread ("NotFound: key 'w' ..."), or ""
+ *  when none failed yet. Valid until the next failing call on this thread. Never NULL. */
+STRATA_C_API const char* strata_last_error(void);
+/** errno of the last failed OS call reported on this thread (0 when none). */
+STRATA_C_API int strata_last_errno(void);
+/** Name of a status code ("OK", "NotFound", ...); "Unknown" for other values. Static. */
+STRATA_C_API const char* strata_status_name(strata_status_t status);
+/** STRATA_C_API_VERSION of the library that is linked (compare with the header's). */
+STRATA_C_API int strata_c_api_version(void);
+
+/* ---- element types, tiers --------------------------------------------------------------- */
+
+/** Element types; values equal strata::DType. */
+typedef enum strata_dtype {
+  STRATA_FLOAT32 = 0,
+  STRATA_FLOAT16 = 1,
+  STRATA_BFLOAT16 = 2,
+  STRATA_FLOAT64 = 3,
+  STRATA_INT8 = 4,
+  STRATA_INT16 = 5,
+  STRATA_INT32 = 6,
+  STRATA_INT64 = 7,
+  STRATA_UINT8 = 8,
+  STRATA_BOOL = 9
+} strata_dtype_t;
+
+/** Bytes per element of `dtype` (0 for an invalid value). */
+STRATA_C_API size_t strata_dtype_size(strata_dtype_t dtype);
+
+/** Memory tiers, fastest first; values equal strata::Tier. */
+typedef enum strata_tier {
+  STRATA_TIER_DEVICE = 0, /**< GPU HBM (CUDA builds with a GPU only) */
+  STRATA_TIER_HOST = 1,   /**< pinned host DRAM */
+  STRATA_TIER_NVME = 2    /**< data files in the NVMe directories */
+} strata_tier_t;
+
+/** "device" / "host" / "nvme" ("invalid" otherwise). Static. */
+STRATA_C_API const char* strata_tier_name(strata_tier_t tier);
+
+/** Most dimensions a tensor may have in this API. */
+#define STRATA_MAX_NDIM 8
+
+/** "Use the library default" markers of option fields. */
+#define STRATA_UNDEF_U64 UINT64_MAX
+#define STRATA_UNDEF_INT INT32_MIN
+#define STRATA_UNDEF_DOUBLE (-1.0e300)
+
+/* ---- futures ---------------------------------------------------------------------------- */
+
+typedef struct strata_future strata_future_t;
+
+/** Sets *ready to 1 when the future's result is available, else 0. Never blocks. */
+STRATA_C_API strata_status_t strata_future_poll(strata_future_t* future, int* ready);
+/** Blocks until the result is available and returns it: STRATA_OK or the operation's error
+ *  (with strata_last_error set). May be called any number of times. */
+STRATA_C_API strata_status_t strata_future_wait(strata_future_t* future);
+/** As strata_future_wait, but waits at most `timeout_ms` milliseconds; returns
+ *  STRATA_ERR_DEADLINE_EXCEEDED when the result is not available by then (the operation
+ *  keeps running). */
+STRATA_C_API strata_status_t strata_future_wait_for(strata_future_t* future, int64_t timeout_ms);
+/** Releases the handle (NULL is a no-op). The operation is not cancelled: its buffers must
+ *  stay valid until it completes, which can no longer be observed — wait first. */
+STRATA_C_API void strata_future_free(strata_future_t* future);
+
+/* ---- store ------------------------------------------------------------------------------ */
+
+typedef struct strata_store strata_store_t;
+
+/** Options of strata_store_open(). Initialize with STRATA_STORE_OPTIONS_INIT. */
+typedef struct strata_store_options {
+  size_t struct_size; /**< sizeof(strata_store_options_t); set by the INIT macro */
+  int version;        /**< STRATA_C_API_VERSION; set by the INIT macro */
+  /** Root directory (catalog, lock file); created when absent and `create`. Required. */
+  const char* path;
+  /** NVMe directories (one per drive) over which chunks are striped; NULL/0 = {path}. */
+  const char* const* nvme_dirs;
+  size_t num_nvme_dirs;
+  /** Pinned DRAM for host-tier objects, bytes. Default 1 GiB (STRATA_HOST_BUDGET). */
+  uint64_t host_budget_bytes;
+  /** NVMe tier budget, bytes, 0 = unlimited. Default 0 (STRATA_NVME_BUDGET). */
+  uint64_t nvme_budget_bytes;
+  /** GPU budget, bytes, 0 = half the free memory. Default 0 (STRATA_DEVICE_BUDGET). */
+  uint64_t device_budget_bytes;
+  /** Chunk size of a new store, bytes, multiple of 4096. Default 64 MiB (STRATA_CHUNK_SIZE). */
+  uint64_t chunk_bytes;
+  /** Pinned staging memory, bytes. Default 256 MiB (STRATA_STAGING_BYTES). */
+  uint64_t staging_bytes;
+  /** 1/0: verify checksums on NVMe reads. Default 1 (STRATA_VERIFY). */
+  int verify_checksums;
+  /** 1: NVMe puts are committed by flush/close only; 0: each put. Default 0. */
+  int durability_on_flush;
+  /** 1: open without the write lock, mutating calls fail. Default 0. */
+  int read_only;
+  /** 1: create the store when absent. Default 1. */
+  int create;
+  /** Threads running store operations. Default 4. */
+  int worker_threads;
+  /** NUMA node of pinned memory, -1 = unbound. Default -1. */
+  int numa_node;
+  /** CUDA device of the device tier. Default 0. */
+  int device_id;
+} strata_store_options_t;
+
+#define STRATA_STORE_OPTIONS_INIT                                                      \
+  {                                                                                    \
+    sizeof(strata_store_options_t), STRATA_C_API_VERSION, NULL, NULL, 0,               \
+        STRATA_UNDEF_U64, STRATA_UNDEF_U64, STRATA_UNDEF_U64, STRATA_UNDEF_U64,        \
+        STRATA_UNDEF_U64, STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT,        \
+        STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT         \
+  }
+
+/** Opens (or creates) the store described by `options` and takes its write lock.
+ *  \error INVALID_ARGUMENT (NULL/uninitialized options, bad values), FAILED_PRECONDITION
+ *      (locked by another process), NOT_FOUND (absent and !create), DATA_LOSS, IO. */
+STRATA_C_API strata_status_t strata_store_open(const strata_store_options_t* options,
+                                               strata_store_t** store);
+/** Flushes, releases the lock and frees the handle (NULL is a no-op returning OK). The
+ *  handle is freed even when the flush fails (the error is returned). */
+STRATA_C_API strata_status_t strata_store_close(strata_store_t* store);
+
+/** Put flags. */
+#define STRATA_PUT_OVERWRITE 1u /**< replace an existing key */
+#define STRATA_PUT_PIN 2u       /**< pin in its memory tier at once */
+
+/** Writes the tensor at `src` (dtype, ndim <= STRATA_MAX_NDIM dims `shape`, row-major,
+ *  numel * dtype_size bytes; ndim 0 = scalar) as object `key` into `tier`.
+ *  \error ALREADY_EXISTS without STRATA_PUT_OVERWRITE; INVALID_ARGUMENT (empty key, bad
+ *      dtype/shape, device tier without GPU); RESOURCE_EXHAUSTED (budget, ENOSPC); IO. */
+STRATA_C_API strata_status_t strata_store_put(strata_store_t* store, const char* key,
+                                              const void* src, strata_dtype_t dtype, int ndim,
+                                              const int64_t* shape, strata_tier_t tier,
+                                              uint32_t flags);
+STRATA_C_API strata_status_t strata_store_put_async(strata_store_t* store, const char* key,
+                                                    const void* src, strata_dtype_t dtype,
+                                                    int ndim, const int64_t* shape,
+                                                    strata_tier_t tier, uint32_t flags,
+                                                    strata_future_t** future);
+/** Reads object `key` (any dtype) into `dst`; `nbytes` must equal its size.
+ *  \error NOT_FOUND; INVALID_ARGUMENT on a size mismatch; DATA_LOSS; IO. */
+STRATA_C_API strata_status_t strata_store_get(strata_store_t* store, const char* key, void* dst,
+                                              uint64_t nbytes);
+STRATA_C_API strata_status_t strata_store_get_async(strata_store_t* store, const char* key,
+                                                    void* dst, uint64_t nbytes,
+                                                    strata_future_t** future);
+/** Deletes `key` from every tier. \error NOT_FOUND. */
+STRATA_C_API strata_status_t strata_store_delete(strata_store_t* store, const char* key);
+/** Moves `key` to `tier` (promote keeps the NVMe copy; demote writes back).
+ *  \error NOT_FOUND; RESOURCE_EXHAUSTED; FAILED_PRECONDITION (pinned object to nvme). */
+STRATA_C_API strata_status_t strata_store_move(strata_store_t* store, const char* key,
+                                               strata_tier_t tier);
+/** Asynchronously promotes `key` to `tier` unless already there or faster. */
+STRATA_C_API strata_status_t strata_store_prefetch_async(strata_store_t* store, const char* key,
+                                                         strata_tier_t tier,
+                                                         strata_future_t** future);
+/** Makes every object durable (write-back, fdatasync, one catalog commit). */
+STRATA_C_API strata_status_t strata_store_flush(strata_store_t* store);
+
+/** Metadata of an object. Initialize with STRATA_OBJECT_INFO_INIT. */
+typedef struct strata_object_info {
+  size_t struct_size;       /**< sizeof(strata_object_info_t) */
+  strata_dtype_t dtype;
+  int ndim;
+  int64_t shape[STRATA_MAX_NDIM];
+  uint64_t nbytes;
+  strata_tier_t tier;       /**< fastest tier holding the current bytes */
+  int on_nvme;              /**< 1 when an NVMe copy exists */
+  int dirty;                /**< 1 when the in-memory copy is not yet durable */
+  int pinned;               /**< 1 when pinned */
+} strata_object_info_t;
+#define STRATA_OBJECT_INFO_INIT {sizeof(strata_object_info_t), STRATA_UINT8, 0, {0}, 0, STRATA_TIER_NVME, 0, 0, 0}
+
+/** Fills *info for `key`. \error NOT_FOUND; INVALID_ARGUMENT (uninitialized info, or more
+ *  than STRATA_MAX_NDIM dims). */
+STRATA_C_API strata_status_t strata_store_stat(strata_store_t* store, const char* key,
+                                               strata_object_info_t* info);
+
+/** A list of keys returned by strata_store_list(). */
+typedef struct strata_key_list strata_key_list_t;
+/** The keys starting with `prefix` (NULL or "" = all), sorted bytewise. Free the list with
+ *  strata_key_list_free. */
+STRATA_C_API strata_status_t strata_store_list(strata_store_t* store, const char* prefix,
+                                               strata_key_list_t** list);
+/** Number of keys in `list` (0 for NULL). */
+STRATA_C_API size_t strata_key_list_size(const strata_key_list_t* list);
+/** Key i (NUL-terminated, owned by the list), NULL when i is out of range. */
+STRATA_C_API const char* strata_key_list_get(const strata_key_list_t* list, size_t i);
+STRATA_C_API void strata_key_list_free(strata_key_list_t* list);
+
+/* ---- offloaded optimizer ---------------------------------------------------------------- */
+
+typedef struct strata_optimizer strata_optimizer_t;
+
+/** Options of strata_optimizer_create(). Initialize with STRATA_OPTIMIZER_OPTIONS_INIT.
+ *  Hyperparameters use torch.optim's names and defaults of the chosen optimizer. */
+typedef struct strata_optimizer_options {
+  size_t struct_size;
+  int version;
+  /** "adam", "adamw", "adagrad", "sgd" or "lion". Default "adamw". */
+  const char* optimizer;
+  /** Prefix of the optimizer's store keys. Default "optim/". */
+  const char* key_prefix;
+  double lr;           /**< learning rate; default the optimizer's (adamw: 1e-3) */
+  double beta1;        /**< adam/adamw/lion betas[0] */
+  double beta2;        /**< adam/adamw/lion betas[1] */
+  double eps;          /**< adam/adamw/adagrad eps */
+  double weight_decay; /**< default the optimizer's (adamw: 1e-2, adam: 0) */
+  int amsgrad;         /**< adam/adamw: 1 keeps max(v) */
+  /** Elements per pipeline sub-group, 0 = auto. Default 0. */
+  uint64_t sub_group_numel;
+  /** Pinned pipeline slots, 1..16. Default 4. */
+  int num_buffers;
+  /** DRAM bytes host-resident tensors may take before new tensors go to NVMe. Default 0. */
+  uint64_t host_budget_bytes;
+  /** Kernel threads, 0 = one per core. Default 0. */
+  int num_threads;
+} strata_optimizer_options_t;
+
+#define STRATA_OPTIMIZER_OPTIONS_INIT                                                       \
+  {                                                                                         \
+    sizeof(strata_optimizer_options_t), STRATA_C_API_VERSION, NULL, NULL,                   \
+        STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, \
+        STRATA_UNDEF_DOUBLE, STRATA_UNDEF_INT, STRATA_UNDEF_U64, STRATA_UNDEF_INT,          \
+        STRATA_UNDEF_U64, STRATA_UNDEF_INT                                                  \
+  }
+
+/** Creates an offloaded optimizer whose fp32 masters and states live in `store` (which must
+ *  stay open until strata_optimizer_free). With `resume` = 1 the optimizer checkpointed
+ *  under key_prefix is reopened instead (hyperparameters then come from the checkpoint).
+ *  \error INVALID_ARGUMENT (bad option or hyperparameter); ALREADY_EXISTS (a checkpoint
+ *      exists and resume = 0); NOT_FOUND (resume = 1 and none exists); RESOURCE_EXHAUSTED. */
+STRATA_C_API strata_status_t strata_optimizer_create(strata_store_t* store,
+                                                     const strata_optimizer_options_t* options,
+                                                     int resume, strata_optimizer_t** optimizer);
+/** Releases the optimizer (state since the last checkpoint is not made durable). */
+STRATA_C_API void strata_optimizer_free(strata_optimizer_t* optimizer);
+
+/** Placement of a parameter's master and states. */
+typedef enum strata_placement {
+  STRATA_PLACEMENT_AUTO = 0, /**< host while within host_budget_bytes, else nvme */
+  STRATA_PLACEMENT_HOST = 1,
+  STRATA_PLACEMENT_NVME = 2
+} strata_placement_t;
+
+/** Adds a parameter of `numel` fp32 elements (`init`: numel values, or NULL for zeros) and
+ *  returns its index in *param (0, 1, ... in call order).
+ *  \error INVALID_ARGUMENT (bad or duplicate name, numel 0); RESOURCE_EXHAUSTED; IO. */
+STRATA_C_API strata_status_t strata_optimizer_add_param(strata_optimizer_t* optimizer,
+                                                        const char* name, uint64_t numel,
+                                                        const float* init,
+                                                        strata_placement_t placement,
+                                                        uint32_t* param);
+/** Index of the parameter called `name` (also after a resume). \error NOT_FOUND. */
+STRATA_C_API strata_status_t strata_optimizer_find_param(strata_optimizer_t* optimizer,
+                                                         const char* name, uint32_t* param);
+/** Attaches the gradient of `param` (numel elements of STRATA_FLOAT32, FLOAT16 or BFLOAT16
+ *  in host memory, valid and unmodified during each step) for the next steps; NULL
+ *  detaches. \error OUT_OF_RANGE (bad index); INVALID_ARGUMENT (other dtype). */
+STRATA_C_API strata_status_t strata_optimizer_set_grad(strata_optimizer_t* optimizer,
+                                                       uint32_t param, const void* grad,
+                                                       strata_dtype_t dtype);
+
+/** What a step did. */
+typedef struct strata_step_stats {
+  int skipped;             /**< 1 when skipped for an inf/NaN gradient */
+  double grad_norm;        /**< global L2 norm before clipping (NaN when not computed) */
+  double clip_coef;        /**< factor applied by clipping (1 = none) */
+  uint64_t numel_updated;  /**< elements updated */
+  uint64_t bytes_read;     /**< NVMe bytes read by the pipeline */
+  uint64_t bytes_written;  /**< NVMe bytes written by the pipeline */
+  double seconds;          /**< wall time of the step */
+} strata_step_stats_t;
+
+/** One step of every parameter with a gradient. `max_grad_norm` > 0 clips by global L2
+ *  norm (torch.nn.utils.clip_grad_norm_); `grad_scale` multiplies every gradient (1 = none).
+ *  `stats` may be NULL. \error store errors (IO, DATA_LOSS, RESOURCE_EXHAUSTED). */
+STRATA_C_API strata_status_t strata_optimizer_step(strata_optimizer_t* optimizer,
+                                                   double max_grad_norm, float grad_scale,
+                                                   strata_step_stats_t* stats);
+/** Copies elements [offset, offset + count) of the fp32 master of `param` into `dst`.
+ *  \error OUT_OF_RANGE (bad index or range); store errors. */
+STRATA_C_API strata_status_t strata_optimizer_read_param(strata_optimizer_t* optimizer,
+                                                         uint32_t param, float* dst,
+                                                         uint64_t offset, uint64_t count);
+/** Step counter of `param` (torch's state["step"]). \error OUT_OF_RANGE. */
+STRATA_C_API strata_status_t strata_optimizer_step_count(strata_optimizer_t* optimizer,
+                                                         uint32_t param, int64_t* step);
+/** Makes the state after the last step durable in place (one store flush). */
+STRATA_C_API strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* optimizer);
+
+/* ---- communicator ----------------------------------------------------------------------- */
+
+typedef struct strata_comm strata_comm_t;
+
+typedef enum strata_backend { STRATA_BACKEND_GLOO = 0, STRATA_BACKEND_NCCL = 1 } strata_backend_t;
+
+/** Creates a communicator from torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
+ *  WORLD_SIZE, LOCAL_RANK); rank 0 hosts the rendezvous server. Collective: every rank calls
+ *  it. \error INVALID_ARGUMENT naming a missing/malformed variable; UNAVAILABLE;
+ *  DEADLINE_EXCEEDED (STRATA_COLL_TIMEOUT_MS); UNIMPLEMENTED (NCCL without CUDA). */
+STRATA_C_API strata_status_t strata_comm_init_from_env(strata_backend_t backend,
+                                                       strata_comm_t** comm);
+STRATA_C_API void strata_comm_free(strata_comm_t* comm);
+STRATA_C_API int strata_comm_rank(const strata_comm_t* comm);
+STRATA_C_API int strata_comm_size(const strata_comm_t* comm);
+/** In-place-capable sum/max all-reduce of `count` elements (host memory for gloo, device
+ *  memory for nccl). `op`: 0 = sum, 1 = max. */
+STRATA_C_API strata_status_t strata_comm_all_reduce(strata_comm_t* comm, const void* send,
+                                                    void* recv, size_t count,
+                                                    strata_dtype_t dtype, int op);
+/** recv (size * count elements) receives every rank's `count` elements in rank order. */
+STRATA_C_API strata_status_t strata_comm_all_gather(strata_comm_t* comm, const void* send,
+                                                    void* recv, size_t count,
+                                                    strata_dtype_t dtype);
+STRATA_C_API strata_status_t strata_comm_barrier(strata_comm_t* comm);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_STRATA_H_ */

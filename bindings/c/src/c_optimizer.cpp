@@ -1,0 +1,210 @@
+// C API: the offloaded optimizer and the communicator (strata.h).
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "c_common.hpp"
+#include "strata/collectives/communicator.hpp"
+#include "strata/optimizer/offload.hpp"
+
+struct strata_optimizer {
+  std::unique_ptr<strata::optimizer::OffloadedOptimizer> opt;
+};
+
+struct strata_comm {
+  std::unique_ptr<strata::Communicator> comm;
+};
+
+using namespace strata;
+using namespace strata::capi;
+namespace so = strata::optimizer;
+
+namespace {
+
+Status check_opt(strata_optimizer_t* o) {
+  if (o == nullptr || !o->opt) return invalid_argument("optimizer handle is NULL");
+  return Status::OK();
+}
+
+Status check_comm(const strata_comm_t* c) {
+  if (c == nullptr || !c->comm) return invalid_argument("communicator handle is NULL");
+  return Status::OK();
+}
+
+}  // namespace
+
+extern "C" {
+
+strata_status_t strata_optimizer_create(strata_store_t* store, const strata_optimizer_options_t* o,
+                                        int resume, strata_optimizer_t** out) {
+  return guard([&]() -> strata_status_t {
+    if (out == nullptr) return invalid("optimizer output pointer is NULL");
+    *out = nullptr;
+    if (store == nullptr || !store->store) return invalid("store handle is NULL");
+    if (o == nullptr) return invalid("options is NULL");
+    if (o->struct_size < offsetof(strata_optimizer_options_t, num_threads) + sizeof(int) ||
+        o->version < 1)
+      return invalid("options not initialized with STRATA_OPTIMIZER_OPTIONS_INIT");
+    const std::string name = o->optimizer ? o->optimizer : "adamw";
+    auto factory = so::builtin_rule_factory(name);
+    if (!factory.ok()) return set_error(factory.status());
+    so::Hyperparams hp;
+    const std::pair<const char*, double> doubles[] = {{"lr", o->lr},
+                                                      {"beta1", o->beta1},
+                                                      {"beta2", o->beta2},
+                                                      {"eps", o->eps},
+                                                      {"weight_decay", o->weight_decay}};
+    for (const auto& [k, v] : doubles)
+      if (v != STRATA_UNDEF_DOUBLE) hp[k] = v;
+    if (o->amsgrad != STRATA_UNDEF_INT) hp["amsgrad"] = o->amsgrad ? 1.0 : 0.0;
+    so::OffloadOptions oo;
+    if (o->key_prefix) oo.key_prefix = o->key_prefix;
+    if (o->sub_group_numel != STRATA_UNDEF_U64) oo.sub_group_numel = o->sub_group_numel;
+    if (o->num_buffers != STRATA_UNDEF_INT) oo.num_buffers = o->num_buffers;
+    if (o->host_budget_bytes != STRATA_UNDEF_U64) oo.host_budget_bytes = o->host_budget_bytes;
+    if (o->num_threads != STRATA_UNDEF_INT) oo.num_threads = o->num_threads;
+    auto opt = resume ? so::OffloadedOptimizer::open(store->store, *factory, oo)
+                      : so::OffloadedOptimizer::create(store->store, *factory, hp, oo);
+    if (!opt.ok()) return set_error(opt.status());
+    *out = new strata_optimizer{std::move(*opt)};
+    return STRATA_OK;
+  });
+}
+
+void strata_optimizer_free(strata_optimizer_t* o) { delete o; }
+
+strata_status_t strata_optimizer_add_param(strata_optimizer_t* o, const char* name, uint64_t numel,
+                                           const float* init, strata_placement_t placement,
+                                           uint32_t* param) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (name == nullptr || param == nullptr) return invalid("name or param output is NULL");
+    if (placement < STRATA_PLACEMENT_AUTO || placement > STRATA_PLACEMENT_NVME)
+      return invalid("invalid placement value " + std::to_string(static_cast<int>(placement)));
+    auto h = o->opt->add_param(name, numel, init, 0, static_cast<so::Placement>(placement));
+    if (!h.ok()) return set_error(h.status());
+    *param = *h;
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_optimizer_find_param(strata_optimizer_t* o, const char* name,
+                                            uint32_t* param) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (name == nullptr || param == nullptr) return invalid("name or param output is NULL");
+    auto h = o->opt->find_param(name);
+    if (!h.ok()) return set_error(h.status());
+    *param = *h;
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_optimizer_set_grad(strata_optimizer_t* o, uint32_t param, const void* grad,
+                                          strata_dtype_t dtype) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (dtype != STRATA_FLOAT32 && dtype != STRATA_FLOAT16 && dtype != STRATA_BFLOAT16)
+      return invalid("gradient dtype must be STRATA_FLOAT32, FLOAT16 or BFLOAT16");
+    return set_error(o->opt->set_grad(param, grad, static_cast<DType>(dtype)));
+  });
+}
+
+strata_status_t strata_optimizer_step(strata_optimizer_t* o, double max_grad_norm,
+                                      float grad_scale, strata_step_stats_t* stats) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (!(max_grad_norm >= 0.0)) return invalid("max_grad_norm must be >= 0");
+    so::StepOptions so_opts;
+    so_opts.max_grad_norm = max_grad_norm;
+    so_opts.grad_scale = grad_scale;
+    auto r = o->opt->step(so_opts);
+    if (!r.ok()) return set_error(r.status());
+    if (stats != nullptr) {
+      stats->skipped = r->skipped ? 1 : 0;
+      stats->grad_norm = r->grad_norm;
+      stats->clip_coef = r->clip_coef;
+      stats->numel_updated = r->numel_updated;
+      stats->bytes_read = r->bytes_read;
+      stats->bytes_written = r->bytes_written;
+      stats->seconds = r->seconds;
+    }
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_optimizer_read_param(strata_optimizer_t* o, uint32_t param, float* dst,
+                                            uint64_t offset, uint64_t count) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (dst == nullptr && count > 0) return invalid("dst is NULL");
+    return set_error(o->opt->read_param(param, dst, offset, count));
+  });
+}
+
+strata_status_t strata_optimizer_step_count(strata_optimizer_t* o, uint32_t param, int64_t* step) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (step == nullptr) return invalid("step output is NULL");
+    auto r = o->opt->step_count(param);
+    if (!r.ok()) return set_error(r.status());
+    *step = *r;
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* o) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    return set_error(o->opt->checkpoint());
+  });
+}
+
+// ---- communicator -----------------------------------------------------------------------
+
+strata_status_t strata_comm_init_from_env(strata_backend_t backend, strata_comm_t** out) {
+  return guard([&]() -> strata_status_t {
+    if (out == nullptr) return invalid("communicator output pointer is NULL");
+    *out = nullptr;
+    if (backend != STRATA_BACKEND_GLOO && backend != STRATA_BACKEND_NCCL)
+      return invalid("invalid backend value " + std::to_string(static_cast<int>(backend)));
+    auto c = create_communicator_from_env(static_cast<Backend>(backend));
+    if (!c.ok()) return set_error(c.status());
+    *out = new strata_comm{std::move(*c)};
+    return STRATA_OK;
+  });
+}
+
+void strata_comm_free(strata_comm_t* c) { delete c; }
+
+int strata_comm_rank(const strata_comm_t* c) { return check_comm(c).ok() ? c->comm->rank() : -1; }
+int strata_comm_size(const strata_comm_t* c) { return check_comm(c).ok() ? c->comm->size() : -1; }
+
+strata_status_t strata_comm_all_reduce(strata_comm_t* c, const void* send, void* recv,
+                                       size_t count, strata_dtype_t dtype, int op) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_comm(c); !st.ok()) return set_error(st);
+    if (op != 0 && op != 1) return invalid("op must be 0 (sum) or 1 (max)");
+    if (strata_dtype_size(dtype) == 0) return invalid("invalid dtype");
+    return set_error(c->comm->all_reduce(send, recv, count, static_cast<DType>(dtype),
+                                         static_cast<ReduceOp>(op)));
+  });
+}
+
+strata_status_t strata_comm_all_gather(strata_comm_t* c, const void* send, void* recv,
+                                       size_t count, strata_dtype_t dtype) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_comm(c); !st.ok()) return set_error(st);
+    if (strata_dtype_size(dtype) == 0) return invalid("invalid dtype");
+    return set_error(c->comm->all_gather(send, recv, count, static_cast<DType>(dtype)));
+  });
+}
+
+strata_status_t strata_comm_barrier(strata_comm_t* c) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_comm(c); !st.ok()) return set_error(st);
+    return set_error(c->comm->barrier());
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,410 @@
+"""strata — a tiered tensor store (GPU HBM / pinned DRAM / NVMe) and an offloaded optimizer.
+
+Quick start::
+
+    import numpy as np, strata
+    with strata.Store.open("/var/tmp/strata/demo", host_budget="1GiB") as store:
+        store.put("w", np.arange(10, dtype=np.float32), tier="nvme")
+        w = store.get("w")                 # numpy array, read from NVMe
+        store.get_into("w", out=w)         # into an existing array or torch tensor, no copy
+        fut = store.get_async("w")         # strata.Future; .result(timeout=None)
+
+Arrays cross the boundary without copies: numpy arrays (and any buffer) through the buffer
+protocol, torch tensors (CPU or CUDA) through DLPack. Every blocking call releases the GIL.
+Errors are :class:`strata.Error` subclasses that are also KeyError / ValueError /
+MemoryError / OSError / ... (see ``strata._errors`` and docs/errors.md).
+
+``strata.torch`` has the PyTorch optimizers (OffloadAdam, OffloadAdamW).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _strata
+from ._errors import (AlreadyExistsError, CancelledError, DataLossError,
+                      DeadlineExceededError, Error, FailedPreconditionError, InternalError,
+                      InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
+                      PermissionDeniedError, ResourceExhaustedError, UnavailableError,
+                      UnimplementedError)
+
+__version__ = "0.1.0"
+
+Future = _strata.Future
+parse_size = _strata.parse_size
+format_bytes = _strata.format_bytes
+built_with_cuda: bool = _strata.built_with_cuda
+
+Size = Union[int, str]
+
+__all__ = [
+    "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "parse_size", "format_bytes",
+    "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
+    "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
+    "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",
+    "InternalError", "PermissionDeniedError",
+]
+
+# strata dtype name <-> numpy dtype (bf16 has no numpy type: it travels as uint16 bits).
+_NP_OF = {
+    "fp32": np.float32, "fp16": np.float16, "fp64": np.float64, "int8": np.int8,
+    "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+    "bool": np.bool_, "bf16": np.uint16,
+}
+_FROM_NP = {np.dtype(v): k for k, v in _NP_OF.items() if k != "bf16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+    """What :meth:`Store.stat` reports about an object."""
+
+    key: str
+    dtype: str          #: "fp32", "fp16", "bf16", "fp64", "int8", ..., "bool"
+    shape: Tuple[int, ...]
+    nbytes: int         #: bytes of data (numel * element size)
+    tier: str           #: fastest tier holding the current bytes: "device", "host", "nvme"
+    on_nvme: bool       #: an NVMe copy exists (stale when dirty)
+    dirty: bool         #: the in-memory copy is not yet durable
+    pinned: bool
+    num_chunks: int     #: chunks of the NVMe copy
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _dtype_of(x: Any) -> Optional[str]:
+    """strata dtype name of a numpy array / torch tensor, "uint16" for numpy uint16."""
+    if _is_torch(x):
+        name = str(x.dtype).replace("torch.", "")
+        return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+                "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+                "uint8": "uint8", "bool": "bool"}.get(name)
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    dt = np.dtype(dt)
+    if dt == np.uint16:
+        return "uint16"
+    return _FROM_NP.get(dt)
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class Store:
+    """A strata store: named tensors in the device / host / nvme tiers.
+
+    Open with :meth:`Store.open`. Thread-safe: every method may be called from several
+    Python threads at once (blocking calls release the GIL). Closing (``close()``, the end
+    of a ``with`` block, or garbage collection) flushes dirty objects to NVMe.
+    """
+
+    def __init__(self, impl: "_strata._Store"):
+        self._s = impl
+
+    @classmethod
+    def open(cls, path: str, nvme: Optional[Sequence[str]] = None, host_budget: Optional[Size] = None,
+             nvme_budget: Optional[Size] = None, device_budget: Optional[Size] = None,
+             chunk_size: Optional[Size] = None, staging: Optional[Size] = None,
+             verify: Optional[bool] = None, durability: str = "put", read_only: bool = False,
+             create: bool = True, workers: Optional[int] = None,
+             numa_node: Optional[int] = None, device_id: Optional[int] = None) -> "Store":
+        """Opens (or creates) the store rooted at ``path`` and takes its write lock.
+
+        Sizes are ints (bytes) or strings such as ``"1GiB"`` (powers of 1024). ``None`` keeps
+        the default, seeded from the STRATA_* environment variables.
+
+        :param nvme: directories (one per drive) to stripe chunks over; default ``[path]``.
+        :param host_budget: pinned DRAM for host-tier objects (default 1 GiB).
+        :param nvme_budget: NVMe tier bytes, 0 = unlimited (default).
+        :param device_budget: GPU bytes, 0 = half the free memory (default).
+        :param chunk_size: chunk size of a new store, multiple of 4096 (default 64 MiB).
+        :param staging: pinned staging bytes for unaligned buffers (default 256 MiB).
+        :param verify: verify chunk checksums on reads (default True).
+        :param durability: ``"put"`` (each NVMe put durable when it returns) or ``"flush"``.
+        :raises FailedPreconditionError: another process holds the store's lock.
+        :raises NotFoundError: no store at ``path`` and ``create`` is False.
+        :raises InvalidArgumentError: a bad option.
+        :raises OSError: (IoError, PermissionDeniedError) the directory cannot be used.
+        """
+        return cls(_strata._Store.open(
+            path, list(nvme or []), host_budget, nvme_budget, device_budget, chunk_size,
+            staging, verify, durability, read_only, create, workers, numa_node, device_id))
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flushes and releases the store. Later calls raise FailedPreconditionError."""
+        self._s.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._s.closed
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- put / get -----------------------------------------------------------------------
+
+    def put(self, key: str, array: Any, tier: str = "nvme", *, overwrite: bool = False,
+            pin: bool = False, dtype: Optional[str] = None) -> None:
+        """Stores ``array`` (numpy array, buffer, or torch tensor on CPU or GPU; C-contiguous)
+        as object ``key`` in ``tier`` ("nvme", "host" or "device"). No copy is made: the
+        store reads the array's memory directly (GIL released).
+
+        :param dtype: reinterpret the elements, e.g. ``"bf16"`` for a uint16 numpy array
+            holding bfloat16 bits.
+        :raises AlreadyExistsError: (KeyError) ``key`` exists and not ``overwrite``.
+        :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array.
+        :raises ResourceExhaustedError: (MemoryError) the tier's budget or the disk is full.
+        :raises IoError: (OSError) a write failed; ``errno`` says why.
+        """
+        self._s.put(key, array, tier, overwrite, pin, dtype)
+
+    def put_async(self, key: str, array: Any, tier: str = "nvme", *, overwrite: bool = False,
+                  pin: bool = False, dtype: Optional[str] = None) -> Future:
+        """As :meth:`put`, returning a :class:`Future` (result None). The array is kept
+        referenced, and must not be modified, until the future is done."""
+        return self._s.put_async(key, array, tier, overwrite, pin, dtype)
+
+    def get(self, key: str) -> np.ndarray:
+        """Reads object ``key`` into a new numpy array of its dtype and shape (bf16 objects
+        come back as uint16 bits; see :meth:`get_tensor`). The array's memory is 4096-byte
+        aligned, so NVMe reads land in it directly.
+
+        :raises NotFoundError: (KeyError) no such key.
+        :raises DataLossError: (OSError) a checksum mismatch.
+        """
+        return self._s.get(key)
+
+    def get_async(self, key: str) -> Future:
+        """As :meth:`get`; the future's result is the array."""
+        return self._s.get_async(key)
+
+    def get_tensor(self, key: str) -> Any:
+        """As :meth:`get`, as a torch CPU tensor sharing the array's memory (bf16 kept)."""
+        import torch
+        arr = self._s.get(key)
+        t = torch.from_numpy(arr)
+        if self._s.stat(key)["dtype"] == "bf16":
+            t = t.view(torch.bfloat16)
+        return t
+
+    def get_into(self, key: str, out: Any) -> Any:
+        """Reads object ``key`` into ``out`` (numpy array or torch tensor of the object's
+        shape) and returns ``out``. When ``out`` has the object's dtype the bytes land in
+        ``out``'s memory with no intermediate copy (also for CUDA tensors); otherwise the
+        object is read and converted (like ``out[...] = value``).
+
+        :raises NotFoundError: (KeyError) no such key.
+        :raises InvalidArgumentError: (ValueError) shape mismatch, read-only or
+            non-contiguous ``out``, unsupported dtype.
+        """
+        override = self._plan_get_into(key, out)
+        if override is not False:
+            self._s.get_into(key, out, override)
+            return out
+        self._convert_into(key, out)
+        return out
+
+    def get_into_async(self, key: str, out: Any) -> Future:
+        """As :meth:`get_into` (zero-copy case) returning a Future whose result is ``out``.
+        ``out`` must have the object's dtype. Do not touch ``out`` until the future is done.
+        """
+        override = self._plan_get_into(key, out)
+        if override is False:
+            info = self.stat(key)
+            raise InvalidArgumentError(
+                f"get_into_async of '{key}' needs an output of the object's dtype "
+                f"{info.dtype}, got {_dtype_of(out)} (use get_into to convert)")
+        return self._s.get_into_async(key, out, override)
+
+    def _plan_get_into(self, key: str, out: Any):
+        """None/"bf16": read directly (with that dtype override); False: convert."""
+        info = self._s.stat(key)
+        odt = _dtype_of(out)
+        if odt == info["dtype"]:
+            return None
+        if odt in ("uint16", "int16") and info["dtype"] == "bf16" and not _is_torch(out):
+            return "bf16"  # numpy carries bf16 as 16-bit integers
+        if odt is None or odt == "uint16":
+            raise InvalidArgumentError(f"unsupported output dtype {getattr(out, 'dtype', type(out))}"
+                                       f" for object '{key}' ({info['dtype']})")
+        return False
+
+    def _convert_into(self, key: str, out: Any) -> None:
+        info = self._s.stat(key)
+        shape = tuple(info["shape"])
+        if tuple(out.shape) != shape:
+            raise InvalidArgumentError(f"output shape {tuple(out.shape)} does not match object "
+                                       f"'{key}' shape {shape}")
+        src = self._s.get(key)
+        if _is_torch(out):
+            import torch
+            t = torch.from_numpy(src)
+            if info["dtype"] == "bf16":
+                t = t.view(torch.bfloat16)
+            out.copy_(t)
+            return
+        if info["dtype"] == "bf16":
+            src = _bf16_to_f32(src)
+        np.copyto(out, src, casting="unsafe")
+
+    # ---- metadata ------------------------------------------------------------------------
+
+    def stat(self, key: str) -> ObjectInfo:
+        """Metadata of ``key``. :raises NotFoundError: (KeyError) no such key."""
+        d = self._s.stat(key)
+        return ObjectInfo(**d)
+
+    def list(self, prefix: str = "") -> List[ObjectInfo]:
+        """:class:`ObjectInfo` of every key starting with ``prefix``, sorted by key."""
+        return [ObjectInfo(**d) for d in self._s.list(prefix)]
+
+    def keys(self, prefix: str = "") -> List[str]:
+        """Keys starting with ``prefix``, sorted (bytewise UTF-8)."""
+        return self._s.keys(prefix)
+
+    def __contains__(self, key: str) -> bool:
+        return self._s.contains(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def usage(self) -> Dict[str, int]:
+        """Bytes used and budgeted per tier, and the object count."""
+        return self._s.usage()
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._s.chunk_bytes()
+
+    @property
+    def has_device(self) -> bool:
+        """True when the device (GPU) tier is usable."""
+        return self._s.has_device()
+
+    # ---- movement ------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        """Deletes ``key`` from every tier (durable on return). :raises NotFoundError:"""
+        self._s.delete(key)
+
+    def delete_async(self, key: str) -> Future:
+        return self._s.delete_async(key)
+
+    def move(self, key: str, tier: str) -> None:
+        """Moves ``key`` to ``tier``: promotion keeps the NVMe copy, demotion writes back.
+        :raises ResourceExhaustedError: the target tier is full.
+        :raises FailedPreconditionError: a pinned object cannot go to nvme."""
+        self._s.move(key, tier)
+
+    def move_async(self, key: str, tier: str) -> Future:
+        return self._s.move_async(key, tier)
+
+    def prefetch(self, key: str, tier: str = "host") -> None:
+        """Promotes ``key`` to ``tier`` unless it is already there or faster."""
+        self._s.prefetch(key, tier)
+
+    def prefetch_async(self, key: str, tier: str = "host") -> Future:
+        return self._s.prefetch_async(key, tier)
+
+    def evict(self, key: str) -> None:
+        """Demotes ``key`` to NVMe and frees its memory."""
+        self._s.evict(key)
+
+    def pin(self, key: str) -> None:
+        """Keeps ``key`` in its memory tier (never evicted by LRU); pins nest."""
+        self._s.pin(key)
+
+    def unpin(self, key: str) -> None:
+        self._s.unpin(key)
+
+    def flush(self) -> None:
+        """Makes every object durable (write-back, fdatasync, one catalog commit)."""
+        self._s.flush()
+
+    def flush_async(self) -> Future:
+        return self._s.flush_async()
+
+    def read_range(self, key: str, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes [offset, offset+nbytes) of ``key`` as a uint8 array.
+        :raises OutOfRangeError: (ValueError) past the end."""
+        return self._s.read_range(key, offset, nbytes)
+
+    def write_range(self, key: str, offset: int, src: Any) -> None:
+        """Overwrites bytes of ``key`` from ``src`` (any contiguous array); durable at the
+        next flush. :raises OutOfRangeError: (ValueError) past the end."""
+        self._s.write_range(key, offset, src)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<strata.Store closed>"
+        u = self.usage()
+        return f"<strata.Store objects={u['objects']} nvme={format_bytes(u['nvme_bytes'])}>"
+
+
+class OffloadedOptimizer:
+    """The offloaded optimizer of strata (C++ ``strata::optimizer::OffloadedOptimizer``):
+    fp32 master weights and optimizer states in a :class:`Store`, updated on the CPU with
+    NVMe reads and writes overlapped with the update. Framework-neutral (numpy arrays);
+    :mod:`strata.torch` builds torch optimizers on it.
+
+    Create with :meth:`create` (new) or :meth:`resume` (from a checkpoint). Methods:
+    ``add_param(name, numel, init=None, group=0, placement="auto") -> handle``,
+    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16 array)``,
+    ``step(max_grad_norm=0.0, grad_scale=1.0, skip_if_nonfinite=True) -> dict`` (also
+    ``step_async``), ``read_param/write_param(handle, ...)``,
+    ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
+    ``checkpoint()``, ``add_param_group(dict)``, ``hyperparams(group)``,
+    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
+    Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
+    referenced (and must stay unmodified during a step) until replaced.
+    """
+
+    def __init__(self, impl: "_strata._OffloadedOptimizer", store: Store):
+        self._o = impl
+        self.store = store
+
+    @classmethod
+    def create(cls, store: Store, optimizer: str = "adamw",
+               hyperparams: Optional[Dict[str, float]] = None, *, key_prefix: str = "optim/",
+               sub_group_numel: int = 0, num_buffers: int = 4,
+               pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
+               default_placement: str = "auto", num_threads: int = 0) -> "OffloadedOptimizer":
+        """A new optimizer ("adam", "adamw", "adagrad", "sgd", "lion") with param group 0
+        from ``hyperparams`` (torch.optim names: lr, beta1, beta2, eps, weight_decay,
+        amsgrad, maximize, ...; absent keys take torch's defaults).
+
+        :raises AlreadyExistsError: a checkpoint exists under ``key_prefix`` (use resume).
+        :raises InvalidArgumentError: unknown optimizer or a bad hyperparameter/option.
+        """
+        return cls(_strata._OffloadedOptimizer.create(
+            store._s, optimizer, dict(hyperparams or {}), False, key_prefix, sub_group_numel,
+            num_buffers, pinned_budget, host_budget, default_placement, num_threads, False),
+            store)
+
+    @classmethod
+    def resume(cls, store: Store, optimizer: str = "adamw", *, key_prefix: str = "optim/",
+               sub_group_numel: int = 0, num_buffers: int = 4,
+               pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
+               num_threads: int = 0, verify: bool = False) -> "OffloadedOptimizer":
+        """Reopens the optimizer checkpointed under ``key_prefix``.
+        :raises NotFoundError: no checkpoint there."""
+        return cls(_strata._OffloadedOptimizer.create(
+            store._s, optimizer, {}, True, key_prefix, sub_group_numel, num_buffers,
+            pinned_budget, host_budget, "auto", num_threads, verify), store)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._o, name)

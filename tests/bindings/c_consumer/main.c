@@ -1,0 +1,269 @@
+/* A C99 program using strata's installed C API: store, futures, errors, the offloaded
+ * optimizer (create, step, checkpoint, resume) and the communicator. Prints "c consumer ok".
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "strata/strata.h"
+
+static int failures = 0;
+
+#define EXPECT(cond)                                                          \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      fprintf(stderr, "%s:%d: expected %s (last error: %s)\n", __FILE__,      \
+              __LINE__, #cond, strata_last_error());                          \
+      ++failures;                                                             \
+    }                                                                         \
+  } while (0)
+
+#define EXPECT_RC(expr, want)                                                 \
+  do {                                                                        \
+    strata_status_t rc_ = (expr);                                             \
+    if (rc_ != (want)) {                                                      \
+      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", \
+              __FILE__, __LINE__, #expr, strata_status_name(rc_),             \
+              strata_status_name(want), strata_last_error());                 \
+      ++failures;                                                             \
+    }                                                                         \
+  } while (0)
+
+static void test_store(const char* dir) {
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  float src[6] = {1.0f, 2.5f, -3.0f, 4.0f, 1e-3f, 6.0f};
+  float dst[6] = {0};
+  int64_t shape[2] = {2, 3};
+  strata_object_info_t info = STRATA_OBJECT_INFO_INIT;
+  strata_key_list_t* keys = NULL;
+  strata_future_t* fut = NULL;
+  int ready = 0;
+  int32_t ibuf[1000];
+  int32_t iout[1000];
+  int64_t ishape[1] = {1000};
+  int i;
+
+  EXPECT(o.struct_size == sizeof(strata_store_options_t));
+  EXPECT(o.version == STRATA_C_API_VERSION);
+  EXPECT(strata_c_api_version() == STRATA_C_API_VERSION);
+  /* Missing path: InvalidArgument with a message. */
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(store == NULL);
+  EXPECT(strstr(strata_last_error(), "path") != NULL);
+
+  o.path = dir;
+  o.host_budget_bytes = 64u << 20;
+  o.staging_bytes = 16u << 20;
+  o.chunk_bytes = 1u << 20;
+  o.worker_threads = 2;
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+
+  EXPECT_RC(strata_store_put(store, "w", src, STRATA_FLOAT32, 2, shape, STRATA_TIER_NVME, 0),
+            STRATA_OK);
+  /* Second put without overwrite: AlreadyExists naming the key. */
+  EXPECT_RC(strata_store_put(store, "w", src, STRATA_FLOAT32, 2, shape, STRATA_TIER_NVME, 0),
+            STRATA_ERR_ALREADY_EXISTS);
+  EXPECT(strstr(strata_last_error(), "'w'") != NULL);
+  EXPECT_RC(strata_store_get(store, "w", dst, sizeof dst), STRATA_OK);
+  EXPECT(memcmp(src, dst, sizeof src) == 0);
+  /* Wrong size: InvalidArgument. */
+  EXPECT_RC(strata_store_get(store, "w", dst, 8), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_store_stat(store, "w", &info), STRATA_OK);
+  EXPECT(info.dtype == STRATA_FLOAT32);
+  EXPECT(info.ndim == 2 && info.shape[0] == 2 && info.shape[1] == 3);
+  EXPECT(info.nbytes == 24);
+  EXPECT(info.tier == STRATA_TIER_NVME && info.on_nvme == 1 && info.dirty == 0);
+  EXPECT(strcmp(strata_tier_name(info.tier), "nvme") == 0);
+
+  /* Async put into the host tier, poll, wait. */
+  for (i = 0; i < 1000; ++i) ibuf[i] = i * 7 - 3;
+  EXPECT_RC(strata_store_put_async(store, "grp/ints", ibuf, STRATA_INT32, 1, ishape,
+                                   STRATA_TIER_HOST, STRATA_PUT_OVERWRITE, &fut),
+            STRATA_OK);
+  EXPECT_RC(strata_future_wait(fut), STRATA_OK);
+  EXPECT_RC(strata_future_poll(fut, &ready), STRATA_OK);
+  EXPECT(ready == 1);
+  strata_future_free(fut);
+  fut = NULL;
+  EXPECT_RC(strata_store_stat(store, "grp/ints", &info), STRATA_OK);
+  EXPECT(info.tier == STRATA_TIER_HOST && info.dtype == STRATA_INT32 && info.nbytes == 4000);
+  EXPECT_RC(strata_store_move(store, "grp/ints", STRATA_TIER_NVME), STRATA_OK);
+  EXPECT_RC(strata_store_stat(store, "grp/ints", &info), STRATA_OK);
+  EXPECT(info.tier == STRATA_TIER_NVME);
+  EXPECT_RC(strata_store_prefetch_async(store, "grp/ints", STRATA_TIER_HOST, &fut), STRATA_OK);
+  EXPECT_RC(strata_future_wait_for(fut, 60000), STRATA_OK);
+  strata_future_free(fut);
+  fut = NULL;
+  EXPECT_RC(strata_store_get_async(store, "grp/ints", iout, sizeof iout, &fut), STRATA_OK);
+  EXPECT_RC(strata_future_wait(fut), STRATA_OK);
+  strata_future_free(fut);
+  EXPECT(memcmp(ibuf, iout, sizeof ibuf) == 0);
+
+  EXPECT_RC(strata_store_list(store, "grp/", &keys), STRATA_OK);
+  EXPECT(strata_key_list_size(keys) == 1);
+  EXPECT(strata_key_list_get(keys, 0) != NULL && strcmp(strata_key_list_get(keys, 0), "grp/ints") == 0);
+  EXPECT(strata_key_list_get(keys, 1) == NULL);
+  strata_key_list_free(keys);
+  EXPECT_RC(strata_store_list(store, NULL, &keys), STRATA_OK);
+  EXPECT(strata_key_list_size(keys) == 2);
+  strata_key_list_free(keys);
+
+  EXPECT_RC(strata_store_delete(store, "grp/ints"), STRATA_OK);
+  EXPECT_RC(strata_store_get(store, "grp/ints", iout, sizeof iout), STRATA_ERR_NOT_FOUND);
+  EXPECT(strstr(strata_last_error(), "grp/ints") != NULL);
+  EXPECT_RC(strata_store_delete(store, "grp/ints"), STRATA_ERR_NOT_FOUND);
+  EXPECT_RC(strata_store_put(NULL, "x", src, STRATA_FLOAT32, 2, shape, STRATA_TIER_NVME, 0),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+
+  /* Reopen: the NVMe object survived. */
+  store = NULL;
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+  memset(dst, 0, sizeof dst);
+  EXPECT_RC(strata_store_get(store, "w", dst, sizeof dst), STRATA_OK);
+  EXPECT(memcmp(src, dst, sizeof src) == 0);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
+/* torch.optim.AdamW, one tensor, in double (the reference). */
+static void adamw_ref(double* p, double* m, double* v, const float* g, int n, int step,
+                      double lr, double b1, double b2, double eps, double wd) {
+  int i;
+  double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
+  for (i = 0; i < n; ++i) {
+    p[i] *= 1.0 - lr * wd;
+    m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
+    p[i] -= lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + eps);
+  }
+}
+
+static void test_optimizer(const char* dir) {
+  enum { N = 5000 };
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  strata_optimizer_t* opt = NULL;
+  strata_step_stats_t stats;
+  static float init[N], grad[N], out[N];
+  static double p[N], m[N], v[N];
+  uint32_t h = 99;
+  int64_t step = -1;
+  int i, s;
+  double maxdiff = 0.0;
+
+  o.path = dir;
+  o.host_budget_bytes = 64u << 20;
+  o.staging_bytes = 16u << 20;
+  o.chunk_bytes = 1u << 20;
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+  oo.optimizer = "adamw";
+  oo.lr = 0.01;
+  oo.weight_decay = 0.1;
+  oo.sub_group_numel = 1024; /* does not divide N: 5 sub-groups, the last partial */
+  oo.num_buffers = 2;
+  oo.num_threads = 1;
+  oo.lr = -1.0;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_ERR_INVALID_ARGUMENT);
+  oo.lr = 0.01;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_OK);
+  if (opt == NULL) return;
+  for (i = 0; i < N; ++i) {
+    init[i] = (float)((i % 97) - 48) / 50.0f;
+    p[i] = init[i];
+    m[i] = v[i] = 0.0;
+  }
+  EXPECT_RC(strata_optimizer_add_param(opt, "layer.weight", N, init, STRATA_PLACEMENT_NVME, &h),
+            STRATA_OK);
+  EXPECT(h == 0);
+  for (s = 1; s <= 3; ++s) {
+    for (i = 0; i < N; ++i) grad[i] = (float)(((i * 31 + s * 17) % 101) - 50) / 100.0f;
+    EXPECT_RC(strata_optimizer_set_grad(opt, h, grad, STRATA_FLOAT32), STRATA_OK);
+    EXPECT_RC(strata_optimizer_step(opt, 0.0, 1.0f, &stats), STRATA_OK);
+    EXPECT(stats.skipped == 0 && stats.numel_updated == N);
+    EXPECT(stats.bytes_read == (uint64_t)N * 12 && stats.bytes_written == (uint64_t)N * 12);
+    adamw_ref(p, m, v, grad, N, s, 0.01, 0.9, 0.999, 1e-8, 0.1);
+  }
+  EXPECT_RC(strata_optimizer_read_param(opt, h, out, 0, N), STRATA_OK);
+  for (i = 0; i < N; ++i) {
+    double d = fabs(out[i] - p[i]);
+    if (d > maxdiff) maxdiff = d;
+  }
+  EXPECT(maxdiff <= 2e-6);
+  EXPECT_RC(strata_optimizer_step_count(opt, h, &step), STRATA_OK);
+  EXPECT(step == 3);
+  EXPECT_RC(strata_optimizer_set_grad(opt, 7, grad, STRATA_FLOAT32), STRATA_ERR_OUT_OF_RANGE);
+  EXPECT_RC(strata_optimizer_set_grad(opt, h, grad, STRATA_INT32), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_optimizer_checkpoint(opt), STRATA_OK);
+  strata_optimizer_free(opt);
+  opt = NULL;
+  /* A second create under the same prefix: the checkpoint exists. */
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_ERR_ALREADY_EXISTS);
+  EXPECT_RC(strata_optimizer_create(store, &oo, 1, &opt), STRATA_OK);
+  if (opt != NULL) {
+    h = 99;
+    EXPECT_RC(strata_optimizer_find_param(opt, "layer.weight", &h), STRATA_OK);
+    EXPECT(h == 0);
+    EXPECT_RC(strata_optimizer_find_param(opt, "nope", &h), STRATA_ERR_NOT_FOUND);
+    EXPECT_RC(strata_optimizer_step_count(opt, 0, &step), STRATA_OK);
+    EXPECT(step == 3);
+    memset(init, 0, sizeof init);
+    EXPECT_RC(strata_optimizer_read_param(opt, 0, init, 0, N), STRATA_OK);
+    EXPECT(memcmp(init, out, sizeof out) == 0);
+    strata_optimizer_free(opt);
+  }
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
+static void test_comm(void) {
+  strata_comm_t* comm = NULL;
+  char port[16];
+  float a[3] = {1.0f, 2.0f, 3.0f}, b[3] = {0};
+  unsetenv("MASTER_ADDR");
+  EXPECT_RC(strata_comm_init_from_env(STRATA_BACKEND_GLOO, &comm), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(strata_last_error(), "MASTER_ADDR") != NULL);
+  snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 20000));
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port, 1);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  EXPECT_RC(strata_comm_init_from_env(STRATA_BACKEND_GLOO, &comm), STRATA_OK);
+  if (comm == NULL) return;
+  EXPECT(strata_comm_rank(comm) == 0 && strata_comm_size(comm) == 1);
+  EXPECT_RC(strata_comm_all_reduce(comm, a, b, 3, STRATA_FLOAT32, 0), STRATA_OK);
+  EXPECT(b[0] == 1.0f && b[1] == 2.0f && b[2] == 3.0f);
+  memset(b, 0, sizeof b);
+  EXPECT_RC(strata_comm_all_gather(comm, a, b, 3, STRATA_FLOAT32), STRATA_OK);
+  EXPECT(b[0] == 1.0f && b[1] == 2.0f && b[2] == 3.0f);
+  EXPECT_RC(strata_comm_barrier(comm), STRATA_OK);
+  strata_comm_free(comm);
+}
+
+int main(void) {
+  char tmpl[] = "/tmp/strata-c-consumer-XXXXXX";
+  char sub[256];
+  char cmd[300];
+  if (mkdtemp(tmpl) == NULL) return 1;
+  EXPECT(strcmp(strata_status_name(STRATA_ERR_NOT_FOUND), "NotFound") == 0);
+  EXPECT(strata_dtype_size(STRATA_BFLOAT16) == 2 && strata_dtype_size(STRATA_INT64) == 8);
+  snprintf(sub, sizeof sub, "%s/store", tmpl);
+  test_store(sub);
+  snprintf(sub, sizeof sub, "%s/optim", tmpl);
+  test_optimizer(sub);
+  test_comm();
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);
+  if (failures != 0) {
+    printf("c consumer: %d failures\n", failures);
+    return 1;
+  }
+  printf("c consumer ok\n");
+  return 0;
+}
