@@ -1,0 +1,10 @@
+# tests/store/extra.cmake — helper executable for the store's crash and lock tests.
+# test_store runs it as a subprocess (SIGKILL mid-stream of puts; a second process holding
+# the lock); its path reaches the tests as STRATA_STORE_CRASH_HELPER.
+add_executable(store_crash_helper ${CMAKE_CURRENT_SOURCE_DIR}/store/store_crash_helper/store_crash_helper.cpp)
+target_link_libraries(store_crash_helper PRIVATE strata::strata GTest::gtest)
+if(TARGET test_store)
+  add_dependencies(test_store store_crash_helper)
+  target_compile_definitions(test_store PRIVATE
+    STRATA_STORE_CRASH_HELPER="$<TARGET_FILE:store_crash_helper>")
+endif()
