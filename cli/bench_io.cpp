@@ -2,10 +2,13 @@
 // the shape of fio's sequential jobs (block size, queue depth, O_DIRECT or buffered), over
 // one file per --path, striped RAID-0 when several paths are given.
 //
-// Method: queue_depth requests of block_size bytes each are kept in flight (a completed
-// request is replaced at once by the next block, as fio's iodepth does), from one buffer of
-// queue_depth x block_size bytes taken from a PinnedPool (huge pages, registered with the
-// engine so transfers use READ_FIXED/WRITE_FIXED). A read first lays out its files when
+// Method: the engine runs with queue_depth and block_size as given, so it keeps exactly
+// queue_depth block-sized transfers in flight on the device, as fio's iodepth does. The
+// benchmark hands it requests of --request-size bytes (default queue_depth x block_size / 4)
+// and keeps 2 x queue_depth x block_size bytes of them outstanding, replacing each completed
+// request at once; the engine's worker refills the device queue from the requests it holds
+// without a round trip through the submitting thread. Memory: one buffer of that many bytes
+// from a PinnedPool (huge pages, registered with the engine: READ_FIXED/WRITE_FIXED). A read first lays out its files when
 // they are missing or short (untimed) and drops them from the page cache. The figure is
 // bytes / wall time of the timed loop; GB/s means 1e9 bytes per second, like fio's "GB/s".
 // The bench/io_vs_fio.sh script compares it with fio on the same files.
@@ -41,6 +44,7 @@ struct BenchIoArgs {
   std::string op = "read";
   std::string engine = "uring";
   uint32_t workers = 1;
+  std::string request_size;  // default: queue_depth x block_size / 4 (at least block_size)
   std::string stripe_unit;  // default: block size (when a multiple of 4096), else 1 MiB
   std::string file_name = "strata-bench-io.dat";
   bool buffered = false;
@@ -131,9 +135,9 @@ struct LoopResult {
   Status status;
 };
 
-/// Keeps `qd` block-sized requests in flight over [0, size) until all are done.
+/// Keeps `slots` requests of `bs` bytes outstanding over [0, size) until all are done.
 LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uint64_t bs,
-                    uint32_t qd, bool progress, const char* label) {
+                    uint32_t slots, bool progress, const char* label) {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<uint32_t, Status>> done;
@@ -155,7 +159,7 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
   LoopResult res;
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
-  for (uint32_t s = 0; s < qd && next < nreq; ++s) submit(s);
+  for (uint32_t s = 0; s < slots && next < nreq; ++s) submit(s);
   while (completed < nreq) {
     std::pair<uint32_t, Status> c;
     {
@@ -186,10 +190,13 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
 }
 
 int run_bench_io(const BenchIoArgs& a) {
-  uint64_t size, bs, unit;
+  uint64_t size, bs, unit, req;
   try {
     size = parse_size_or_throw(a.size, "--size");
     bs = parse_size_or_throw(a.block_size, "--block-size");
+    req = a.request_size.empty()
+              ? std::max<uint64_t>(bs, static_cast<uint64_t>(a.queue_depth) * bs / 4 / bs * bs)
+              : parse_size_or_throw(a.request_size, "--request-size");
     unit = a.stripe_unit.empty() ? (bs % 4096 == 0 ? bs : kMiB)
                                  : parse_size_or_throw(a.stripe_unit, "--stripe-unit");
   } catch (const CLI::ValidationError& e) {
@@ -203,6 +210,11 @@ int run_bench_io(const BenchIoArgs& a) {
     return report_error(invalid_argument("--engine '" + a.engine + "': expected uring or threads"));
   }
   if (a.queue_depth == 0) return report_error(invalid_argument("--queue-depth must be >= 1"));
+  if (req == 0) return report_error(invalid_argument("--request-size must be > 0"));
+  // Requests outstanding: 2 x queue_depth x block_size bytes of them (at least 2 requests).
+  const uint32_t slots = static_cast<uint32_t>(
+      std::max<uint64_t>(2, (2 * static_cast<uint64_t>(a.queue_depth) * bs + req - 1) / req));
+  const uint64_t mem_bytes = static_cast<uint64_t>(slots) * req;
   const bool write = a.op == "write";
 
   IoEngineOptions eo;
@@ -215,10 +227,8 @@ int run_bench_io(const BenchIoArgs& a) {
   if (!engine.ok()) return report_error(engine.status());
 
   IoMemory mem;
-  if (Status st = mem.init(static_cast<uint64_t>(a.queue_depth) * bs, *engine); !st.ok()) {
-    return report_error(st);
-  }
-  for (uint64_t i = 0; i < static_cast<uint64_t>(a.queue_depth) * bs; ++i) {
+  if (Status st = mem.init(mem_bytes, *engine); !st.ok()) return report_error(st);
+  for (uint64_t i = 0; i < mem_bytes; ++i) {
     mem.data()[i] = static_cast<char>(i * 131 + (i >> 12));
   }
 
@@ -236,7 +246,7 @@ int run_bench_io(const BenchIoArgs& a) {
     }
     if (short_file) {
       if (!a.json) std::fprintf(stderr, "laying out %s for the read (untimed)\n", format_bytes(size).c_str());
-      auto lay = run_loop(**file, true, mem.data(), size, bs, a.queue_depth, progress, "layout");
+      auto lay = run_loop(**file, true, mem.data(), size, req, slots, progress, "layout");
       if (!lay.status.ok()) return report_error(lay.status.with_context("laying out the read file"));
       auto s = (*file)->sync().result();
       if (!s.ok()) return report_error(s.status());
@@ -244,7 +254,7 @@ int run_bench_io(const BenchIoArgs& a) {
   }
   for (const auto& f : (*file)->files()) drop_page_cache(f->path());
 
-  auto res = run_loop(**file, write, mem.data(), size, bs, a.queue_depth, progress, a.op.c_str());
+  auto res = run_loop(**file, write, mem.data(), size, req, slots, progress, a.op.c_str());
   if (!res.status.ok()) return report_error(res.status);
   const bool direct = (*file)->files()[0]->direct();
   const double bw = gbps(size, res.seconds);
@@ -261,6 +271,7 @@ int run_bench_io(const BenchIoArgs& a) {
     j["iops"] = iops;
     j["block_size"] = bs;
     j["queue_depth"] = a.queue_depth;
+    j["request_size"] = req;
     j["engine"] = engine_name;
     j["workers"] = a.workers;
     j["direct"] = direct;
@@ -298,6 +309,9 @@ void register_bench_io(Registry& r) {
   sub->add_option("--engine", args->engine, "uring or threads")->capture_default_str();
   sub->add_option("--workers", args->workers, "io_uring worker threads (one ring each)")
       ->capture_default_str();
+  sub->add_option("--request-size", args->request_size,
+                  "bytes per engine request, split into block-size transfers (default: "
+                  "queue depth x block size / 4)");
   sub->add_option("--stripe-unit", args->stripe_unit,
                   "stripe unit over several paths (default: the block size)");
   sub->add_option("--file-name", args->file_name, "file name inside each path (kept afterwards)")

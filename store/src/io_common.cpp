@@ -38,6 +38,12 @@ Result<IoEngineOptions> IoEngineOptions::from_env() {
   STRATA_ASSIGN_OR_RETURN(uint64_t bs, env_size("STRATA_BLOCK_SIZE", o.block_size));
   STRATA_ASSIGN_OR_RETURN(uint64_t w, env_uint("STRATA_IO_WORKERS", o.workers));
   STRATA_ASSIGN_OR_RETURN(bool direct, env_bool("STRATA_DIRECT", o.direct));
+  STRATA_ASSIGN_OR_RETURN(uint64_t batch, env_uint("STRATA_IO_SUBMIT_BATCH", o.submit_batch));
+  if (batch > 4096) {
+    return invalid_argument("STRATA_IO_SUBMIT_BATCH=" + std::to_string(batch) +
+                            ": must be in 0..4096");
+  }
+  o.submit_batch = static_cast<uint32_t>(batch);
   if (qd == 0 || qd > 4096) {
     return invalid_argument("STRATA_QUEUE_DEPTH=" + std::to_string(qd) + ": must be in 1..4096");
   }

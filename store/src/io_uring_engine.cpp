@@ -2,7 +2,7 @@
 //
 // `workers` threads, each owning one ring. A request's pieces go to one worker (round
 // robin over requests). A worker keeps up to queue_depth pieces in flight, prepares every
-// piece it can, then calls io_uring_submit once for the batch; it sleeps only in
+// piece it can, then calls io_uring_submit once per batch of at most submit_batch SQEs; it sleeps only in
 // io_uring_wait_cqe, woken by completions or by an eventfd read that submitters signal
 // (IOPOLL rings, which cannot poll an eventfd, sleep on a condition variable when idle).
 // Buffers inside regions given to register_buffer() use READ_FIXED/WRITE_FIXED; files are
@@ -31,6 +31,9 @@ namespace {
 constexpr uint64_t kEventTag = ~0ull;
 constexpr unsigned kBufferSlots = 1024;  // sparse registered-buffer table per ring
 constexpr uint64_t kMaxIovec = 1ull << 30;  // the kernel's limit for one registered buffer
+// Pieces of at least this size are submitted one per io_uring_submit by default (see
+// IoEngineOptions::submit_batch).
+constexpr uint64_t kLargeBlock = 128 * 1024;
 
 struct Region {
   char* base;
@@ -47,6 +50,9 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
 
   Status init() {
     use_eventfd_ = !options_.iopoll;
+    batch_ = options_.submit_batch != 0 ? options_.submit_batch
+             : options_.block_size >= kLargeBlock ? 1u
+                                                  : options_.queue_depth + 1;
     unsigned entries = 1;
     while (entries < options_.queue_depth + 1) entries <<= 1;
     for (uint32_t i = 0; i < options_.workers; ++i) {
@@ -71,7 +77,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
       workers_.push_back(std::move(w));
     }
     // Registered buffers: a sparse table in every ring, filled by register_buffer().
-    fixed_buffers_ = true;
+    fixed_buffers_ = options_.register_buffers;
     for (auto& w : workers_) {
       int rc = io_uring_register_buffers_sparse(&w->ring, kBufferSlots);
       if (rc < 0) {
@@ -407,6 +413,10 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
         prep(sqe, *p);
         ++inflight;
         ++prepped;
+        if (prepped >= batch_) {
+          submit_all(w);
+          prepped = 0;
+        }
       }
       if (prepped) submit_all(w);
       if (inflight == 0 && !use_eventfd_) continue;
@@ -441,6 +451,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint32_t> rr_{0};
   bool use_eventfd_ = true;
+  unsigned batch_ = 1;  // SQEs per io_uring_submit at most
   bool fixed_buffers_ = false;
   bool fixed_files_ = false;
   std::shared_mutex regions_mu_;
