@@ -284,3 +284,42 @@ TEST(StripedFile, RejectsBadArguments) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Every submit_batch setting and registered/unregistered buffers give the same bytes.
+TEST(IoUringOptions, SubmitBatchAndBufferRegistrationRoundTrip) {
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const uint64_t n = (3 << 20) + 4097;
+  auto data = testing::pattern(n, 99);
+  for (uint32_t batch : {0u, 1u, 4u, 64u}) {
+    for (bool reg : {true, false}) {
+      SCOPED_TRACE("submit_batch " + std::to_string(batch) + " register_buffers " +
+                   std::to_string(reg));
+      IoEngineOptions o;
+      o.submit_batch = batch;
+      o.register_buffers = reg;
+      o.block_size = 256 * 1024;
+      o.queue_depth = 16;
+      o.allow_threads_fallback = false;
+      auto e = IoEngine::create(o);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      testing::AlignedBuf mem(2 * n + 8192);
+      ASSERT_TRUE((*e)->register_buffer(mem.data(), 2 * n + 8192).ok());
+      std::memcpy(mem.data(), data.data(), n);
+      auto f = (*e)->open(dir.path() + "/b", OpenMode::kTruncate);
+      ASSERT_TRUE(f.ok());
+      ASSERT_TRUE((*e)->write(*f, mem.data(), n, 4096).result().ok());
+      char* back = mem.data() + n + 4096;
+      auto r = (*e)->read(*f, back, n, 4096).result();
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
+      ASSERT_TRUE((*e)->unregister_buffer(mem.data()).ok());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
