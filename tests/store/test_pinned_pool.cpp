@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -385,6 +386,29 @@ TEST(PinnedPool, OptionsFromEnv) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->budget_bytes, 256 * kMiB);
   EXPECT_EQ(d->numa_node, -1);
+}
+
+// Runs only where 2 MiB hugetlb pages are reserved (sysctl vm.nr_hugepages=N): then a pool
+// that fits uses them, all of its bytes resident on them.
+TEST(PinnedPool, UsesReservedHugetlbPages) {
+  uint64_t free_pages = 0, page_kib = 0;
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long v = 0;
+    if (std::sscanf(line.c_str(), "HugePages_Free: %llu", &v) == 1) free_pages = v;
+    if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &v) == 1) page_kib = v;
+  }
+  if (page_kib != 2048 || free_pages < 2) {
+    GTEST_SKIP() << "fewer than 2 free 2 MiB hugetlb pages (vm.nr_hugepages)";
+  }
+  auto pool = make_pool(4 * kMiB);
+  ASSERT_TRUE(pool);
+  EXPECT_EQ(pool->huge_page_kind(), HugePageKind::kHugetlb);
+  EXPECT_STREQ(huge_page_kind_name(pool->huge_page_kind()), "hugetlb");
+  auto huge = pool->resident_huge_page_bytes();
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(*huge, 4 * kMiB);
 }
 
 TEST(PinnedPool, HugePagesOffUsesOrdinaryPages) {
