@@ -1,0 +1,370 @@
+// `strata bench step`: the offloaded optimizer step (Adam, master weights and states in the
+// NVMe tier) beside its two limits measured in the same run:
+//  - io_seconds: the same bytes (12 B/param read, 12 B/param written) moved by the I/O
+//    engine alone, reads and writes concurrently, chunk-sized requests from pinned memory,
+//    over a probe file striped over the same directories;
+//  - compute_seconds: the Adam kernel alone over the same sub-groups, in memory.
+// overlap_efficiency = max(io, compute) / step: 1 means the pipeline hides the smaller of
+// the two completely and adds nothing. I/O probe, step and compute probe alternate, K times;
+// each figure is the median of its K runs.
+//
+// The model is cut into tensors of at most --tensor-numel parameters (a model has many
+// tensors); they share one synthetic gradient buffer (read-only), so the DRAM the run needs
+// is the pinned pipeline buffers plus one tensor's gradient, whatever --params is.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "strata/base/units.hpp"
+#include "strata/optimizer/offload.hpp"
+#include "strata/optimizer/optimizers.hpp"
+#include "strata/optimizer/thread_pool.hpp"
+#include "strata/optimizer/update.hpp"
+#include "strata/store/io_engine.hpp"
+#include "strata/store/pinned_pool.hpp"
+#include "strata/store/store.hpp"
+
+namespace strata::cli {
+namespace {
+
+namespace opt = strata::optimizer;
+using Clock = std::chrono::steady_clock;
+
+struct BenchStepArgs {
+  uint64_t params = 100'000'000;
+  std::vector<std::string> paths;
+  std::string host_budget = "1GiB";
+  uint64_t sub_group = 0;
+  int buffers = 4;
+  int steps = 3;
+  std::string chunk_size = "64MiB";
+  uint64_t tensor_numel = 1ull << 26;
+  int threads = 0;
+  bool keep = false;
+  bool json = false;
+};
+
+double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint64_t peak_rss_bytes() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
+}
+
+// Reads `read_bytes` and writes `write_bytes` concurrently through `engine` over `file`,
+// in requests of `req` bytes from `pool`, keeping up to `depth` reads and `depth` writes in
+// flight. Reads cycle over [0, region), writes over [region, 2 * region).
+Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, uint64_t req,
+                        int depth, uint64_t region, uint64_t read_bytes, uint64_t write_bytes) {
+  std::vector<PinnedBuffer> bufs;
+  for (int i = 0; i < 2 * depth; ++i) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, pool.allocate(req));
+    bufs.push_back(std::move(b));
+  }
+  std::vector<Future<uint64_t>> rq(depth), wq(depth);
+  uint64_t r_off = 0, w_off = 0, r_done = 0, w_done = 0;
+  const auto t0 = Clock::now();
+  for (uint64_t it = 0; r_done < read_bytes || w_done < write_bytes; ++it) {
+    const size_t i = it % static_cast<size_t>(depth);
+    if (rq[i].valid()) STRATA_RETURN_IF_ERROR(rq[i].result().status());
+    if (wq[i].valid()) STRATA_RETURN_IF_ERROR(wq[i].result().status());
+    rq[i] = {};
+    wq[i] = {};
+    if (r_done < read_bytes) {
+      const uint64_t n = std::min(req, read_bytes - r_done);
+      rq[i] = file.read(bufs[2 * i].data(), n, r_off);
+      r_off = (r_off + req) % region;
+      r_done += n;
+    }
+    if (w_done < write_bytes) {
+      const uint64_t n = std::min(req, write_bytes - w_done);
+      wq[i] = file.write(bufs[2 * i + 1].data(), n, region + w_off);
+      w_off = (w_off + req) % region;
+      w_done += n;
+    }
+  }
+  for (auto& f : rq) {
+    if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
+  }
+  for (auto& f : wq) {
+    if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
+  }
+  return secs(t0);
+}
+
+int run_bench_step(const BenchStepArgs& a) {
+  uint64_t host_budget, chunk;
+  try {
+    host_budget = parse_size_or_throw(a.host_budget, "--host-budget");
+    chunk = parse_size_or_throw(a.chunk_size, "--chunk-size");
+  } catch (const CLI::ValidationError& e) {
+    return report_error(invalid_argument(e.what()));
+  }
+  if (a.paths.empty()) return report_error(invalid_argument("--path is required"));
+  if (a.params == 0 || a.steps < 1 || a.tensor_numel == 0) {
+    return report_error(invalid_argument("--params, --steps and --tensor-numel must be >= 1"));
+  }
+  // DRAM: the store keeps only the small checkpoint record in its host tier and streams
+  // unaligned pieces through its staging buffers; the rest of the budget is the pipeline's.
+  const uint64_t store_host = 8ull << 20, store_staging = 32ull << 20;
+  if (host_budget <= store_host + store_staging + (16ull << 20)) {
+    return report_error(invalid_argument("--host-budget " + format_bytes(host_budget) +
+                                         " is too small (>= 56 MiB)"));
+  }
+  const uint64_t pinned_budget = host_budget - store_host - store_staging;
+  const bool progress = stderr_is_tty() && !a.json;
+
+  std::vector<std::string> dirs;
+  for (const auto& p : a.paths) dirs.push_back(p + "/strata-bench-step");
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+    std::filesystem::create_directories(d, ec);
+    if (ec) return report_error(errno_status(ec.value(), "creating " + d));
+  }
+  struct Cleanup {
+    const std::vector<std::string>& dirs;
+    bool keep;
+    ~Cleanup() {
+      if (keep) return;
+      for (const auto& d : dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    }
+  } cleanup{dirs, a.keep};
+
+  auto so_r = StoreOptions::from_env();
+  if (!so_r.ok()) return report_error(so_r.status());
+  StoreOptions so = *so_r;
+  so.path = dirs[0];
+  so.nvme_dirs = dirs;
+  so.chunk_bytes = chunk;
+  so.host_budget_bytes = store_host;
+  so.staging_bytes = store_staging;
+  so.worker_threads = std::max<uint32_t>(so.worker_threads, 8);
+  auto store_r = Store::open(so);
+  if (!store_r.ok()) return report_error(store_r.status());
+  std::shared_ptr<Store> store = std::move(store_r).value();
+
+  opt::OffloadOptions oo;
+  oo.sub_group_numel = a.sub_group;
+  oo.num_buffers = a.buffers;
+  oo.pinned_budget_bytes = pinned_budget;
+  oo.default_placement = opt::Placement::kNvme;
+  oo.num_threads = a.threads;
+  auto factory = *opt::builtin_rule_factory("adam");
+  const opt::Hyperparams hp = {{"lr", 1e-4}};
+  const auto t_setup = Clock::now();
+  auto opt_r = opt::OffloadedOptimizer::create(store, factory, hp, oo);
+  if (!opt_r.ok()) return report_error(opt_r.status());
+  auto optimizer = std::move(opt_r).value();
+  const uint64_t sg = optimizer->sub_group_numel();
+
+  // Tensors (zeros: created without DRAM proportional to their size) and one gradient.
+  const uint64_t ntensors = (a.params + a.tensor_numel - 1) / a.tensor_numel;
+  const uint64_t grad_numel = std::min(a.params, a.tensor_numel);
+  std::vector<float> grad(grad_numel);
+  for (uint64_t i = 0; i < grad_numel; ++i) {
+    grad[i] = 1e-3f * static_cast<float>(static_cast<int64_t>(i % 2001) - 1000) / 1000.0f;
+  }
+  for (uint64_t t = 0; t < ntensors; ++t) {
+    const uint64_t n = std::min(a.tensor_numel, a.params - t * a.tensor_numel);
+    auto h = optimizer->add_param("w" + std::to_string(t), n, nullptr, 0, opt::Placement::kNvme);
+    if (!h.ok()) return report_error(h.status());
+    if (Status st = optimizer->set_grad(*h, grad.data(), DType::kFloat32); !st.ok()) {
+      return report_error(st);
+    }
+    if (progress) {
+      std::fprintf(stderr, "\rcreating tensors: %llu/%llu", static_cast<unsigned long long>(t + 1),
+                   static_cast<unsigned long long>(ntensors));
+    }
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  const double setup_seconds = secs(t_setup);
+  const uint64_t bytes_per_step = a.params * 12;
+
+  // Limits: the I/O engine alone (probe file over the same directories) and the kernel
+  // alone (sub-group buffers in memory).
+  auto engine = store->engine();
+  const uint64_t region = std::min<uint64_t>(align_up(bytes_per_step, chunk), 2ull << 30);
+  auto file_r = StripedFile::open(engine, dirs, "io_probe.dat", OpenMode::kTruncate, chunk);
+  if (!file_r.ok()) return report_error(file_r.status());
+  auto file = *file_r;
+  const int depth = std::max(1, a.buffers);
+  const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
+  auto rule = factory(hp).value();
+  auto pool_r = opt::ThreadPool::create({a.threads, -1});
+  if (!pool_r.ok()) return report_error(pool_r.status());
+  auto& pool = **pool_r;
+  std::vector<double> io_runs, compute_runs;
+  auto io_once = [&]() -> Status {
+    {  // I/O: fill the read region once (untimed), then the timed mix.
+      PinnedPoolOptions po;
+      po.budget_bytes = std::min(probe_pool_bytes, pinned_budget);
+      STRATA_ASSIGN_OR_RETURN(auto ppool, PinnedPool::create(po, engine));
+      const uint64_t req = std::min<uint64_t>(chunk, ppool->budget_bytes() / (2 * depth) / 4096 * 4096);
+      if (io_runs.empty()) {  // the file's both regions exist before the first timed run
+        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, ppool->allocate(req));
+        for (uint64_t off = 0; off < 2 * region; off += req) {
+          STRATA_RETURN_IF_ERROR(
+              file->write(b.data(), std::min(req, 2 * region - off), off).result().status());
+        }
+      }
+      if (progress) std::fprintf(stderr, "\rio probe ...");
+      STRATA_ASSIGN_OR_RETURN(double io, io_probe(*engine, *file, *ppool, req, depth, region,
+                                                  bytes_per_step, bytes_per_step));
+      io_runs.push_back(io);
+    }
+    if (progress) std::fprintf(stderr, "\r%40s\r", "");
+    return Status::OK();
+  };
+  auto compute_once = [&]() -> Status {
+    {  // Compute: the same sub-groups through apply_update, in memory.
+      if (progress) std::fprintf(stderr, "\rcompute probe ...");
+      std::vector<float> p(sg), m(sg), v(sg);
+      opt::UpdateSpans s;
+      s.param = p.data();
+      s.states[0] = m.data();
+      s.states[1] = v.data();
+      s.grad_type = DType::kFloat32;
+      const auto t0 = Clock::now();
+      for (uint64_t t = 0; t < ntensors; ++t) {
+        const uint64_t n = std::min(a.tensor_numel, a.params - t * a.tensor_numel);
+        for (uint64_t b = 0; b < n; b += sg) {
+          s.numel = std::min(sg, n - b);
+          s.grad = grad.data() + b;
+          STRATA_RETURN_IF_ERROR(opt::apply_update(*rule, s, {1, 1.0f}, &pool));
+        }
+      }
+      compute_runs.push_back(secs(t0));
+    }
+    if (progress) std::fprintf(stderr, "\r%40s\r", "");
+    return Status::OK();
+  };
+  std::vector<double> step_runs;
+  opt::StepStats last;
+  // Alternate: I/O alone, the step, compute alone — machine noise hits all three alike.
+  for (int s = 0; s < a.steps; ++s) {
+    if (Status st = io_once(); !st.ok()) return report_error(st);
+    auto r = optimizer->step();
+    if (!r.ok()) return report_error(r.status());
+    last = *r;
+    step_runs.push_back(r->seconds);
+    if (progress) {
+      std::fprintf(stderr, "step %d/%d: %.2f s (update %.2f s, waiting for I/O %.2f s), %.2f GB/s\n",
+                   s + 1, a.steps, r->seconds, r->compute_seconds, r->io_wait_seconds,
+                   static_cast<double>(r->bytes_read + r->bytes_written) / r->seconds / 1e9);
+    }
+    if (Status st = compute_once(); !st.ok()) return report_error(st);
+  }
+  const auto t_ckpt = Clock::now();
+  if (Status st = optimizer->checkpoint(); !st.ok()) return report_error(st);
+  const double checkpoint_seconds = secs(t_ckpt);
+
+  // A sanity check that the steps did something: w0[0] moved away from 0.
+  float w0 = 0.0f;
+  if (Status st = optimizer->read_param(0, &w0, 1, 1); !st.ok()) return report_error(st);
+
+  const double step_s = median(step_runs);
+  const double io_s = median(io_runs);
+  const double compute_s = median(compute_runs);
+  const double eff = step_s > 0 ? std::max(io_s, compute_s) / step_s : 0.0;
+  const uint64_t rss = peak_rss_bytes();
+  file.reset();
+  optimizer.reset();
+  (void)store->close();
+
+  if (a.json) {
+    nlohmann::json j;
+    j["benchmark"] = "step";
+    j["optimizer"] = "adam";
+    j["params"] = a.params;
+    j["tensors"] = ntensors;
+    j["paths"] = a.paths;
+    j["host_budget_bytes"] = host_budget;
+    j["pinned_budget_bytes"] = pinned_budget;
+    j["chunk_bytes"] = chunk;
+    j["sub_group_numel"] = sg;
+    j["buffers"] = a.buffers;
+    j["steps"] = a.steps;
+    j["step_seconds"] = step_s;
+    j["step_seconds_all"] = step_runs;
+    j["io_seconds"] = io_s;
+    j["io_seconds_all"] = io_runs;
+    j["compute_seconds"] = compute_s;
+    j["compute_seconds_all"] = compute_runs;
+    j["overlap_efficiency"] = eff;
+    j["bytes_read"] = last.bytes_read;
+    j["bytes_written"] = last.bytes_written;
+    j["step_gbps"] = static_cast<double>(2 * bytes_per_step) / step_s / 1e9;
+    j["io_gbps"] = static_cast<double>(2 * bytes_per_step) / io_s / 1e9;
+    j["last_step_update_seconds"] = last.compute_seconds;
+    j["last_step_io_wait_seconds"] = last.io_wait_seconds;
+    j["setup_seconds"] = setup_seconds;
+    j["checkpoint_seconds"] = checkpoint_seconds;
+    j["peak_rss_bytes"] = rss;
+    j["w0_1"] = w0;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, %d buffers\n",
+                static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
+                a.paths.size(), static_cast<unsigned long long>(sg), a.buffers);
+    std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
+                static_cast<double>(2 * bytes_per_step) / step_s / 1e9);
+    std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s,
+                static_cast<double>(2 * bytes_per_step) / io_s / 1e9);
+    std::printf("  compute alone:        %8.3f s\n", compute_s);
+    std::printf("  overlap efficiency:   %8.3f  (max(io, compute) / step)\n", eff);
+    std::printf("  bytes read/written:   %s / %s per step\n", format_bytes(last.bytes_read).c_str(),
+                format_bytes(last.bytes_written).c_str());
+    std::printf("  checkpoint:           %8.3f s\n", checkpoint_seconds);
+    std::printf("  peak RSS:             %s\n", format_bytes(rss).c_str());
+  }
+  return 0;
+}
+
+void register_bench_step(Registry& r) {
+  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
+  auto args = std::make_shared<BenchStepArgs>();
+  CLI::App* sub = bench.add_subcommand(
+      "step", "offloaded Adam step with state on NVMe vs. I/O alone and compute alone");
+  sub->add_option("--params", args->params, "fp32 parameters")->capture_default_str();
+  sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe)")->required();
+  sub->add_option("--host-budget", args->host_budget,
+                  "DRAM for buffers: pipeline + store (size, e.g. 1GiB)")
+      ->capture_default_str();
+  sub->add_option("--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)")
+      ->capture_default_str();
+  sub->add_option("--buffers", args->buffers, "pipeline buffer slots (1..16)")->capture_default_str();
+  sub->add_option("--steps", args->steps, "timed steps (median reported)")->capture_default_str();
+  sub->add_option("--chunk-size", args->chunk_size, "store chunk size")->capture_default_str();
+  sub->add_option("--tensor-numel", args->tensor_numel, "largest tensor (the model is cut into tensors)")
+      ->capture_default_str();
+  sub->add_option("--threads", args->threads, "kernel threads (0 = one per core)")->capture_default_str();
+  sub->add_flag("--keep", args->keep, "keep the store directories");
+  sub->add_flag("--json", args->json, "print one JSON object");
+  sub->callback([args] { Registry::set_exit_code(run_bench_step(*args)); });
+}
+
+STRATA_CLI_COMMAND(register_bench_step);
+
+}  // namespace
+}  // namespace strata::cli
