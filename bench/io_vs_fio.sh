@@ -56,7 +56,9 @@ trap cleanup EXIT
 if [[ $(id -u) -eq 0 && -w /proc/sys/vm/nr_hugepages ]]; then
   OLD_HUGE=$(cat /proc/sys/vm/nr_hugepages)
   bs_bytes=$($PY -c "import sys;s=sys.argv[1].upper().rstrip('IB');m={'K':1<<10,'M':1<<20,'G':1<<30}.get(s[-1:],1);print(int(float(s.rstrip('KMG'))*m))" "$BS")
-  need=$(( QD * bs_bytes / 2097152 * 3 + 16 ))  # fio: QD x BS; strata: 2 x QD x BS
+  # fio: QD x BS; strata: 2 x QD x BS; plus headroom, since other processes on the machine
+  # may take free hugetlb pages meanwhile (the figures say which memory strata got).
+  need=$(( QD * bs_bytes / 2097152 * 6 + 32 ))
   echo $(( OLD_HUGE + need )) > /proc/sys/vm/nr_hugepages
   echo "reserved hugetlb pages: $(cat /proc/sys/vm/nr_hugepages) (was $OLD_HUGE)" >&2
 else
@@ -81,15 +83,16 @@ run_fio() {  # op iomem
 }
 run_strata() {  # op
   "$STRATA_BIN" bench io --path "$DIR" --size "$SIZE" --block-size "$BS" --queue-depth "$QD" \
-    --op "$1" --json | $PY -c "import json,sys;print(json.load(sys.stdin)['gbps'])"
+    --op "$1" --json | $PY -c "import json,sys;j=json.load(sys.stdin);print(j['gbps']);print(j['memory'],file=sys.stderr)" 2>>"$MEMKIND"
 }
+MEMKIND=$(mktemp)
 
 for op in read write; do
   for rep in $(seq 1 "$REPS"); do
     echo "$op fio-malloc $(run_fio "$op" malloc)" >> "$RESULTS"
     echo "$op fio-shmhuge $(run_fio "$op" shmhuge)" >> "$RESULTS"
     echo "$op strata $(run_strata "$op")" >> "$RESULTS"
-    echo "  $op round $rep: $(grep "^$op " "$RESULTS" | tail -3 | awk '{printf "%s=%s ", $2, $3}')" >&2
+    echo "  $op round $rep: $(grep "^$op " "$RESULTS" | tail -3 | awk '{printf "%s=%s ", $2, $3}')(strata memory: $(tail -1 "$MEMKIND"))" >&2
   done
 done
 
@@ -111,4 +114,5 @@ for op in ("read", "write"):
     best = max(x for x in (fm, fh) if not math.isnan(x)) if not (math.isnan(fm) and math.isnan(fh)) else float("nan")
     print(f"| {op:5} | {fm:10.2f} | {fh:11.2f} | {st:6.2f} | {st / best:17.2f} |")
 EOF
-rm -f "$RESULTS"
+echo "strata buffer memory per run: $(sort "$MEMKIND" | uniq -c | tr '\n' ' ')"
+rm -f "$RESULTS" "$MEMKIND"
