@@ -1,0 +1,446 @@
+// `strata store ls|stat|verify|rm DIR ...`: inspect and edit a store on disk.
+// `strata bench store`: put/get bandwidth through the store beside the raw I/O engine on the
+// same bytes, in the same run, alternating.
+// `strata bench device`: pinned host<->device copies and NVMe->device through the store,
+// each beside the plain copy limit measured in the same run (needs a GPU).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#ifdef STRATA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "command.hpp"
+#include "strata/base/units.hpp"
+#include "strata/store/gpu.hpp"
+#include "strata/store/io_engine.hpp"
+#include "strata/store/pinned_pool.hpp"
+#include "strata/store/store.hpp"
+
+namespace strata::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+StoreOptions inspect_options(const std::string& dir, bool read_only) {
+  StoreOptions o;
+  o.path = dir;
+  o.read_only = read_only;
+  o.create = false;
+  o.host_budget_bytes = 0;
+  o.staging_bytes = 16ull << 20;
+  o.worker_threads = 1;
+  return o;
+}
+
+// ---------------------------------------------------------------- strata store ...
+
+struct StoreArgs {
+  std::string dir;
+  std::vector<std::string> keys;
+  std::string prefix;
+  bool json = false;
+};
+
+int run_ls(const StoreArgs& a) {
+  auto l = list_store(a.dir, a.prefix);
+  if (!l.ok()) return report_error(l.status());
+  if (a.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (auto& i : *l) {
+      j.push_back({{"key", i.key}, {"dtype", dtype_name(i.dtype)}, {"shape", i.shape},
+                   {"nbytes", i.nbytes}, {"chunks", i.num_chunks}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  uint64_t total = 0;
+  for (auto& i : *l) {
+    std::printf("%-12s %-10s %-20s %s\n", format_bytes(i.nbytes).c_str(),
+                std::string(dtype_name(i.dtype)).c_str(), shape_text(i.shape).c_str(),
+                i.key.c_str());
+    total += i.nbytes;
+  }
+  std::printf("%zu objects, %s\n", l->size(), format_bytes(total).c_str());
+  return 0;
+}
+
+int run_stat(const StoreArgs& a) {
+  auto s = Store::open(inspect_options(a.dir, true));
+  if (!s.ok()) return report_error(s.status());
+  int rc = 0;
+  for (auto& k : a.keys) {
+    auto i = (*s)->stat(k);
+    if (!i.ok()) {
+      rc = report_error(i.status());
+      continue;
+    }
+    std::printf("key:    %s\ndtype:  %s\nshape:  %s\nbytes:  %llu (%s)\nchunks: %u of at most %s\n",
+                i->key.c_str(), std::string(dtype_name(i->dtype)).c_str(),
+                shape_text(i->shape).c_str(), static_cast<unsigned long long>(i->nbytes),
+                format_bytes(i->nbytes).c_str(), i->num_chunks,
+                format_bytes((*s)->chunk_bytes()).c_str());
+  }
+  std::printf("nvme directories:");
+  for (auto& d : (*s)->options().nvme_dirs) std::printf(" %s", d.c_str());
+  std::printf("\n");
+  return rc;
+}
+
+int run_verify(const StoreArgs& a) {
+  auto s = Store::open(inspect_options(a.dir, true));
+  if (!s.ok()) return report_error(s.status());
+  auto t0 = Clock::now();
+  auto r = (*s)->verify();
+  if (!r.ok()) return report_error(r.status());
+  double sec = seconds_since(t0);
+  for (auto& e : r->errors) std::fprintf(stderr, "strata: %s\n", e.to_string().c_str());
+  std::printf("%llu objects, %llu chunks, %s verified in %.2f s (%.2f GB/s): %zu errors\n",
+              static_cast<unsigned long long>(r->objects), static_cast<unsigned long long>(r->chunks),
+              format_bytes(r->bytes).c_str(), sec, gbps(r->bytes, sec), r->errors.size());
+  return r->errors.empty() ? 0 : 1;
+}
+
+int run_rm(const StoreArgs& a) {
+  auto s = Store::open(inspect_options(a.dir, false));
+  if (!s.ok()) return report_error(s.status());
+  int rc = 0;
+  for (auto& k : a.keys) {
+    Status st = (*s)->remove_sync(k);
+    if (!st.ok()) rc = report_error(st);
+  }
+  Status st = (*s)->close();
+  if (!st.ok()) rc = report_error(st);
+  return rc;
+}
+
+// ---------------------------------------------------------------- strata bench store
+
+struct BenchStoreArgs {
+  std::vector<std::string> paths;
+  std::string object_size = "1GiB";
+  uint32_t count = 4;
+  uint32_t rounds = 3;
+  std::string chunk_size = "64MiB";
+  bool keep = false;
+  bool json = false;
+};
+
+/// Benchmark memory: a PinnedPool buffer (huge pages, registered with the engine).
+struct BenchBuffer {
+  std::shared_ptr<PinnedPool> pool;
+  PinnedBuffer buf;
+  Status init(uint64_t nbytes, const std::shared_ptr<IoEngine>& engine) {
+    PinnedPoolOptions po;
+    po.budget_bytes = align_up(std::max<uint64_t>(nbytes, 4096), 2 * kMiB);
+    STRATA_ASSIGN_OR_RETURN(pool, PinnedPool::create(po, engine));
+    STRATA_ASSIGN_OR_RETURN(buf, pool->try_allocate(std::max<uint64_t>(nbytes, 4096)));
+    return Status::OK();
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(buf.data()); }
+};
+
+int run_bench_store(const BenchStoreArgs& a) {
+  namespace fs = std::filesystem;
+  uint64_t size, chunk;
+  try {
+    size = parse_size_or_throw(a.object_size, "--object-size");
+    chunk = parse_size_or_throw(a.chunk_size, "--chunk-size");
+  } catch (const CLI::ValidationError& e) {
+    return report_error(invalid_argument(e.what()));
+  }
+  if (a.count == 0 || a.rounds == 0 || size == 0) {
+    return report_error(invalid_argument("--count, --rounds and --object-size must be > 0"));
+  }
+  auto eo = IoEngineOptions::from_env();
+  if (!eo.ok()) return report_error(eo.status());
+  auto engine = IoEngine::create(*eo);
+  if (!engine.ok()) return report_error(engine.status());
+
+  // Fresh store under <path0>/strata-bench-store, data striped over every --path.
+  std::vector<std::string> dirs;
+  for (auto& p : a.paths) dirs.push_back(p + "/strata-bench-store");
+  std::error_code ec;
+  fs::remove_all(dirs[0], ec);
+  for (auto& d : dirs) {
+    fs::remove_all(d, ec);
+    fs::create_directories(d, ec);
+    if (ec) return report_error(errno_status(ec.value(), "create " + d));
+  }
+  StoreOptions so;
+  so.path = dirs[0];
+  so.nvme_dirs = dirs;
+  so.chunk_bytes = chunk;
+  so.host_budget_bytes = 0;
+  so.staging_bytes = 16ull << 20;
+  so.engine = *engine;
+  auto store = Store::open(so);
+  if (!store.ok()) return report_error(store.status());
+  auto& s = *store;
+
+  // The raw engine on the same bytes: one striped file over the same directories, stripe
+  // unit = the store's chunk size, N objects back to back, then fdatasync (the store's put
+  // is durable when its future is ready, so the raw write pays for its sync too).
+  auto raw = StripedFile::open(*engine, dirs, "raw-engine.dat", OpenMode::kTruncate, chunk);
+  if (!raw.ok()) return report_error(raw.status());
+
+  BenchBuffer mem;
+  if (Status st = mem.init(size, *engine); !st.ok()) return report_error(st);
+  for (uint64_t i = 0; i < size; ++i) mem.data()[i] = static_cast<uint8_t>(i * 131 + 7);
+
+  const uint64_t total = size * a.count;
+  std::vector<double> put_g, get_g, ew_g, er_g;
+  auto key = [](uint32_t i) { return "bench/" + std::to_string(i); };
+  for (uint32_t r = 0; r < a.rounds; ++r) {
+    // store put
+    auto t0 = Clock::now();
+    std::vector<Future<void>> f;
+    for (uint32_t i = 0; i < a.count; ++i) {
+      f.push_back(s->put(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
+    }
+    if (Status st = when_all(f).result().status(); !st.ok()) return report_error(st);
+    put_g.push_back(gbps(total, seconds_since(t0)));
+    // engine write + sync
+    t0 = Clock::now();
+    std::vector<Future<uint64_t>> w;
+    for (uint32_t i = 0; i < a.count; ++i) w.push_back((*raw)->write(mem.data(), size, i * size));
+    if (Status st = when_all(w).result().status(); !st.ok()) return report_error(st);
+    if (Status st = (*raw)->sync().result().status(); !st.ok()) return report_error(st);
+    ew_g.push_back(gbps(total, seconds_since(t0)));
+    // store get (verified)
+    t0 = Clock::now();
+    f.clear();
+    for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes(key(i), mem.data(), size));
+    if (Status st = when_all(f).result().status(); !st.ok()) return report_error(st);
+    get_g.push_back(gbps(total, seconds_since(t0)));
+    // engine read
+    t0 = Clock::now();
+    w.clear();
+    for (uint32_t i = 0; i < a.count; ++i) w.push_back((*raw)->read(mem.data(), size, i * size));
+    if (Status st = when_all(w).result().status(); !st.ok()) return report_error(st);
+    er_g.push_back(gbps(total, seconds_since(t0)));
+    if (!a.json) {
+      std::fprintf(stderr, "round %u: put %.2f GB/s (engine write %.2f), get %.2f GB/s (engine read %.2f)\n",
+                   r + 1, put_g.back(), ew_g.back(), get_g.back(), er_g.back());
+    }
+  }
+  const double put = median(put_g), get = median(get_g), ew = median(ew_g), er = median(er_g);
+  raw->reset();
+  (void)s->close();
+  if (!a.keep) {
+    for (auto& d : dirs) fs::remove_all(d, ec);
+  }
+  if (a.json) {
+    nlohmann::json j;
+    j["object_bytes"] = size;
+    j["count"] = a.count;
+    j["rounds"] = a.rounds;
+    j["chunk_bytes"] = chunk;
+    j["paths"] = a.paths;
+    j["engine"] = std::string(engine_kind_name((*engine)->kind()));
+    j["put_gbps"] = put;
+    j["get_gbps"] = get;
+    j["engine_write_gbps"] = ew;
+    j["engine_read_gbps"] = er;
+    j["put_vs_engine"] = ew > 0 ? put / ew : 0;
+    j["get_vs_engine"] = er > 0 ? get / er : 0;
+    j["put_gbps_rounds"] = put_g;
+    j["get_gbps_rounds"] = get_g;
+    j["engine_write_gbps_rounds"] = ew_g;
+    j["engine_read_gbps_rounds"] = er_g;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("store put: %.2f GB/s  engine write: %.2f GB/s  ratio %.3f\n", put, ew,
+                ew > 0 ? put / ew : 0);
+    std::printf("store get: %.2f GB/s  engine read:  %.2f GB/s  ratio %.3f\n", get, er,
+                er > 0 ? get / er : 0);
+    std::printf("(%u x %s objects, %u rounds, medians; GB/s = 1e9 B/s)\n", a.count,
+                format_bytes(size).c_str(), a.rounds);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- strata bench device
+
+struct BenchDeviceArgs {
+  std::string path;
+  std::string size = "1GiB";
+  uint32_t rounds = 3;
+  bool json = false;
+};
+
+int run_bench_device(const BenchDeviceArgs& a) {
+  if (gpu_count() == 0) {
+    std::fprintf(stderr,
+                 "strata bench device: no GPU (built with CUDA: %s; the CUDA runtime reports no "
+                 "usable device): nothing to measure\n",
+                 built_with_cuda() ? "yes" : "no");
+    return 2;
+  }
+#ifndef STRATA_HAVE_CUDA
+  return 2;
+#else
+  uint64_t size;
+  try {
+    size = parse_size_or_throw(a.size, "--size");
+  } catch (const CLI::ValidationError& e) {
+    return report_error(invalid_argument(e.what()));
+  }
+  auto eo = IoEngineOptions::from_env();
+  if (!eo.ok()) return report_error(eo.status());
+  auto engine = IoEngine::create(*eo);
+  if (!engine.ok()) return report_error(engine.status());
+  BenchBuffer mem;
+  if (Status st = mem.init(size, *engine); !st.ok()) return report_error(st);
+  std::memset(mem.data(), 0x5a, size);
+  void* dev = nullptr;
+  if (cudaMalloc(&dev, size) != cudaSuccess) {
+    return report_error(resource_exhausted("cudaMalloc of " + format_bytes(size)));
+  }
+  std::vector<double> h2d, d2h, nvme_dev, nvme_host;
+  std::unique_ptr<Store> store;
+  std::string dir;
+  if (!a.path.empty()) {
+    dir = a.path + "/strata-bench-device";
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    StoreOptions so;
+    so.path = dir;
+    so.host_budget_bytes = 0;
+    so.engine = *engine;
+    auto s = Store::open(so);
+    if (!s.ok()) return report_error(s.status());
+    store = std::move(*s);
+    if (Status st = store->put_sync("bench", mem.data(), TensorDesc::bytes(size)); !st.ok())
+      return report_error(st);
+  }
+  for (uint32_t r = 0; r < a.rounds; ++r) {
+    auto t0 = Clock::now();
+    cudaMemcpy(dev, mem.data(), size, cudaMemcpyHostToDevice);
+    h2d.push_back(gbps(size, seconds_since(t0)));
+    t0 = Clock::now();
+    cudaMemcpy(mem.data(), dev, size, cudaMemcpyDeviceToHost);
+    d2h.push_back(gbps(size, seconds_since(t0)));
+    if (store) {
+      t0 = Clock::now();
+      if (Status st = store->get_bytes_sync("bench", dev, size); !st.ok()) return report_error(st);
+      nvme_dev.push_back(gbps(size, seconds_since(t0)));
+      t0 = Clock::now();
+      if (Status st = store->get_bytes_sync("bench", mem.data(), size); !st.ok())
+        return report_error(st);
+      nvme_host.push_back(gbps(size, seconds_since(t0)));
+    }
+  }
+  cudaFree(dev);
+  if (store) {
+    (void)store->close();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  nlohmann::json j;
+  j["bytes"] = size;
+  j["h2d_pinned_gbps"] = median(h2d);
+  j["d2h_pinned_gbps"] = median(d2h);
+  if (!nvme_dev.empty()) {
+    j["nvme_to_device_gbps"] = median(nvme_dev);
+    j["nvme_to_pinned_gbps"] = median(nvme_host);
+    double limit = std::min(median(h2d), median(nvme_host));
+    j["nvme_to_device_vs_limit"] = limit > 0 ? median(nvme_dev) / limit : 0;
+  }
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("pinned host->device: %.2f GB/s, device->host: %.2f GB/s\n", median(h2d),
+                median(d2h));
+    if (!nvme_dev.empty()) {
+      std::printf("nvme->device through the store: %.2f GB/s (nvme->pinned %.2f GB/s; ratio to "
+                  "min(nvme->pinned, h2d) %.3f)\n",
+                  median(nvme_dev), median(nvme_host), j["nvme_to_device_vs_limit"].get<double>());
+    }
+  }
+  return 0;
+#endif
+}
+
+void register_store_commands(Registry& r) {
+  auto& store = r.group("store", "Inspect a store directory");
+  struct Sub {
+    const char* name;
+    const char* help;
+    int (*fn)(const StoreArgs&);
+    bool keys;
+  };
+  for (Sub s : {Sub{"ls", "List the committed objects of the store at DIR", run_ls, false},
+                Sub{"stat", "Show metadata of objects KEY... of the store at DIR", run_stat, true},
+                Sub{"verify", "Re-read every chunk of the store at DIR and check its checksum",
+                    run_verify, false},
+                Sub{"rm", "Remove objects KEY... from the store at DIR (takes the write lock)",
+                    run_rm, true}}) {
+    auto args = std::make_shared<StoreArgs>();
+    auto* sub = store.add_subcommand(s.name, s.help);
+    sub->add_option("DIR", args->dir, "store directory")->required();
+    if (s.keys) sub->add_option("KEY", args->keys, "object keys")->required();
+    if (std::string(s.name) == "ls") {
+      sub->add_option("--prefix", args->prefix, "only keys starting with this");
+      sub->add_flag("--json", args->json, "print a JSON array");
+    }
+    auto fn = s.fn;
+    sub->callback([args, fn] { Registry::set_exit_code(fn(*args)); });
+  }
+
+  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
+  auto ba = std::make_shared<BenchStoreArgs>();
+  auto* bs = bench.add_subcommand(
+      "store", "Put then get N objects through the store, beside the raw I/O engine on the same "
+               "bytes (alternating rounds, medians)");
+  bs->add_option("--path", ba->paths, "NVMe directory (repeat to stripe)")->required();
+  bs->add_option("--object-size", ba->object_size, "bytes per object (suffixes KiB, MiB, GiB)")
+      ->capture_default_str();
+  bs->add_option("--count", ba->count, "objects per round")->capture_default_str();
+  bs->add_option("--rounds", ba->rounds, "alternating rounds")->capture_default_str();
+  bs->add_option("--chunk-size", ba->chunk_size, "store chunk size")->capture_default_str();
+  bs->add_flag("--keep", ba->keep, "keep the store and the raw file afterwards");
+  bs->add_flag("--json", ba->json, "print one JSON object");
+  bs->callback([ba] { Registry::set_exit_code(run_bench_store(*ba)); });
+
+  auto da = std::make_shared<BenchDeviceArgs>();
+  auto* bd = bench.add_subcommand(
+      "device", "Pinned host<->device copy bandwidth and NVMe->device through the store (GPU only)");
+  bd->add_option("--path", da->path, "NVMe directory for the store part (optional)");
+  bd->add_option("--size", da->size, "bytes per transfer")->capture_default_str();
+  bd->add_option("--rounds", da->rounds, "rounds (medians)")->capture_default_str();
+  bd->add_flag("--json", da->json, "print one JSON object");
+  bd->callback([da] { Registry::set_exit_code(run_bench_device(*da)); });
+}
+
+}  // namespace
+
+STRATA_CLI_COMMAND(register_store_commands);
+
+}  // namespace strata::cli
