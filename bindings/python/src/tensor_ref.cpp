@@ -150,7 +150,10 @@ TensorRef view_tensor(const py::handle& obj_in, bool writable,
     }
     std::shared_ptr<Py_buffer> owner(view.get(), [view](Py_buffer* b) { PyBuffer_Release(b); });
     r.data = view->buf;
-    r.dtype = dtype_from_format(view->format ? view->format : "B", view->itemsize);
+    // With an override only the item size matters (e.g. uint16 bits holding bf16).
+    r.dtype = dtype_override ? DType::kUInt8
+                             : dtype_from_format(view->format ? view->format : "B",
+                                                 view->itemsize);
     for (int i = 0; i < view->ndim; ++i) r.shape.push_back(view->shape[i]);
     if (view->ndim == 0 && view->shape == nullptr && view->len != view->itemsize) {
       r.shape.push_back(view->len / view->itemsize);  // bytes-like without shape

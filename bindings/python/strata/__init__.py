@@ -193,10 +193,9 @@ class Store:
         """As :meth:`get`, as a torch CPU tensor sharing the array's memory (bf16 kept)."""
         import torch
         arr = self._s.get(key)
-        t = torch.from_numpy(arr)
-        if self._s.stat(key)["dtype"] == "bf16":
-            t = t.view(torch.bfloat16)
-        return t
+        if arr.dtype == np.uint16:  # bf16 bits; torch has no uint16
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
 
     def get_into(self, key: str, out: Any) -> Any:
         """Reads object ``key`` into ``out`` (numpy array or torch tensor of the object's
@@ -249,9 +248,10 @@ class Store:
         src = self._s.get(key)
         if _is_torch(out):
             import torch
-            t = torch.from_numpy(src)
             if info["dtype"] == "bf16":
-                t = t.view(torch.bfloat16)
+                t = torch.from_numpy(src.view(np.int16)).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(src)
             out.copy_(t)
             return
         if info["dtype"] == "bf16":

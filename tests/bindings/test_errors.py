@@ -1,0 +1,89 @@
+"""strata errors map to Python's built-in exceptions and all subclass strata.Error."""
+import errno
+import os
+
+import numpy as np
+import pytest
+
+import strata
+
+
+def test_missing_key_is_key_error(store):
+    with pytest.raises(KeyError) as e:
+        store.get("nope")
+    assert isinstance(e.value, strata.Error)
+    assert isinstance(e.value, strata.NotFoundError)
+    assert e.value.code == "NotFound"
+    assert "'nope'" in str(e.value)
+    for call in (lambda: store.stat("nope"), lambda: store.delete("nope"),
+                 lambda: store.move("nope", "host"), lambda: store.get_async("nope")):
+        with pytest.raises(KeyError):
+            call()
+
+
+def test_existing_key_is_key_error(store):
+    store.put("k", np.zeros(3))
+    with pytest.raises(KeyError) as e:
+        store.put("k", np.zeros(3))
+    assert isinstance(e.value, strata.AlreadyExistsError)
+
+
+def test_bad_dtype_shape_size_are_value_errors(store):
+    with pytest.raises(ValueError) as e:
+        store.put("c", np.zeros(4, dtype=np.complex64))
+    assert isinstance(e.value, strata.InvalidArgumentError)
+    store.put("f", np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(ValueError) as e:  # shape mismatch
+        store.get_into("f", np.zeros((3, 2), dtype=np.float32))
+    assert isinstance(e.value, strata.Error)
+    with pytest.raises(ValueError):  # size mismatch on the converting path
+        store.get_into("f", np.zeros(7, dtype=np.float64))
+    with pytest.raises(ValueError):  # read-only destination
+        ro = np.zeros((2, 3), dtype=np.float32)
+        ro.setflags(write=False)
+        store.get_into("f", ro)
+    with pytest.raises(ValueError):  # dtype override of another size
+        store.put("g", np.zeros(4, dtype=np.float32), dtype="bf16")
+    with pytest.raises(ValueError):
+        store.put("g", np.zeros(4), tier="tape")
+    with pytest.raises(ValueError) as e:  # past the end
+        store.read_range("f", 20, 8)
+    assert isinstance(e.value, strata.OutOfRangeError)
+    with pytest.raises(ValueError):
+        strata.parse_size("12 parsecs")
+
+
+def test_budget_is_memory_error(tmp_path):
+    with strata.Store.open(str(tmp_path / "s"), host_budget="1MiB", staging="4MiB",
+                           chunk_size="1MiB") as s:
+        with pytest.raises(MemoryError) as e:
+            s.put("big", np.zeros(1 << 20, dtype=np.float32), tier="host")  # 4 MiB > 1 MiB
+        assert isinstance(e.value, strata.ResourceExhaustedError)
+        assert isinstance(e.value, strata.Error)
+
+
+def test_io_failure_is_os_error_with_errno(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(OSError) as e:
+        strata.Store.open(str(not_a_dir / "store"))
+    assert isinstance(e.value, strata.Error)
+    assert e.value.errno == errno.ENOTDIR
+    assert "file" in str(e.value)
+
+
+def test_closed_store_is_strata_error_only(store):
+    store.close()
+    with pytest.raises(strata.FailedPreconditionError) as e:
+        store.get("x")
+    assert not isinstance(e.value, (KeyError, ValueError, OSError, MemoryError))
+
+
+def test_future_timeout_is_timeout_error(store):
+    store.put("big", np.ones(32 << 20, dtype=np.float32))
+    f = store.get_async("big")
+    try:
+        f.result(timeout=0.0)
+    except TimeoutError as e:  # the usual outcome: a 128 MiB read is not done at once
+        assert isinstance(e, strata.DeadlineExceededError)
+    assert f.result().shape == (32 << 20,)
