@@ -425,6 +425,9 @@ class StoreImpl final : public Store {
   Status checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,
                         const ChunkRef& c, uint64_t got) const;
   void mark_dir_dirty(uint32_t dir) { dir_dirty_[dir].store(true); }
+  /// Grows the data file of `dir` (fallocate) so that [0, end) is allocated before a
+  /// direct write lands there: O_DIRECT writes past EOF extend i_size one at a time.
+  Status ensure_file_size(uint32_t dir, uint64_t end);
 
   // ---- tiers
   Result<PinnedBuffer> alloc_host(uint64_t nbytes, const Obj* self);
@@ -454,6 +457,9 @@ class StoreImpl final : public Store {
   std::shared_ptr<IoEngine> engine_;
   std::vector<std::shared_ptr<IoFile>> files_;
   std::unique_ptr<std::atomic<bool>[]> dir_dirty_;
+  std::vector<int> grow_fds_;                 // plain fds of the data files, for fallocate
+  std::unique_ptr<std::atomic<uint64_t>[]> file_end_;  // allocated size of each data file
+  std::mutex grow_mu_;
   std::shared_ptr<ExtentAllocator> alloc_;
   std::shared_ptr<PinnedPool> host_pool_;
   std::shared_ptr<PinnedPool> staging_pool_;
@@ -608,8 +614,10 @@ Status StoreImpl::init(StoreOptions options) {
     STRATA_ASSIGN_OR_RETURN(engine_, IoEngine::create(opts_.engine_options));
   }
   dir_dirty_.reset(new std::atomic<bool>[dirs_.size()]);
+  file_end_.reset(new std::atomic<uint64_t>[dirs_.size()]);
   for (size_t i = 0; i < dirs_.size(); ++i) {
     dir_dirty_[i].store(false);
+    file_end_[i].store(0);
     if (!fs::is_directory(dirs_[i], ec)) {
       if (read_only_) return not_found("nvme directory " + dirs_[i] + " is missing");
       fs::create_directories(dirs_[i], ec);
@@ -617,6 +625,7 @@ Status StoreImpl::init(StoreOptions options) {
     }
     std::string fpath = dirs_[i] + "/strata-" + uuid_ + ".data";
     bool existed = fs::exists(fpath, ec);
+    if (existed) file_end_[i].store(fs::file_size(fpath, ec));
     auto f = engine_->open(fpath, read_only_ ? OpenMode::kRead : OpenMode::kReadWrite);
     if (!f.ok()) {
       if (read_only_ && !existed) {
@@ -627,6 +636,11 @@ Status StoreImpl::init(StoreOptions options) {
     }
     files_.push_back(*f);
     if (!existed) STRATA_RETURN_IF_ERROR(fsync_dir(dirs_[i]));
+    if (!read_only_) {
+      int fd = ::open(fpath.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) return errno_status(errno, "open " + fpath);
+      grow_fds_.push_back(fd);
+    }
   }
 
   // Catalog -> in-memory objects; committed extents are in use, everything else is free.
@@ -725,6 +739,8 @@ Status StoreImpl::close() {
   }
   if (engine_) engine_->drain();
   files_.clear();
+  for (int fd : grow_fds_) ::close(fd);
+  grow_fds_.clear();
   catalog_.reset();
   host_pool_.reset();
   staging_pool_.reset();
@@ -946,6 +962,28 @@ void StoreImpl::committer_loop() {
 
 // ---------------------------------------------------------------- data movement
 
+Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
+  if (file_end_[dir].load() >= end) return Status::OK();
+  std::lock_guard<std::mutex> lk(grow_mu_);
+  uint64_t cur = file_end_[dir].load();
+  if (cur >= end) return Status::OK();
+  // Grow in steps of at least 256 MiB (fewer metadata updates); exactly when that fails.
+  uint64_t want = std::max(end, align_up(cur + (256ull << 20), kAlign));
+  int rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
+  if (rc != 0 && want > end) {
+    want = end;
+    rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
+  }
+  if (rc != 0) {
+    int e = errno;
+    if (e == EOPNOTSUPP) return Status::OK();  // the direct write will extend the file
+    return errno_status(e, "fallocate " + files_[dir]->path() + " offset " + std::to_string(cur) +
+                               " length " + std::to_string(want - cur));
+  }
+  file_end_[dir].store(want);
+  return Status::OK();
+}
+
 Result<PinnedBuffer> StoreImpl::staging(uint64_t nbytes) {
   auto r = staging_pool_->allocate(align_up(nbytes, kAlign), std::chrono::minutes(10));
   if (!r.ok()) return r.status().with_context("staging buffer of " + format_bytes(nbytes));
@@ -1032,6 +1070,8 @@ Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t*
       st = ext.status();
       break;
     }
+    st = ensure_file_size(dir, (*ext)->offset + (*ext)->len);
+    if (!st.ok()) break;
     const auto& file = files_[dir];
     const uint8_t* s = src + cs;
     bool direct = !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1));
@@ -1530,6 +1570,7 @@ Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, co
     const uint64_t cs = j * chunk_bytes_;
     const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
     STRATA_ASSIGN_OR_RETURN(auto ext, alloc_->allocate(old.ext->dir, old.ext->len, o->key));
+    STRATA_RETURN_IF_ERROR(ensure_file_size(ext->dir, ext->offset + ext->len));
     const uint8_t* s = src + (cs + lo - off);
     ChunkRef nc{ext, old.nbytes, 0};
     const auto& file = files_[ext->dir];
