@@ -45,10 +45,10 @@ std::string limit_str(uint64_t b) {
 }
 
 int run_info(const InfoArgs& args) {
-  Result<std::shared_ptr<const Topology>> loaded =
-      !args.xml.empty()         ? Topology::load_xml(args.xml)
-      : !args.synthetic.empty() ? Topology::load_synthetic(args.synthetic)
-                                : Topology::load();
+  Result<std::shared_ptr<const Topology>> loaded = !args.xml.empty() ? Topology::load_xml(args.xml)
+                                                   : !args.synthetic.empty()
+                                                       ? Topology::load_synthetic(args.synthetic)
+                                                       : Topology::load();
   if (!loaded.ok()) return report_error(loaded.status());
   const Topology& topo = **loaded;
 
@@ -121,17 +121,17 @@ int run_info(const InfoArgs& args) {
     return 0;
   }
 
-  std::printf("topology: %s%s, %d package(s), %d core(s), %d PU(s)\n",
-              source_name(topo.source()), topo.is_this_system() ? " (this machine)" : "",
-              topo.num_packages(), topo.num_cores(), topo.num_pus());
+  std::printf("topology: %s%s, %d package(s), %d core(s), %d PU(s)\n", source_name(topo.source()),
+              topo.is_this_system() ? " (this machine)" : "", topo.num_packages(), topo.num_cores(),
+              topo.num_pus());
   std::printf("\nNUMA nodes\n  %-5s %-16s %6s %6s %12s\n", "node", "cpus", "cores", "pus",
               "memory");
   for (const auto& n : topo.numa_nodes()) {
     std::printf("  %-5d %-16s %6d %6zu %12s\n", n.os_index, n.cpulist.c_str(), n.cores,
                 n.cpus.size(), format_bytes(n.memory_bytes).c_str());
   }
-  std::printf("\nGPUs (CUDA %s, %d device(s))\n",
-              built_with_cuda() ? "built in" : "not built in", gpu_count());
+  std::printf("\nGPUs (CUDA %s, %d device(s))\n", built_with_cuda() ? "built in" : "not built in",
+              gpu_count());
   if (gpus.empty()) std::printf("  none\n");
   for (const auto& g : gpus) {
     std::printf("  cuda%-3s %-24s %s  numa node %s\n",
@@ -148,22 +148,22 @@ int run_info(const InfoArgs& args) {
   if (!paths.empty()) {
     int w = 24;
     for (const auto& p : paths) w = std::max(w, static_cast<int>(p.path.size()));
-    std::printf("\nPaths\n  %-*s %-12s %-11s %8s %8s %8s %8s\n", w, "path", "device", "numa",
-                "lbs", "dio_mem", "dio_off", "align");
+    std::printf("\nPaths\n  %-*s %-12s %-11s %8s %8s %8s %8s\n", w, "path", "device", "numa", "lbs",
+                "dio_mem", "dio_off", "align");
     for (const auto& p : paths) {
       std::string dev = p.device ? p.device->name : std::string("(none)");
       if (!p.partition.empty()) dev = p.partition;
-      auto dio = [&](uint32_t v) { return p.dio_from_statx ? std::to_string(v) : std::string("-"); };
+      auto dio = [&](uint32_t v) {
+        return p.dio_from_statx ? std::to_string(v) : std::string("-");
+      };
       std::printf("  %-*s %-12s %-11s %8u %8s %8s %8u\n", w, p.path.c_str(), dev.c_str(),
-                  node_str(p.numa_node).c_str(), p.logical_block_size,
-                  dio(p.dio_mem_align).c_str(), dio(p.dio_offset_align).c_str(),
-                  p.dio_alignment());
+                  node_str(p.numa_node).c_str(), p.logical_block_size, dio(p.dio_mem_align).c_str(),
+                  dio(p.dio_offset_align).c_str(), p.dio_alignment());
     }
   }
-  std::printf("\nio_uring: %s\n", host.io_uring ? "yes"
-                                                 : ("no (errno " +
-                                                    std::to_string(host.io_uring_errno) + ")")
-                                                       .c_str());
+  std::printf(
+      "\nio_uring: %s\n",
+      host.io_uring ? "yes" : ("no (errno " + std::to_string(host.io_uring_errno) + ")").c_str());
   std::printf("huge pages: THP %s; hugetlb %s pages: %llu reserved, %llu free\n",
               host.thp_mode.empty() ? "unsupported" : host.thp_mode.c_str(),
               format_bytes(host.hugetlb_page_bytes).c_str(),
@@ -177,8 +177,9 @@ int run_info(const InfoArgs& args) {
 void register_info(Registry& r) {
   auto args = std::make_shared<InfoArgs>();
   CLI::App* sub = r.root().add_subcommand(
-      "info", "Topology as strata sees it: NUMA nodes, GPUs, block devices behind paths, "
-              "io_uring and huge pages");
+      "info",
+      "Topology as strata sees it: NUMA nodes, GPUs, block devices behind paths, "
+      "io_uring and huge pages");
   sub->add_option("--path", args->paths, "directory or file whose block device to show")
       ->take_all();
   sub->add_flag("--json", args->json, "print one JSON object");

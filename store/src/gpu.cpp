@@ -38,8 +38,7 @@ int gpu_count() noexcept {
 #ifdef STRATA_HAVE_CUDA
 namespace {
 Status cuda_status(cudaError_t err, const std::string& what) {
-  return internal_error(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-                        ")");
+  return internal_error(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
 Status check_index(int index) {
   if (index < 0 || index >= gpu_count()) {

@@ -218,8 +218,7 @@ class PinnedPoolImpl final : public PinnedPool {
   Status check_size(uint64_t nbytes) const {
     if (nbytes > budget_ || align_up(nbytes, align_) > budget_) {
       return invalid_argument("pinned pool: request of " + std::to_string(nbytes) +
-                              " bytes exceeds the budget of " + std::to_string(budget_) +
-                              " bytes");
+                              " bytes exceeds the budget of " + std::to_string(budget_) + " bytes");
     }
     return Status::OK();
   }
@@ -303,8 +302,8 @@ class PinnedPoolImpl final : public PinnedPool {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<uint64_t, uint64_t> by_offset_;              // offset -> size
-  std::set<std::pair<uint64_t, uint64_t>> by_size_;     // (size, offset)
+  std::map<uint64_t, uint64_t> by_offset_;           // offset -> size
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (size, offset)
   uint64_t used_ = 0;
 };
 
@@ -323,9 +322,9 @@ Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<Io
   if (options.numa_node >= 0) {
     auto t = Topology::system();
     if (!t.ok()) {
-      warn_once("pinned-pool-topology",
-                "pinned pool: cannot load the topology, memory is not bound: " +
-                    t.status().to_string());
+      warn_once(
+          "pinned-pool-topology",
+          "pinned pool: cannot load the topology, memory is not bound: " + t.status().to_string());
     } else {
       topo = *t;
       if (topo->numa_node(options.numa_node) == nullptr) {
@@ -354,8 +353,7 @@ Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<Io
     if (p == MAP_FAILED) {
       int e = errno;
       map_len_ = 0;
-      return resource_exhausted("pinned pool: mmap of " + std::to_string(len) + " bytes failed",
-                                e);
+      return resource_exhausted("pinned pool: mmap of " + std::to_string(len) + " bytes failed", e);
     }
     auto raw = reinterpret_cast<uintptr_t>(p);
     uintptr_t aligned = align_up(raw, map_align);
@@ -372,13 +370,12 @@ Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<Io
 
   // 2. Bind before the first touch.
   if (topo) {
-    if (Status st = topo->bind_memory_to_numa_node(base_, map_len_, options.numa_node);
-        st.ok()) {
+    if (Status st = topo->bind_memory_to_numa_node(base_, map_len_, options.numa_node); st.ok()) {
       numa_node_ = options.numa_node;
     } else {
-      warn_once("pinned-pool-membind",
-                "pinned pool: memory not bound to NUMA node " + std::to_string(options.numa_node) +
-                    ": " + st.to_string());
+      warn_once("pinned-pool-membind", "pinned pool: memory not bound to NUMA node " +
+                                           std::to_string(options.numa_node) + ": " +
+                                           st.to_string());
     }
   }
 
@@ -393,8 +390,8 @@ Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<Io
       unmap();
       return resource_exhausted(what, e);
     }
-    warn_once("pinned-pool-mlock", what + ": " + std::strerror(e) +
-                                       "; continuing with pre-faulted, unlocked pages");
+    warn_once("pinned-pool-mlock",
+              what + ": " + std::strerror(e) + "; continuing with pre-faulted, unlocked pages");
     if (::madvise(base_, map_len_, MADV_POPULATE_WRITE) != 0) {
       const long page = ::sysconf(_SC_PAGESIZE);
       for (uint64_t o = 0; o < map_len_; o += static_cast<uint64_t>(page)) base_[o] = 0;
@@ -425,13 +422,13 @@ Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<Io
   by_size_.emplace(budget_, 0);
 
   if (log_level() >= LogLevel::kInfo) {
-    log_info("pinned pool: budget " + std::to_string(budget_) + " bytes (" +
-             format_bytes(budget_) + "), huge pages " +
-             (kind_ == HugePageKind::kNone ? std::string("no") :
-                                             std::string("yes (") + huge_page_kind_name(kind_) + ")") +
-             ", NUMA node " + node_text(numa_node_) + ", mlock " + (locked_ ? "yes" : "no") +
-             ", cuda " + (cuda_registered_ ? "yes" : "no") + ", io_uring " +
-             (engine_registered_ ? "yes" : "no"));
+    log_info(
+        "pinned pool: budget " + std::to_string(budget_) + " bytes (" + format_bytes(budget_) +
+        "), huge pages " +
+        (kind_ == HugePageKind::kNone ? std::string("no")
+                                      : std::string("yes (") + huge_page_kind_name(kind_) + ")") +
+        ", NUMA node " + node_text(numa_node_) + ", mlock " + (locked_ ? "yes" : "no") + ", cuda " +
+        (cuda_registered_ ? "yes" : "no") + ", io_uring " + (engine_registered_ ? "yes" : "no"));
   }
   return Status::OK();
 }

@@ -203,8 +203,7 @@ Status load_impl(Topology::Impl& impl, const std::string& what) {
 
 }  // namespace
 
-int Topology::nearest_numa_node(const std::vector<int>& cpus_in,
-                                std::vector<int>* local) const {
+int Topology::nearest_numa_node(const std::vector<int>& cpus_in, std::vector<int>* local) const {
   std::vector<int> cpus = cpus_in;
   std::sort(cpus.begin(), cpus.end());
   cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
@@ -520,7 +519,8 @@ Result<PathInfo> Topology::path_info(const std::string& path) const {
   }
   BlockDeviceInfo dev;
   dev.name = dir.filename().string();
-  info.logical_block_size = static_cast<uint32_t>(read_long(dir / "queue/logical_block_size").value_or(0));
+  info.logical_block_size =
+      static_cast<uint32_t>(read_long(dir / "queue/logical_block_size").value_or(0));
   info.physical_block_size =
       static_cast<uint32_t>(read_long(dir / "queue/physical_block_size").value_or(0));
 
@@ -679,7 +679,8 @@ HostFeatures probe_host_features() {
     unsigned long long v = 0;
     if (std::sscanf(line.c_str(), "HugePages_Total: %llu", &v) == 1) f.hugetlb_pages_total = v;
     if (std::sscanf(line.c_str(), "HugePages_Free: %llu", &v) == 1) f.hugetlb_pages_free = v;
-    if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &v) == 1) f.hugetlb_page_bytes = v * 1024;
+    if (std::sscanf(line.c_str(), "Hugepagesize: %llu kB", &v) == 1)
+      f.hugetlb_page_bytes = v * 1024;
   }
   struct rlimit rl {};
   if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {

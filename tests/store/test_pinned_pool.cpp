@@ -435,7 +435,9 @@ TEST(PinnedPool, MlockRefusedByRlimit) {
     data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
     data[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
     if (::syscall(SYS_capset, &hdr, data) != 0) ::_exit(100);
-    struct rlimit rl {64 * 1024, 64 * 1024};
+    struct rlimit rl {
+      64 * 1024, 64 * 1024
+    };
     if (::setrlimit(RLIMIT_MEMLOCK, &rl) != 0) ::_exit(100);
     int code = 0;
     PinnedPoolOptions o;

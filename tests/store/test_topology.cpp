@@ -194,8 +194,7 @@ TEST(Topology, XmlGpusAndNvmeOnDifferentSockets) {
 
 TEST(Topology, XmlErrors) {
   EXPECT_EQ(Topology::load_xml("/nonexistent/topo.xml").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(Topology::load_xml("/proc/self/status").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Topology::load_xml("/proc/self/status").status().code(), StatusCode::kInvalidArgument);
 }
 
 // hwloc honours HWLOC_XMLFILE / HWLOC_SYNTHETIC for the default (this-machine) load.
@@ -301,8 +300,8 @@ TEST(Topology, PathOnBlockDevice) {
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->dev_major, major(st.st_dev));
   EXPECT_EQ(info->dev_minor, minor(st.st_dev));
-  const std::string sys = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" +
-                          std::to_string(minor(st.st_dev));
+  const std::string sys =
+      "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
   if (!std::filesystem::exists(sys)) {
     EXPECT_FALSE(info->device.has_value());
     GTEST_SKIP() << path << " is not on a block device";

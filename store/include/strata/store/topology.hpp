@@ -25,17 +25,17 @@ namespace strata {
 
 /// One NUMA node.
 struct NumaNodeInfo {
-  int os_index = -1;         ///< kernel node number
-  std::vector<int> cpus;     ///< kernel CPU numbers (PUs) local to the node, ascending
-  int cores = 0;             ///< physical cores whose PUs all belong to the node
-  uint64_t memory_bytes = 0; ///< node-local memory in bytes (0 when hwloc does not know)
-  std::string cpulist;       ///< `cpus` as a kernel-style list, e.g. "0-3,8-11"
+  int os_index = -1;          ///< kernel node number
+  std::vector<int> cpus;      ///< kernel CPU numbers (PUs) local to the node, ascending
+  int cores = 0;              ///< physical cores whose PUs all belong to the node
+  uint64_t memory_bytes = 0;  ///< node-local memory in bytes (0 when hwloc does not know)
+  std::string cpulist;        ///< `cpus` as a kernel-style list, e.g. "0-3,8-11"
 };
 
 /// One PCI device kept by hwloc's "important devices" filter (GPUs, storage, NICs).
 struct PciDeviceInfo {
-  std::string bus_id;                   ///< "dddd:bb:dd.f", lower-case hex
-  uint16_t vendor_id = 0;               ///< e.g. 0x10de (NVIDIA)
+  std::string bus_id;      ///< "dddd:bb:dd.f", lower-case hex
+  uint16_t vendor_id = 0;  ///< e.g. 0x10de (NVIDIA)
   uint16_t device_id = 0;
   uint16_t class_id = 0;                ///< base class << 8 | subclass, e.g. 0x0302, 0x0108
   std::vector<std::string> os_devices;  ///< OS names below it: "nvme0n1", "cuda0", "eth0"
@@ -45,10 +45,10 @@ struct PciDeviceInfo {
 
 /// One GPU.
 struct GpuInfo {
-  int cuda_index = -1;       ///< CUDA device ordinal; -1 when not known (XML topology)
-  std::string name;          ///< product name ("NVIDIA H200"), "" when unknown
-  std::string pci_bus_id;    ///< "dddd:bb:dd.f"
-  int numa_node = -1;        ///< nearest node, -1 when unknown
+  int cuda_index = -1;     ///< CUDA device ordinal; -1 when not known (XML topology)
+  std::string name;        ///< product name ("NVIDIA H200"), "" when unknown
+  std::string pci_bus_id;  ///< "dddd:bb:dd.f"
+  int numa_node = -1;      ///< nearest node, -1 when unknown
 };
 
 /// One block device (a whole disk; partitions are resolved to their disk).
@@ -61,10 +61,10 @@ struct BlockDeviceInfo {
 
 /// What lies behind a filesystem path: the block device and its direct-I/O alignment.
 struct PathInfo {
-  std::string path;            ///< as given
-  uint32_t dev_major = 0;      ///< st_dev of the path
+  std::string path;        ///< as given
+  uint32_t dev_major = 0;  ///< st_dev of the path
   uint32_t dev_minor = 0;
-  std::string partition;       ///< "nvme0n1p2" when the path is on a partition, else ""
+  std::string partition;  ///< "nvme0n1p2" when the path is on a partition, else ""
   /// The disk, or nullopt when st_dev is not a block device (tmpfs, overlayfs, NFS...).
   std::optional<BlockDeviceInfo> device;
   /// Node nearest the device. When the device's locality is unknown (e.g. virtio without
@@ -214,15 +214,15 @@ class Topology {
 /// Kernel features strata's I/O engine and pinned pool depend on, probed on the running
 /// machine (not on a loaded topology).
 struct HostFeatures {
-  bool io_uring = false;              ///< io_uring_queue_init(8 entries) succeeded
-  int io_uring_errno = 0;             ///< its errno when it failed (ENOSYS, EPERM: seccomp...)
-  std::string thp_mode;               ///< transparent huge pages: "always" | "madvise" |
-                                      ///< "never" | "" (kernel without THP)
-  uint64_t hugetlb_page_bytes = 0;    ///< default hugetlb page size (Hugepagesize)
-  uint64_t hugetlb_pages_total = 0;   ///< reserved hugetlb pages (vm.nr_hugepages)
-  uint64_t hugetlb_pages_free = 0;    ///< of which free
-  uint64_t memlock_limit_bytes = 0;   ///< RLIMIT_MEMLOCK soft limit; UINT64_MAX = unlimited
-  bool cap_ipc_lock = false;          ///< CAP_IPC_LOCK effective: may lock beyond the limit
+  bool io_uring = false;             ///< io_uring_queue_init(8 entries) succeeded
+  int io_uring_errno = 0;            ///< its errno when it failed (ENOSYS, EPERM: seccomp...)
+  std::string thp_mode;              ///< transparent huge pages: "always" | "madvise" |
+                                     ///< "never" | "" (kernel without THP)
+  uint64_t hugetlb_page_bytes = 0;   ///< default hugetlb page size (Hugepagesize)
+  uint64_t hugetlb_pages_total = 0;  ///< reserved hugetlb pages (vm.nr_hugepages)
+  uint64_t hugetlb_pages_free = 0;   ///< of which free
+  uint64_t memlock_limit_bytes = 0;  ///< RLIMIT_MEMLOCK soft limit; UINT64_MAX = unlimited
+  bool cap_ipc_lock = false;         ///< CAP_IPC_LOCK effective: may lock beyond the limit
 };
 
 /// Probes the features above (sysfs, /proc, one io_uring setup and teardown). ~1 ms.
