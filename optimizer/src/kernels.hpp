@@ -13,7 +13,7 @@ namespace strata::optimizer::kernels {
 // -grad followed by the scale).
 struct AdamScalars {
   float gscale, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float neg_step_size, bias_correction2_sqrt, eps;
+  float neg_step_size, inv_bias_correction2_sqrt, eps;
   bool l2, decoupled, amsgrad;
 };
 struct AdagradScalars {

@@ -208,7 +208,7 @@ HWY_INLINE void DriveAny(const UpdateSpans& s, const Body& body) {
 // ---- optimizer bodies (torch.optim operation order; see optimizers.hpp) ---------------
 
 struct AdamBody {
-  VF gscale, wd, decay, b1, omb1, b2, omb2, neg_ss, bc2s, eps;
+  VF gscale, wd, decay, b1, omb1, b2, omb2, neg_ss, inv_bc2s, eps;
   bool l2, decoupled, amsgrad;
   template <int NS>
   HWY_INLINE void Apply(DF, VF& p, VF g, VF* s) const {
@@ -224,7 +224,9 @@ struct AdamBody {
       vmax = hn::Max(s[2], v);
       s[2] = vmax;
     }
-    const VF denom = hn::Add(hn::Div(hn::Sqrt(vmax), bc2s), eps);
+    // torch: sqrt(v) / bias_correction2_sqrt + eps; a multiply by the fp32 reciprocal
+    // (<= 1 ulp apart) keeps one division per element instead of two.
+    const VF denom = hn::MulAdd(hn::Sqrt(vmax), inv_bc2s, eps);
     p = hn::MulAdd(neg_ss, hn::Div(m, denom), p);  // param.addcdiv_(m, denom, -step_size)
   }
 };
@@ -288,7 +290,7 @@ void Adam(const UpdateSpans& s, const AdamScalars& a) {
   const AdamBody body{hn::Set(df, a.gscale), hn::Set(df, a.weight_decay), hn::Set(df, a.decay),
                       hn::Set(df, a.beta1), hn::Set(df, a.one_minus_beta1),
                       hn::Set(df, a.beta2), hn::Set(df, a.one_minus_beta2),
-                      hn::Set(df, a.neg_step_size), hn::Set(df, a.bias_correction2_sqrt),
+                      hn::Set(df, a.neg_step_size), hn::Set(df, a.inv_bias_correction2_sqrt),
                       hn::Set(df, a.eps), a.l2, a.decoupled, a.amsgrad};
   if (a.amsgrad) return DriveAny<3>(s, body);
   return DriveAny<2>(s, body);

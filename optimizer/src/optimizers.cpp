@@ -46,7 +46,7 @@ class AdamRule final : public UpdateRule {
     a.beta2 = static_cast<float>(o_.beta2);
     a.one_minus_beta2 = static_cast<float>(1.0 - o_.beta2);
     a.neg_step_size = static_cast<float>(-(o_.lr / bc1));
-    a.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+    a.inv_bias_correction2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
     a.eps = static_cast<float>(o_.eps);
     a.l2 = !o_.decoupled_weight_decay && o_.weight_decay != 0.0;
     a.decoupled = o_.decoupled_weight_decay;
