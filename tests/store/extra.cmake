@@ -8,3 +8,6 @@ if(TARGET test_store)
   target_compile_definitions(test_store PRIVATE
     STRATA_STORE_CRASH_HELPER="$<TARGET_FILE:store_crash_helper>")
 endif()
+
+# Partitioned objects (partition engineer): worker and its define for test_store.
+include(${CMAKE_CURRENT_SOURCE_DIR}/store/partitioned/partitioned.cmake)

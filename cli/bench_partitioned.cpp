@@ -1,0 +1,300 @@
+// `strata bench partitioned-read --nproc N --bytes S --path DIR [--piece-bytes P]
+//  [--iters K] [--json]`
+//
+// Bandwidth-centric partitioned read (ZeRO-Infinity): an object of S bytes is stored over
+// N ranks, rank r keeping its ceil(S/N)-byte slice in its own store DIR/rank<r>; every rank
+// then reads its slice and the slices are all-gathered so every rank holds all S bytes.
+// In the same run, alternating, it measures:
+//   read_seconds       every rank reads its whole slice from its store (concurrently);
+//                      the slowest rank's time, median over iterations
+//   allgather_seconds  the all-gather of the padded slices from memory (slowest rank)
+//   pipelined_seconds  fetch_partitioned with reads overlapping the all-gather
+//   sequential_seconds fetch_partitioned reading the whole slice first, then gathering
+//                      (same pieces), i.e. no overlap
+// seconds = pipelined_seconds; gbps = S / seconds. The model (docs/partitioned.md,
+// DESIGN.md): pipelined ~= max(read, allgather), sequential ~= read + allgather.
+// verified is true only when every rank's gathered bytes equal the known pattern after every
+// fetch.
+//
+// Without --from-env the command re-executes itself through the local launcher with N
+// ranks (as `strata bench allgather` does); with --from-env it is one rank.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "command.hpp"
+#include "strata/base/units.hpp"
+#include "strata/collectives/communicator.hpp"
+#include "strata/collectives/launcher.hpp"
+#include "strata/store/partitioned.hpp"
+#include "strata/store/store.hpp"
+
+namespace strata::cli {
+namespace {
+
+struct PartArgs {
+  int nproc = 2;
+  std::string bytes_text = "256MiB";
+  std::string path;
+  std::string piece_text = "8MiB";
+  int iters = 5;
+  bool json = false;
+  bool from_env = false;
+  bool keep = false;
+  std::string result_file;
+  uint16_t master_port = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Byte i of the benchmark object (independent of N, so every rank can verify all bytes).
+inline uint8_t pattern(uint64_t i) {
+  return static_cast<uint8_t>((i * 0x9E3779B1u) >> 13) ^ static_cast<uint8_t>(i >> 20);
+}
+
+struct Aligned {
+  uint8_t* p = nullptr;
+  explicit Aligned(size_t n) {
+    p = static_cast<uint8_t*>(std::aligned_alloc(4096, align_up(std::max<size_t>(n, 1), 4096)));
+  }
+  ~Aligned() { std::free(p); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+};
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The slowest rank's value of `x`.
+Result<double> max_over_ranks(Communicator& c, double x) {
+  STRATA_RETURN_IF_ERROR(c.all_reduce(&x, &x, 1, DType::kFloat64, ReduceOp::kMax));
+  return x;
+}
+
+Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piece) {
+  STRATA_ASSIGN_OR_RETURN(auto comm, create_communicator_from_env(Backend::kGloo));
+  Communicator& c = *comm;
+  const int n = c.size(), r = c.rank();
+  StoreOptions so;
+  STRATA_ASSIGN_OR_RETURN(so, StoreOptions::from_env());
+  so.path = (std::filesystem::path(a.path) / ("rank" + std::to_string(r))).string();
+  so.staging_bytes = std::min<uint64_t>(so.staging_bytes, 64ull << 20);
+  STRATA_ASSIGN_OR_RETURN(auto store, Store::open(so));
+
+  const TensorDesc desc = TensorDesc::bytes(total);
+  STRATA_ASSIGN_OR_RETURN(PartitionLayout l, partition_layout(total, n));
+  const uint64_t own = l.owned_numel(r), begin = l.begin(r), cbytes = l.chunk_numel;
+  const std::string key = "bench_partitioned_read";
+
+  // Put this rank's slice.
+  {
+    Aligned slice(own);
+    for (uint64_t i = 0; i < own; ++i) slice.p[i] = pattern(begin + i);
+    PartitionOptions po;
+    po.put.overwrite = true;
+    STRATA_RETURN_IF_ERROR(put_partitioned_slice(*store, c, key, slice.p, desc, po).result().status());
+  }
+
+  Aligned dst(total), rbuf(cbytes), sendb(cbytes), gbuf(cbytes * n);
+  std::memset(sendb.p, 0, cbytes);
+  int64_t mismatched = 0;
+  auto verify = [&] {
+    for (uint64_t i = 0; i < total; ++i) mismatched += dst.p[i] != pattern(i);
+    std::memset(dst.p, 0, total);
+  };
+  PartitionOptions pipe, seq;
+  pipe.piece_bytes = seq.piece_bytes = piece;
+  seq.pipelined = false;
+  auto fetch = [&](const PartitionOptions& o) -> Result<double> {
+    STRATA_RETURN_IF_ERROR(c.barrier());
+    auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(fetch_partitioned(*store, c, key, dst.p, desc, o).result().status());
+    double dt = since(t0);
+    verify();
+    return max_over_ranks(c, dt);
+  };
+  auto read_only = [&]() -> Result<double> {
+    STRATA_RETURN_IF_ERROR(c.barrier());
+    auto t0 = Clock::now();
+    if (own) STRATA_RETURN_IF_ERROR(store->read_range_sync(key + kPartitionDataSuffix, 0, own, rbuf.p));
+    return max_over_ranks(c, since(t0));
+  };
+  auto gather_only = [&]() -> Result<double> {
+    STRATA_RETURN_IF_ERROR(c.barrier());
+    auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(c.all_gather(sendb.p, gbuf.p, cbytes, DType::kUInt8));
+    return max_over_ranks(c, since(t0));
+  };
+
+  // Warm-up (connections, first-touch of buffers), verified too.
+  STRATA_RETURN_IF_ERROR(fetch(pipe).status());
+  STRATA_RETURN_IF_ERROR(gather_only().status());
+
+  std::vector<double> t_pipe, t_seq, t_read, t_gather;
+  for (int it = 0; it < a.iters; ++it) {
+    // Alternate the order (ABBA...) so drift does not favour one variant.
+    const bool pipe_first = it % 2 == 0;
+    for (int k = 0; k < 2; ++k) {
+      STRATA_ASSIGN_OR_RETURN(double t, fetch((k == 0) == pipe_first ? pipe : seq));
+      ((k == 0) == pipe_first ? t_pipe : t_seq).push_back(t);
+    }
+    STRATA_ASSIGN_OR_RETURN(double tr, read_only());
+    t_read.push_back(tr);
+    STRATA_ASSIGN_OR_RETURN(double tg, gather_only());
+    t_gather.push_back(tg);
+  }
+  double bad = static_cast<double>(mismatched);
+  STRATA_RETURN_IF_ERROR(c.all_reduce(&bad, &bad, 1, DType::kFloat64, ReduceOp::kSum));
+  if (!a.keep) (void)remove_partitioned(*store, key);
+  STRATA_RETURN_IF_ERROR(store->close());
+
+  const double tp = median(t_pipe), ts = median(t_seq), tr = median(t_read),
+               tg = median(t_gather);
+  nlohmann::json j;
+  j["bench"] = "partitioned-read";
+  j["nproc"] = n;
+  j["bytes"] = total;
+  j["bytes_per_rank"] = cbytes;
+  j["piece_bytes"] = piece;
+  j["iters"] = a.iters;
+  j["path"] = a.path;
+  j["seconds"] = tp;
+  j["gbps"] = gbps(total, tp);
+  j["pipelined_seconds"] = tp;
+  j["sequential_seconds"] = ts;
+  j["sequential_gbps"] = gbps(total, ts);
+  j["pipelining_gain"] = tp > 0 ? ts / tp : 0.0;
+  j["read_seconds"] = tr;
+  j["read_gbps"] = gbps(total, tr);  // all ranks' slices together
+  j["allgather_seconds"] = tg;
+  j["allgather_algbw_gbps"] = gbps(total, tg);
+  j["model_overlap_seconds"] = std::max(tr, tg);  // pipelined ideal
+  j["model_sum_seconds"] = tr + tg;               // no overlap
+  j["overlap_efficiency"] = tp > 0 ? std::max(tr, tg) / tp : 0.0;
+  j["pipelined_seconds_all"] = t_pipe;
+  j["sequential_seconds_all"] = t_seq;
+  j["verified"] = bad == 0;
+  j["mismatched_bytes"] = static_cast<int64_t>(bad);
+  return j;
+}
+
+void print_human(const nlohmann::json& j) {
+  std::printf("partitioned-read  nproc=%d  bytes=%s (%s per rank)  piece=%s  iters=%d  path=%s\n",
+              j["nproc"].get<int>(), format_bytes(j["bytes"].get<uint64_t>()).c_str(),
+              format_bytes(j["bytes_per_rank"].get<uint64_t>()).c_str(),
+              format_bytes(j["piece_bytes"].get<uint64_t>()).c_str(), j["iters"].get<int>(),
+              j["path"].get<std::string>().c_str());
+  auto ms = [&](const char* k) { return j[k].get<double>() * 1e3; };
+  std::printf("  fetch pipelined   %9.2f ms  %7.3f GB/s\n", ms("pipelined_seconds"),
+              j["gbps"].get<double>());
+  std::printf("  fetch sequential  %9.2f ms  %7.3f GB/s   pipelining gain x%.2f\n",
+              ms("sequential_seconds"), j["sequential_gbps"].get<double>(),
+              j["pipelining_gain"].get<double>());
+  std::printf("  read only         %9.2f ms  %7.3f GB/s (all ranks' slices together)\n",
+              ms("read_seconds"), j["read_gbps"].get<double>());
+  std::printf("  all-gather only   %9.2f ms  %7.3f GB/s algbw\n", ms("allgather_seconds"),
+              j["allgather_algbw_gbps"].get<double>());
+  std::printf("  model: max(read, gather) %.2f ms, read + gather %.2f ms; "
+              "max / pipelined = %.3f\n",
+              ms("model_overlap_seconds"), ms("model_sum_seconds"),
+              j["overlap_efficiency"].get<double>());
+  std::printf("  verified: %s\n", j["verified"].get<bool>() ? "yes" : "NO");
+}
+
+int run_partitioned(const PartArgs& a) {
+  auto total = parse_size(a.bytes_text);
+  if (!total.ok()) return report_error(total.status().with_context("--bytes"));
+  auto piece = parse_size(a.piece_text);
+  if (!piece.ok()) return report_error(piece.status().with_context("--piece-bytes"));
+  if (a.path.empty()) return report_error(invalid_argument("--path is required"));
+  if (a.iters < 1) return report_error(invalid_argument("--iters must be >= 1"));
+  if (a.from_env) {
+    auto env = read_distributed_env();
+    if (!env.ok()) return report_error(env.status());
+    auto j = run_rank(a, *total, *piece);
+    if (!j.ok()) return report_error(j.status());
+    if (env->rank == 0) {
+      if (!a.result_file.empty()) {
+        std::ofstream(a.result_file) << j->dump() << "\n";
+      } else if (a.json) {
+        std::printf("%s\n", j->dump().c_str());
+      } else {
+        print_human(*j);
+      }
+    }
+    return (*j)["verified"].get<bool>() ? 0 : 1;
+  }
+  if (*total == 0) return report_error(invalid_argument("--bytes must be > 0"));
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) return report_error(errno_status(errno, "readlink /proc/self/exe"));
+  self[len] = 0;
+  char tmpl[] = "/tmp/strata-bench-partitioned-XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd < 0) return report_error(errno_status(errno, "mkstemp"));
+  close(fd);
+  LaunchOptions lo;
+  lo.nproc = a.nproc;
+  lo.master_port = a.master_port;
+  lo.forward_signals = true;
+  lo.argv = {self, "bench", "partitioned-read", "--from-env", "--bytes", a.bytes_text,
+             "--path", a.path, "--piece-bytes", a.piece_text, "--iters", std::to_string(a.iters),
+             "--result-file", tmpl};
+  if (a.keep) lo.argv.push_back("--keep");
+  auto rep = launch_local(lo);
+  std::string text;
+  {
+    std::ifstream in(tmpl);
+    std::getline(in, text);
+  }
+  unlink(tmpl);
+  if (!rep.ok()) return report_error(rep.status());
+  if (!rep->status().ok() && text.empty())
+    return report_error(rep->status().with_context("bench partitioned-read"));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
+  if (a.json)
+    std::printf("%s\n", j.dump().c_str());
+  else
+    print_human(j);
+  return j["verified"].get<bool>() && rep->status().ok() ? 0 : 1;
+}
+
+void register_bench_partitioned(Registry& r) {
+  auto& bench = r.group("bench", "Benchmarks");
+  auto* cmd = bench.add_subcommand(
+      "partitioned-read",
+      "Bandwidth-centric partitioned read: each rank reads its slice, all-gather assembles it");
+  auto a = std::make_shared<PartArgs>();
+  cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
+  cmd->add_option("--bytes", a->bytes_text, "Object size S (e.g. 256MiB); each rank stores S/N");
+  cmd->add_option("--path", a->path, "Directory; rank r uses DIR/rank<r> as its store")->required();
+  cmd->add_option("--piece-bytes", a->piece_text, "Pipeline piece per rank (default 8MiB)");
+  cmd->add_option("--iters", a->iters, "Timed iterations of each variant (default 5)");
+  cmd->add_option("--master-port", a->master_port, "MASTER_PORT for the launched ranks (default: free)");
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
+  cmd->add_flag("--from-env", a->from_env,
+                "Be one rank of a job started by torchrun / strata launch (reads RANK etc.)");
+  cmd->add_option("--result-file", a->result_file, "(internal) where rank 0 writes its JSON");
+  cmd->callback([a] { Registry::set_exit_code(run_partitioned(*a)); });
+}
+
+STRATA_CLI_COMMAND(register_bench_partitioned);
+
+}  // namespace
+}  // namespace strata::cli
