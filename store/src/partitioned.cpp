@@ -204,7 +204,9 @@ Status fetch_impl(Store& store, Communicator& comm, const std::string& key, uint
     return st.with_context(what);
   }
 
-  const uint64_t piece_bytes = align_up(std::max<uint64_t>(opts.piece_bytes, 1), 4096);
+  // Pieces cover whole store chunks: a read_range verifies whole chunks, so a piece smaller
+  // than a chunk would read (and checksum) the chunk once per piece.
+  const uint64_t piece_bytes = effective_piece_bytes(opts.piece_bytes, store.chunk_bytes());
   const uint64_t p = std::min<uint64_t>(piece_bytes / es, c);  // elements per piece
   const uint64_t k_pieces = (c + p - 1) / p;
   auto piece_len = [&](uint64_t k) { return std::min(p, c - k * p); };
@@ -355,6 +357,11 @@ Status reduce_scatter_impl(Communicator& comm, const uint8_t* full, uint8_t* own
 }
 
 }  // namespace
+
+uint64_t effective_piece_bytes(uint64_t piece_bytes, uint64_t store_chunk_bytes) {
+  const uint64_t unit = std::max<uint64_t>(align_up(std::max<uint64_t>(store_chunk_bytes, 1), 4096), 4096);
+  return align_up(std::max<uint64_t>(piece_bytes, 1), unit);
+}
 
 uint64_t PartitionLayout::begin(int rank) const {
   return std::min(static_cast<uint64_t>(rank) * chunk_numel, numel);

@@ -64,7 +64,7 @@ std::unique_ptr<Store> open_store(const std::string& dir, int rank) {
   o.path = dir + "/rank" + std::to_string(rank);
   o.host_budget_bytes = 8ull << 20;
   o.staging_bytes = 4ull << 20;
-  o.chunk_bytes = 64ull << 10;
+  o.chunk_bytes = 16ull << 10;  // pieces of fetch_partitioned are whole chunks
   o.worker_threads = 2;
   o.durability = Durability::kOnFlush;  // the test is about data movement, not fsync
   auto s = Store::open(o);
@@ -154,7 +154,7 @@ void check_roundtrips(Store& st, Communicator& c) {
   for (const auto& cs : cases) {
     TensorDesc d{cs.dtype, cs.shape};
     std::string key = "t" + std::to_string(i) + "_" + std::string(dtype_name(cs.dtype));
-    roundtrip(st, c, key, d, 1000 + i, /*slice_put=*/i % 2 == 1, {4096, 12288, 8ull << 20});
+    roundtrip(st, c, key, d, 1000 + i, /*slice_put=*/i % 2 == 1, {4096, 49152, 8ull << 20});
     ++i;
   }
 }

@@ -59,6 +59,11 @@ struct PartitionLayout {
 /// \error InvalidArgument when world_size < 1.
 Result<PartitionLayout> partition_layout(uint64_t numel, int world_size);
 
+/// The piece fetch_partitioned() uses: `piece_bytes` rounded up to a multiple of
+/// `store_chunk_bytes` (itself a multiple of 4096), because Store::read_range() reads and
+/// verifies whole chunks. Pure function.
+uint64_t effective_piece_bytes(uint64_t piece_bytes, uint64_t store_chunk_bytes);
+
 /// What a rank's store records about its part of a partitioned object.
 struct PartitionInfo {
   std::string key;           ///< the object's key (without suffix)
@@ -72,9 +77,11 @@ struct PartitionInfo {
 
 /// Options of the partitioned calls. Every field states its default.
 struct PartitionOptions {
-  /// Pipeline piece: bytes of one rank's slice read and gathered per step (rounded up to
-  /// a multiple of 4096 and of the element size). Each step all-gathers N pieces.
-  /// Memory: 3 read buffers of this size + 2 staging buffers of N times it. Default 8 MiB.
+  /// Pipeline piece: bytes of one rank's slice read and gathered per step, rounded up to a
+  /// multiple of the store's chunk_bytes() (see effective_piece_bytes(); open stores for
+  /// partitioned objects with chunk_bytes <= piece_bytes to pipeline finely). Each step
+  /// all-gathers N pieces. Memory: 3 read buffers of a piece + 2 staging buffers of N
+  /// pieces (sequential: the whole slice + 2 staging buffers). Default 8 MiB.
   uint64_t piece_bytes = 8ull << 20;
   /// true: read piece k+1 while piece k is gathered. false: read the whole slice, then
   /// gather it in pieces (the "sequential" baseline of `strata bench partitioned-read`).
