@@ -22,7 +22,7 @@ endif()
 # The plain compiler line a C user would type.
 execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic -I${PREFIX}/include
                         ${SRC}/main.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}
-                        -Wl,-rpath,${PREFIX}/${LIBDIR} -lstrata_c
+                        -Wl,-rpath,${PREFIX}/${LIBDIR} -lstrata_c -lm
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc)
   message(FATAL_ERROR "cc -std=c99 -Wall -Werror against ${PREFIX} failed: ${err}")
