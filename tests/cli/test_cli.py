@@ -1,0 +1,157 @@
+"""End-to-end tests of the `strata` tool: each command runs for real on small sizes and its
+JSON output is checked field by field."""
+import json
+import os
+import subprocess
+
+import pytest
+
+STRATA = os.environ.get("STRATA_CLI", "strata")
+
+
+def run(*args, check=True, timeout=300):
+    p = subprocess.run([STRATA, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"strata {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr}")
+    return p
+
+
+def run_json(*args, **kw):
+    p = run(*args, "--json", **kw)
+    out = p.stdout.strip()
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:  # progress lines before a one-line JSON object
+        return json.loads(out.splitlines()[-1])
+
+
+@pytest.fixture
+def disk_dir():
+    # /var/tmp is on the real disk (O_DIRECT works); /tmp may be too.
+    import tempfile
+    d = tempfile.mkdtemp(prefix="strata-cli-", dir="/var/tmp")
+    yield d
+    subprocess.run(["rm", "-rf", d])
+
+
+@pytest.mark.parametrize("engine", ["uring", "threads"])
+def test_bench_io_write_then_read(disk_dir, engine):
+    w = run_json("bench", "io", "--path", disk_dir, "--size", "8MiB", "--block-size", "1MiB",
+                 "--queue-depth", "4", "--op", "write", "--engine", engine)
+    assert w["op"] == "write"
+    assert w["bytes"] == 8 * 1024 * 1024
+    assert w["block_size"] == 1024 * 1024
+    assert w["queue_depth"] == 4
+    assert w["engine"] == engine
+    assert w["direct"] is True
+    assert w["seconds"] > 0
+    assert w["gbps"] == pytest.approx(w["bytes"] / w["seconds"] / 1e9, rel=1e-9)
+    r = run_json("bench", "io", "--path", disk_dir, "--size", "8MiB", "--block-size", "1MiB",
+                 "--queue-depth", "4", "--op", "read", "--engine", engine)
+    assert r["op"] == "read"
+    assert r["bytes"] == 8 * 1024 * 1024
+    assert os.path.getsize(os.path.join(disk_dir, "strata-bench-io.dat")) == 8 * 1024 * 1024
+
+
+def test_bench_io_striped_over_two_dirs(disk_dir):
+    a, b = os.path.join(disk_dir, "a"), os.path.join(disk_dir, "b")
+    os.mkdir(a)
+    os.mkdir(b)
+    r = run_json("bench", "io", "--path", a, "--path", b, "--size", "4MiB", "--block-size",
+                 "256KiB", "--queue-depth", "8", "--op", "read")
+    assert r["bytes"] == 4 * 1024 * 1024
+    assert os.path.getsize(os.path.join(a, "strata-bench-io.dat")) == 2 * 1024 * 1024
+    assert os.path.getsize(os.path.join(b, "strata-bench-io.dat")) == 2 * 1024 * 1024
+
+
+def test_bench_io_bad_input_names_the_problem(disk_dir):
+    p = run("bench", "io", "--path", os.path.join(disk_dir, "missing"), "--size", "1MiB",
+            "--op", "write", check=False)
+    assert p.returncode != 0
+    assert "missing" in p.stderr
+    p = run("bench", "io", "--path", disk_dir, "--size", "12 parsecs", "--op", "write", check=False)
+    assert p.returncode != 0
+    assert "12 parsecs" in p.stderr
+    p = run("bench", "io", "--path", disk_dir, "--size", "1MiB", "--op", "append", check=False)
+    assert p.returncode != 0
+    assert "append" in p.stderr
+
+
+def test_info_json(disk_dir):
+    info = run_json("info", "--path", disk_dir)
+    text = json.dumps(info)
+    assert disk_dir in text
+
+
+def test_bench_adam_json():
+    j = run_json("bench", "adam", "--numel", "100000", "--threads", "1", "--steps", "3",
+                 "--warmup", "1")
+    assert j["numel"] == 100000
+    assert j["threads"] == 1
+    assert j["seconds_per_step"] > 0
+    assert j["ns_per_param"] == pytest.approx(j["seconds_per_step"] / 100000 * 1e9, rel=1e-6)
+    assert j["gbps"] == pytest.approx(28 * 100000 / j["seconds_per_step"] / 1e9, rel=1e-6)
+    assert j["fraction_of_limit"] == pytest.approx(j["gbps"] / j["mem_limit_gbps"], rel=1e-6)
+
+
+def test_bench_store_and_store_commands(disk_dir):
+    j = run_json("bench", "store", "--path", disk_dir, "--object-size", "4MiB", "--count", "2",
+                 "--rounds", "1", "--chunk-size", "1MiB", "--keep")
+    for k in ("put_gbps", "get_gbps", "engine_read_gbps", "engine_write_gbps"):
+        assert j[k] > 0, k
+    stores = [os.path.join(dp) for dp, _, fs in os.walk(disk_dir) if "catalog.db" in fs]
+    assert stores, "bench store --keep left no store"
+    ls = run_json("store", "ls", stores[0])
+    assert len(ls) >= 2
+    for obj in ls:
+        assert obj["nbytes"] == 4 * 1024 * 1024
+    v = run("store", "verify", stores[0])
+    assert v.returncode == 0
+
+
+def test_store_ls_missing_store_is_an_error(disk_dir):
+    p = run("store", "ls", os.path.join(disk_dir, "nope"), check=False)
+    assert p.returncode != 0
+    assert "nope" in p.stderr
+
+
+def test_launch_sets_torchrun_variables():
+    p = run("launch", "--nproc", "3", "--", "/bin/sh", "-c",
+            'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK a=$MASTER_ADDR p=${MASTER_PORT:+set}"')
+    lines = sorted(l for l in p.stdout.splitlines() if "r=" in l)
+    assert lines == [f"[rank {r}] r={r} w=3 l={r} a=127.0.0.1 p=set" for r in range(3)]
+
+
+def test_launch_failing_rank_fails_the_job():
+    p = run("launch", "--nproc", "2", "--", "/bin/sh", "-c",
+            'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 30', check=False, timeout=60)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr
+
+
+def test_bench_allgather_json():
+    j = run_json("bench", "allgather", "--nproc", "2", "--bytes", "1MiB", "--iters", "3",
+                 "--warmup", "1")
+    assert j["nproc"] == 2
+    assert j["bytes"] == 1024 * 1024
+    assert j["backend"] == "gloo"
+    assert j["algbw_gbps"] == pytest.approx(j["bytes"] / j["seconds"] / 1e9, rel=1e-6)
+    assert j["busbw_gbps"] == pytest.approx(j["algbw_gbps"] * (2 - 1) / 2, rel=1e-6)
+
+
+def test_bench_partitioned_read_json(disk_dir):
+    j = run_json("bench", "partitioned-read", "--nproc", "2", "--bytes", "4MiB", "--path",
+                 disk_dir, "--iters", "2")
+    assert j["verified"] is True
+    for k in ("seconds", "gbps", "read_seconds", "allgather_seconds"):
+        assert j[k] > 0, k
+
+
+def test_bench_step_json(disk_dir):
+    j = run_json("bench", "step", "--params", "2000000", "--path", disk_dir, "--host-budget",
+                 "256MiB", "--steps", "2", "--chunk-size", "1MiB", "--tensor-numel", "1000000")
+    assert j["params"] == 2000000
+    assert j["bytes_read"] == 2 * 12 * 2000000 or j["bytes_read"] >= 12 * 2000000
+    assert j["overlap_efficiency"] == pytest.approx(
+        max(j["io_seconds"], j["compute_seconds"]) / j["step_seconds"], rel=1e-6)
+    assert j["peak_rss_bytes"] > 0
