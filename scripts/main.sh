@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The README's main command: installs the dependencies (Debian 12, as root), builds, and
-# runs strata's main job. Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata).
+# runs strata's main job: train a small GPT-style character-level language model on the
+# Python standard library's sources with its optimizer state (fp32 masters + Adam moments)
+# in strata's NVMe tier, next to the same run with torch.optim.AdamW
+# (examples/train_lm.py; figures in docs/bindings.md). Before it: the machine's topology and
+# the NVMe engine's bandwidth in the same directory.
+# Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -11,3 +16,6 @@ mkdir -p "$DIR"
 "$BUILD_DIR/strata" info --path "$DIR"
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op read
+# Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
+STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
+  /usr/bin/python3 examples/train_lm.py --dir "$DIR/train_lm" "$@"

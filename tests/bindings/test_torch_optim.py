@@ -63,6 +63,26 @@ def test_parity_with_torch(tmp_path, ours, theirs, kw, tier):
     o1.close()
 
 
+@pytest.mark.parametrize("ours,theirs,kw", CASES,
+                         ids=["adam", "adam-wd-amsgrad", "adamw", "adamw-custom"])
+def test_torch_arithmetic_is_bit_exact(tmp_path, ours, theirs, kw):
+    """arithmetic="torch": the offloaded step (NVMe pipeline, odd sub-groups) rounds exactly
+    like torch.optim, so whole training runs are bit-identical."""
+    m1, m2 = _model(), _model()
+    o1 = ours(m1.parameters(), path=str(tmp_path / "s"), tier="nvme", num_threads=1,
+              sub_group_numel=1000, arithmetic="torch", **kw)
+    o2 = theirs(m2.parameters(), **kw)
+    l1 = _train(m1, o1, 15)
+    l2 = _train(m2, o2, 15)
+    assert _max_diff(m1, m2) == 0.0
+    assert l1 == l2
+    sd1, sd2 = o1.state_dict(), o2.state_dict()
+    for i, s2 in sd2["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sd1["state"][i][k], s2[k])
+    o1.close()
+
+
 def test_param_groups_and_lr_changes(tmp_path):
     m1, m2 = _model(), _model()
 

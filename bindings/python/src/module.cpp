@@ -27,6 +27,8 @@ using namespace pybind11::literals;
 
 namespace strata::py_bindings {
 
+Result<optimizer::RuleFactory> torch_exact_rule_factory(const std::string& optimizer);
+
 // ---- errors -----------------------------------------------------------------------------
 
 void register_errors(py::module_& m) {
@@ -512,7 +514,8 @@ class PyOptimizer {
                                            uint64_t sub_group_numel, int num_buffers,
                                            py::object pinned_budget, py::object host_budget,
                                            const std::string& default_placement,
-                                           int num_threads, bool verify_on_open) {
+                                           int num_threads, bool verify_on_open,
+                                           const std::string& arithmetic) {
     optimizer::OffloadOptions o;
     o.key_prefix = key_prefix;
     o.sub_group_numel = sub_group_numel;
@@ -522,7 +525,11 @@ class PyOptimizer {
     o.default_placement = to_placement(default_placement);
     o.num_threads = num_threads;
     o.verify_on_open = verify_on_open;
-    auto factory = check(optimizer::builtin_rule_factory(optimizer_name));
+    if (arithmetic != "simd" && arithmetic != "torch")
+      throw StatusError(invalid_argument("arithmetic must be 'simd' or 'torch', got '" +
+                                         arithmetic + "'"));
+    auto factory = check(arithmetic == "torch" ? torch_exact_rule_factory(optimizer_name)
+                                               : optimizer::builtin_rule_factory(optimizer_name));
     auto hp = to_hyperparams(hyperparams);
     auto shared = store.shared();
     Result<std::unique_ptr<optimizer::OffloadedOptimizer>> r = invalid_argument("unreached");
@@ -827,14 +834,15 @@ PYBIND11_MODULE(_strata, m) {
                                uint64_t sub_group_numel, int num_buffers,
                                py::object pinned_budget, py::object host_budget,
                                const std::string& default_placement, int num_threads,
-                               bool verify_on_open) {
+                               bool verify_on_open, const std::string& arithmetic) {
         return PyOptimizer::make(store, name, hp, resume, key_prefix, sub_group_numel,
                                  num_buffers, pinned_budget, host_budget, default_placement,
-                                 num_threads, verify_on_open);
+                                 num_threads, verify_on_open, arithmetic);
       }, "store"_a, "optimizer"_a = "adamw", "hyperparams"_a = py::dict(), "resume"_a = false,
          "key_prefix"_a = "optim/", "sub_group_numel"_a = 0, "num_buffers"_a = 4,
          "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
-         "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false)
+         "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
+         "arithmetic"_a = "simd")
       .def("close", &PyOptimizer::close)
       .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
         return check(o.o().add_param_group(to_hyperparams(hp)));

@@ -382,29 +382,36 @@ class OffloadedOptimizer:
                hyperparams: Optional[Dict[str, float]] = None, *, key_prefix: str = "optim/",
                sub_group_numel: int = 0, num_buffers: int = 4,
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
-               default_placement: str = "auto", num_threads: int = 0) -> "OffloadedOptimizer":
+               default_placement: str = "auto", num_threads: int = 0,
+               arithmetic: str = "simd") -> "OffloadedOptimizer":
         """A new optimizer ("adam", "adamw", "adagrad", "sgd", "lion") with param group 0
         from ``hyperparams`` (torch.optim names: lr, beta1, beta2, eps, weight_decay,
         amsgrad, maximize, ...; absent keys take torch's defaults).
+
+        :param arithmetic: ``"simd"`` (default): the built-in vectorized kernels, each element
+            within 1-2 ulp of torch; ``"torch"`` (adam/adamw only): element-wise rules that
+            round exactly like torch.optim's CPU kernels (bit-identical parity runs; scalar,
+            slower on large models).
 
         :raises AlreadyExistsError: a checkpoint exists under ``key_prefix`` (use resume).
         :raises InvalidArgumentError: unknown optimizer or a bad hyperparameter/option.
         """
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, dict(hyperparams or {}), False, key_prefix, sub_group_numel,
-            num_buffers, pinned_budget, host_budget, default_placement, num_threads, False),
-            store)
+            num_buffers, pinned_budget, host_budget, default_placement, num_threads, False,
+            arithmetic), store)
 
     @classmethod
     def resume(cls, store: Store, optimizer: str = "adamw", *, key_prefix: str = "optim/",
                sub_group_numel: int = 0, num_buffers: int = 4,
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
-               num_threads: int = 0, verify: bool = False) -> "OffloadedOptimizer":
+               num_threads: int = 0, verify: bool = False,
+               arithmetic: str = "simd") -> "OffloadedOptimizer":
         """Reopens the optimizer checkpointed under ``key_prefix``.
         :raises NotFoundError: no checkpoint there."""
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, {}, True, key_prefix, sub_group_numel, num_buffers,
-            pinned_budget, host_budget, "auto", num_threads, verify), store)
+            pinned_budget, host_budget, "auto", num_threads, verify, arithmetic), store)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._o, name)

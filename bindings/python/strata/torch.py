@@ -60,7 +60,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                  pinned_budget: Optional[Union[int, str]] = None,
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, resume: bool = False):
+                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd"):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim).
         :param lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam/AdamW
@@ -80,6 +80,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         :param max_grad_norm: > 0 clips gradients by their global L2 norm first, like
             ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``.
         :param sub_group_numel, num_buffers, num_threads: pipeline settings (0 = auto).
+        :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
+            of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
+            bit-identical comparisons with torch.optim.Adam/AdamW).
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in the store
             (masters are copied into the model's parameters).
         :raises ValueError: a hyperparameter out of range (as torch).
@@ -117,7 +120,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self.store = store
         common = dict(key_prefix=key_prefix, sub_group_numel=sub_group_numel,
                       num_buffers=num_buffers, pinned_budget=pinned_budget,
-                      host_budget=host_budget, num_threads=num_threads)
+                      host_budget=host_budget, num_threads=num_threads,
+                      arithmetic=arithmetic)
         if resume:
             self._opt = _strata.OffloadedOptimizer.resume(store, self._RULE, **common)
         else:
