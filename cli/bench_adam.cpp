@@ -235,8 +235,12 @@ void register_bench_adam(Registry& r) {
   sub->add_option("--optimizer", args->optimizer, "adam, adamw, adagrad, sgd (momentum 0.9), lion")
       ->capture_default_str();
   sub->add_option("--simd", args->simd, "force a SIMD target (AVX3, AVX2, SSE4, SSSE3, SCALAR)");
-  sub->add_option("--steps", args->steps, "timed steps (median reported)")->capture_default_str();
-  sub->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
+  sub->add_option("--steps", args->steps, "timed steps (median reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  sub->add_option("--warmup", args->warmup, "untimed steps first")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   sub->add_flag("--json", args->json, "print one JSON object");
   sub->callback([args] { Registry::set_exit_code(run_bench_adam(*args)); });
 }

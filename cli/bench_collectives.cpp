@@ -246,8 +246,8 @@ void register_bench_allgather(Registry& r) {
   cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
   cmd->add_option("--bytes", a->bytes_text, "Total gathered size (e.g. 64MiB); each rank sends 1/N");
   cmd->add_option("--backend", a->backend, "gloo (host memory) or nccl (GPU memory)");
-  cmd->add_option("--iters", a->iters, "Timed iterations");
-  cmd->add_option("--warmup", a->warmup, "Untimed iterations first");
+  cmd->add_option("--iters", a->iters, "Timed iterations")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->check(CLI::Range(0, 1000000));
   cmd->add_option("--master-port", a->master_port, "MASTER_PORT for the launched ranks (default: free)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_flag("--from-env", a->from_env,

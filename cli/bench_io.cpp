@@ -194,6 +194,7 @@ int run_bench_io(const BenchIoArgs& a) {
   try {
     size = parse_size_or_throw(a.size, "--size");
     bs = parse_size_or_throw(a.block_size, "--block-size");
+    if (bs == 0) return report_error(invalid_argument("--block-size '" + a.block_size + "' must be > 0"));
     req = a.request_size.empty()
               ? std::max<uint64_t>(bs, static_cast<uint64_t>(a.queue_depth) * bs / 4 / bs * bs)
               : parse_size_or_throw(a.request_size, "--request-size");
@@ -210,6 +211,11 @@ int run_bench_io(const BenchIoArgs& a) {
     return report_error(invalid_argument("--engine '" + a.engine + "': expected uring or threads"));
   }
   if (a.queue_depth == 0) return report_error(invalid_argument("--queue-depth must be >= 1"));
+  if (a.file_name.empty() || a.file_name.find('/') != std::string::npos || a.file_name == "." ||
+      a.file_name == "..") {
+    return report_error(invalid_argument("--file-name '" + a.file_name +
+                                         "' must be a plain file name inside each --path"));
+  }
   if (req == 0) return report_error(invalid_argument("--request-size must be > 0"));
   // Requests outstanding: 2 x queue_depth x block_size bytes of them (at least 2 requests).
   const uint32_t slots = static_cast<uint32_t>(

@@ -293,7 +293,8 @@ void register_bench_partitioned(Registry& r) {
   cmd->add_option("--bytes", a->bytes_text, "Object size S (e.g. 256MiB); each rank stores S/N");
   cmd->add_option("--path", a->path, "Directory; rank r uses DIR/rank<r> as its store")->required();
   cmd->add_option("--piece-bytes", a->piece_text, "Pipeline piece per rank (default 8MiB)");
-  cmd->add_option("--iters", a->iters, "Timed iterations of each variant (default 5)");
+  cmd->add_option("--iters", a->iters, "Timed iterations of each variant (default 5)")
+      ->check(CLI::Range(1, 1000000));
   cmd->add_option("--master-port", a->master_port, "MASTER_PORT for the launched ranks (default: free)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");

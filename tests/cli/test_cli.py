@@ -155,3 +155,20 @@ def test_bench_step_json(disk_dir):
     assert j["overlap_efficiency"] == pytest.approx(
         max(j["io_seconds"], j["compute_seconds"]) / j["step_seconds"], rel=1e-6)
     assert j["peak_rss_bytes"] > 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "io", "--op", "write", "--size", "4MiB", "--block-size", "0"], "--block-size"),
+    (["bench", "io", "--op", "write", "--size", "4MiB", "--file-name", "../escape.dat"], "--file-name"),
+    (["bench", "io", "--op", "write", "--size", "4MiB", "--queue-depth", "0"], "--queue-depth"),
+    (["bench", "adam", "--numel", "1000", "--steps", "1", "--warmup", "-1"], "--warmup"),
+    (["bench", "adam", "--numel", "1000", "--steps", "0"], "--steps"),
+    (["bench", "allgather", "--nproc", "1", "--bytes", "1MiB", "--warmup", "-3"], "--warmup"),
+])
+def test_bad_numbers_are_clean_errors(disk_dir, args, needle):
+    if args[:2] == ["bench", "io"]:
+        args = args[:2] + ["--path", disk_dir] + args[2:]
+    p = run(*args, check=False)
+    assert p.returncode not in (0, -8, -11, -6), p.returncode  # no success, SIGFPE, SIGSEGV, SIGABRT
+    assert p.returncode > 0
+    assert needle in p.stderr + p.stdout
