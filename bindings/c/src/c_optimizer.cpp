@@ -1,5 +1,6 @@
 // C API: the offloaded optimizer and the communicator (strata.h).
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -81,6 +82,12 @@ strata_status_t strata_optimizer_add_param(strata_optimizer_t* o, const char* na
     if (name == nullptr || param == nullptr) return invalid("name or param output is NULL");
     if (placement < STRATA_PLACEMENT_AUTO || placement > STRATA_PLACEMENT_NVME)
       return invalid("invalid placement value " + std::to_string(static_cast<int>(placement)));
+    // numel * 4 bytes (the fp32 master, each state) must fit the store's int64 sizes.
+    constexpr uint64_t kMaxNumel = static_cast<uint64_t>(INT64_MAX) / sizeof(float);
+    if (numel > kMaxNumel)
+      return invalid("parameter '" + std::string(name) + "' has numel " +
+                     std::to_string(numel) + ": numel * 4 bytes exceeds 2^63 - 1 (numel <= " +
+                     std::to_string(kMaxNumel) + ")");
     auto h = o->opt->add_param(name, numel, init, 0, static_cast<so::Placement>(placement));
     if (!h.ok()) return set_error(h.status());
     *param = *h;

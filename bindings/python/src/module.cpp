@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "errors.hpp"
@@ -58,9 +61,18 @@ uint64_t to_size(const py::handle& v, const char* what) {
     if (!r.ok()) throw StatusError(r.status().with_context(what));
     return *r;
   }
-  if (py::isinstance<py::int_>(v)) {
-    const long long x = v.cast<long long>();
-    if (x < 0) throw StatusError(invalid_argument(std::string(what) + " must be >= 0"));
+  if (py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v)) {
+    // Python ints are unbounded: check the range here (pybind's cast would raise a
+    // RuntimeError "Unable to cast" outside strata's exception family).
+    if (PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_LT) == 1)
+      throw StatusError(invalid_argument(std::string(what) + " must be >= 0, got " +
+                                         std::string(py::str(v))));
+    const unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw StatusError(invalid_argument(std::string(what) + " = " + std::string(py::str(v)) +
+                                         " does not fit in 64 bits (max 2**64-1 bytes)"));
+    }
     return static_cast<uint64_t>(x);
   }
   throw StatusError(invalid_argument(std::string(what) + " must be an int or a size string "
@@ -74,10 +86,10 @@ Tier to_tier(const std::string& name) {
   return *t;
 }
 
-py::object numpy() {
-  static py::object np = py::module_::import("numpy");
-  return np;
-}
+/// The numpy module. Imported on each call (a sys.modules lookup once numpy is loaded):
+/// a function-local `static py::object` would be destroyed by the C++ exit handlers after
+/// the interpreter has finalized, which crashes at exit (Py_DECREF on a dead interpreter).
+py::object numpy() { return py::module_::import("numpy"); }
 
 /// A block of host memory aligned to 4096 bytes (so the store can read into it with
 /// O_DIRECT without a bounce copy), exported through the buffer protocol. numpy arrays made
@@ -142,7 +154,18 @@ class PyFuture {
 
   bool done() const { return impl_->ready(); }
 
+  /// Waits for the operation (GIL released) and returns its value. `timeout`: None, inf or
+  /// any value of at least kForeverSeconds waits without limit; otherwise seconds >= 0
+  /// (0 polls). NaN or negative: InvalidArgument (ValueError). Not ready in time:
+  /// DeadlineExceeded (TimeoutError); the operation keeps running.
   py::object result(std::optional<double> timeout) {
+    if (timeout && (std::isnan(*timeout) || *timeout < 0))
+      throw StatusError(invalid_argument("timeout must be None or a number of seconds >= 0, "
+                                         "got " + std::string(py::str(py::float_(*timeout)))));
+    // Longer waits than ~31 years are treated as "forever": steady_clock's deadline
+    // (now + timeout, in int64 nanoseconds) would overflow near 292 years.
+    constexpr double kForeverSeconds = 1e9;
+    if (timeout && *timeout >= kForeverSeconds) timeout.reset();
     {
       py::gil_scoped_release nogil;
       if (timeout) {
@@ -245,6 +268,11 @@ py::dict info_dict(const ObjectInfo& i) {
   return d;
 }
 
+/// Upper bound of Store.open(workers=...) (StoreOptions::worker_threads, the threads that
+/// run store operations): far more than the I/O can use, and far below the ~100k threads
+/// at which thread creation fails with EAGAIN.
+constexpr int kMaxWorkers = 1024;
+
 class PyStore {
  public:
   explicit PyStore(std::shared_ptr<Store> s) : store_(std::move(s)) {}
@@ -283,7 +311,10 @@ class PyStore {
     o.read_only = read_only;
     o.create = create;
     if (workers) {
-      if (*workers < 1) throw StatusError(invalid_argument("workers must be >= 1"));
+      if (*workers < 1 || *workers > kMaxWorkers)
+        throw StatusError(invalid_argument("workers must be in [1, " +
+                                           std::to_string(kMaxWorkers) + "], got " +
+                                           std::to_string(*workers)));
       o.worker_threads = static_cast<uint32_t>(*workers);
     }
     if (numa_node) o.numa_node = *numa_node;
@@ -291,7 +322,12 @@ class PyStore {
     Result<std::unique_ptr<Store>> r = invalid_argument("unreached");
     {
       py::gil_scoped_release nogil;
-      r = Store::open(std::move(o));
+      try {
+        r = Store::open(std::move(o));
+      } catch (const std::system_error& e) {  // e.g. thread creation failed (EAGAIN)
+        r = errno_status(e.code().value(), std::string("opening store '") + path +
+                                               "': " + e.what() + " (lower workers?)");
+      }
     }
     return std::make_unique<PyStore>(std::shared_ptr<Store>(std::move(check(std::move(r)))));
   }
@@ -486,7 +522,18 @@ optimizer::Hyperparams to_hyperparams(const py::dict& d) {
     if (py::isinstance<py::bool_>(kv.second)) {
       hp[k] = kv.second.cast<bool>() ? 1.0 : 0.0;
     } else {
-      hp[k] = kv.second.cast<double>();
+      // Anything float() accepts without parsing text: int, float, numpy scalars, 0-d
+      // tensors. Strings and ints beyond double range are InvalidArgument (ValueError).
+      const bool text = py::isinstance<py::str>(kv.second) || py::isinstance<py::bytes>(kv.second);
+      const double x = text ? -1.0 : PyFloat_AsDouble(kv.second.ptr());
+      if (text || (x == -1.0 && PyErr_Occurred())) {
+        PyErr_Clear();
+        throw StatusError(invalid_argument(
+            "hyperparameter '" + k + "' must be a number (int, float or bool), got " +
+            std::string(py::str(kv.second.get_type().attr("__name__"))) + " " +
+            std::string(py::repr(kv.second))));
+      }
+      hp[k] = x;
     }
   }
   return hp;
@@ -562,6 +609,15 @@ class PyOptimizer {
 
   uint32_t add_param(const std::string& name, uint64_t numel, py::object init, int group,
                      const std::string& placement) {
+    // The fp32 master and each state stream take numel * 4 bytes; byte sizes and file
+    // offsets are int64 (off_t) in the store, so numel * 4 must stay <= 2^63 - 1.
+    constexpr uint64_t kMaxNumel = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) /
+                                   sizeof(float);
+    if (numel > kMaxNumel)
+      throw StatusError(invalid_argument(
+          "parameter '" + name + "' has numel " + std::to_string(numel) +
+          ": its fp32 master would take numel * 4 bytes, more than the 2^63 - 1 byte limit "
+          "(numel <= " + std::to_string(kMaxNumel) + ")"));
     std::optional<TensorRef> r;
     if (!init.is_none()) {
       r = view_tensor(init, false, std::nullopt);
@@ -744,7 +800,8 @@ PYBIND11_MODULE(_strata, m) {
                        "Result of an asynchronous strata call. result(timeout=None) waits "
                        "(GIL released) and returns the value or raises the strata error; "
                        "TimeoutError when `timeout` seconds pass first (the operation keeps "
-                       "running). Buffers passed to the call stay referenced until done; "
+                       "running); timeout None, inf or >= 1e9 waits without limit, NaN or "
+                       "negative is a ValueError. Buffers passed to the call stay referenced until done; "
                        "dropping the future waits for the operation.")
       .def("result", &PyFuture::result, "timeout"_a = py::none())
       .def("done", &PyFuture::done)

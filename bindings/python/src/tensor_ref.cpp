@@ -1,5 +1,6 @@
 #include "tensor_ref.hpp"
 
+#include <bit>
 #include <cstring>
 
 #include "errors.hpp"
@@ -38,8 +39,25 @@ constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
 [[noreturn]] void bad(const std::string& msg) { throw StatusError(invalid_argument(msg)); }
 
+/// Rejects a buffer whose elements are not in this machine's byte order: strata stores
+/// raw bytes and reads them back as native values, so a '>f4' array would come back as
+/// garbage. Formats per the struct module: '<' little, '>' and '!' big, '@' and '=' native.
+void check_byte_order(const std::string& format, ssize_t itemsize) {
+  if (itemsize <= 1 || format.empty()) return;
+  const bool native_little = std::endian::native == std::endian::little;
+  char order = format[0];
+  const bool big = order == '>' || order == '!';
+  const bool little = order == '<';
+  if ((big && native_little) || (little && !native_little))
+    bad(std::string("the array is ") + (big ? "big" : "little") + "-endian (buffer format '" +
+        format + "') but this machine is " + (native_little ? "little" : "big") +
+        "-endian; strata stores native byte order only: convert first, e.g. "
+        "arr.astype(arr.dtype.newbyteorder('='))");
+}
+
 DType dtype_from_format(const std::string& format, ssize_t itemsize) {
-  // Strip byte-order / alignment prefixes ('<', '>', '=', '@', '!').
+  // Strip byte-order / alignment prefixes ('<', '>', '=', '@', '!'); check_byte_order has
+  // already rejected a foreign byte order.
   std::string f = format;
   while (!f.empty() && std::strchr("<>=@!", f[0]) != nullptr) f.erase(0, 1);
   if (f.size() == 1) {
@@ -150,6 +168,7 @@ TensorRef view_tensor(const py::handle& obj_in, bool writable,
     }
     std::shared_ptr<Py_buffer> owner(view.get(), [view](Py_buffer* b) { PyBuffer_Release(b); });
     r.data = view->buf;
+    check_byte_order(view->format ? view->format : "B", view->itemsize);
     // With an override only the item size matters (e.g. uint16 bits holding bf16).
     r.dtype = dtype_override ? DType::kUInt8
                              : dtype_from_format(view->format ? view->format : "B",
@@ -169,7 +188,35 @@ TensorRef view_tensor(const py::handle& obj_in, bool writable,
   // torch refuses to export tensors that require grad: take a detached view (no copy).
   if (py::hasattr(obj, "requires_grad") && obj.attr("requires_grad").cast<bool>())
     obj = obj.attr("detach")();
-  py::object cap = obj.attr("__dlpack__")();
+  // torch tensors that DLPack cannot carry: say why instead of torch's RuntimeError.
+  bool as_bool = false;
+  const std::string type_module = py::str(obj.get_type().attr("__module__"));
+  if (type_module.rfind("torch", 0) == 0) {
+    const std::string layout = py::str(obj.attr("layout"));
+    if (layout != "torch.strided")
+      bad("the tensor has layout " + layout + " (sparse or other non-strided tensors are not "
+          "supported; use tensor.to_dense())");
+    const std::string dev = py::str(obj.attr("device").attr("type"));
+    if (dev == "meta") bad("the tensor is on the 'meta' device and has no data");
+    if (py::hasattr(obj, "is_conj") && obj.attr("is_conj")().cast<bool>())
+      bad("the tensor has its conjugate bit set (a lazy conj() view; complex tensors are not "
+          "supported, and resolve_conj() would copy)");
+    if (py::hasattr(obj, "is_neg") && obj.attr("is_neg")().cast<bool>())
+      bad("the tensor has its negative bit set (a lazy neg view); use resolve_neg() first");
+    // torch's DLPack export refuses bool ("Bool type is not supported by dlpack"): export
+    // the same memory as uint8 (a view, no copy) and keep the bool dtype.
+    if (std::string(py::str(obj.attr("dtype"))) == "torch.bool") {
+      obj = obj.attr("view")(py::module_::import("torch").attr("uint8"));
+      as_bool = true;
+    }
+  }
+  py::object cap;
+  try {
+    cap = obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    bad("cannot export the " + std::string(py::str(obj.get_type().attr("__name__"))) +
+        " through DLPack: " + std::string(e.what()));
+  }
   auto* mt = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"));
   if (mt == nullptr) {
     PyErr_Clear();
@@ -187,6 +234,7 @@ TensorRef view_tensor(const py::handle& obj_in, bool writable,
   r.device = t.device.device_type == kDLCUDA;
   r.device_id = t.device.device_id;
   r.dtype = dtype_from_dlpack(t.dtype);
+  if (as_bool) r.dtype = DType::kBool;
   r.data = static_cast<char*>(t.data) + t.byte_offset;
   for (int i = 0; i < t.ndim; ++i) r.shape.push_back(t.shape[i]);
   if (t.strides != nullptr) {

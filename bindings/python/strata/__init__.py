@@ -127,6 +127,7 @@ class Store:
         :param staging: pinned staging bytes for unaligned buffers (default 256 MiB).
         :param verify: verify chunk checksums on reads (default True).
         :param durability: ``"put"`` (each NVMe put durable when it returns) or ``"flush"``.
+        :param workers: threads that run store operations, 1 to 1024 (default 4).
         :raises FailedPreconditionError: another process holds the store's lock.
         :raises NotFoundError: no store at ``path`` and ``create`` is False.
         :raises InvalidArgumentError: a bad option.
@@ -163,7 +164,8 @@ class Store:
         :param dtype: reinterpret the elements, e.g. ``"bf16"`` for a uint16 numpy array
             holding bfloat16 bits.
         :raises AlreadyExistsError: (KeyError) ``key`` exists and not ``overwrite``.
-        :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array.
+        :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array,
+            foreign byte order (e.g. numpy ``'>f4'``), sparse/meta/conj/neg torch tensor.
         :raises ResourceExhaustedError: (MemoryError) the tier's budget or the disk is full.
         :raises IoError: (OSError) a write failed; ``errno`` says why.
         """

@@ -130,7 +130,12 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 default_placement=tier, **common)
         self._resume = resume
         self._params: List[torch.nn.Parameter] = []
-        self._handle: Dict[int, int] = {}     # id(param) -> strata handle
+        #: id(param) -> strata handle; None for zero-size parameters, which strata does not
+        #: hold (an object of 0 bytes has nothing to update) but which stay in param_groups
+        #: and get torch's (empty) state entries, like torch.optim.Adam.
+        self._handle: Dict[int, Optional[int]] = {}
+        #: id(param) -> steps taken by a zero-size parameter (torch counts them too)
+        self._empty_steps: Dict[int, int] = {}
         self._pushed: List[Dict[str, float]] = []
         self._pinned: Dict[Tuple[int, str], torch.Tensor] = {}
         #: cumulative bytes moved, by tier and direction
@@ -167,6 +172,11 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             if p.is_sparse:
                 raise ValueError("strata offloaded optimizers do not support sparse parameters")
             name = f"p{len(self._params)}"
+            if p.numel() == 0:
+                self._params.append(p)
+                self._handle[id(p)] = None
+                self._empty_steps[id(p)] = 0
+                continue
             if self._resume:
                 h = self._opt.find_param(name)
                 info = self._opt.param_info(h)
@@ -210,9 +220,14 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self._sync_hyperparams()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
+        stepped_empty: List[torch.nn.Parameter] = []
         for p in self._params:
             h = self._handle[id(p)]
             g = p.grad
+            if h is None:  # zero-size: nothing to update, but torch counts the step
+                if g is not None:
+                    stepped_empty.append(p)
+                continue
             if g is None:
                 self._opt.set_grad(h, None)
                 self._opt.set_param_copy(h, None)
@@ -249,6 +264,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
         if stats["skipped"]:
             return loss
+        for p in stepped_empty:
+            self._empty_steps[id(p)] += 1
         for p, h in stepped:
             self._copy_back(p, h)
         if on_gpu:
@@ -296,14 +313,17 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
         for i, p in enumerate(self._params):
             h = self._handle[id(p)]
-            step = self._opt.step_count(h)
+            step = self._empty_steps[id(p)] if h is None else self._opt.step_count(h)
             if step == 0:
                 continue
             st: Dict[str, Any] = {"step": torch.tensor(float(step))}
             for k, name in enumerate(names):
-                st[name] = torch.from_numpy(self._opt.read_state(h, k)).view(p.shape)
+                st[name] = (torch.zeros(p.shape, dtype=torch.float32) if h is None else
+                            torch.from_numpy(self._opt.read_state(h, k)).view(p.shape))
             if p.dtype != torch.float32:
-                st["master_param"] = torch.from_numpy(self._opt.read_param(h)).view(p.shape)
+                st["master_param"] = (torch.zeros(p.shape, dtype=torch.float32) if h is None
+                                      else torch.from_numpy(self._opt.read_param(h))
+                                      .view(p.shape))
             state[i] = st
         groups = []
         index = 0
@@ -334,6 +354,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         for sid, p in zip(saved_ids, self._params):
             h = self._handle[id(p)]
             st = state_dict["state"].get(sid)
+            if h is None:  # zero-size: only the step count
+                step = (st or {}).get("step", 0)
+                self._empty_steps[id(p)] = int(step.item() if torch.is_tensor(step) else step)
+                continue
             master = (st or {}).get("master_param", p.detach())
             self._opt.write_param(h, _as_f32_numpy(master))
             if st is None:

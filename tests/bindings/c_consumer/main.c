@@ -183,6 +183,14 @@ static void test_optimizer(const char* dir) {
   EXPECT_RC(strata_optimizer_add_param(opt, "layer.weight", N, init, STRATA_PLACEMENT_NVME, &h),
             STRATA_OK);
   EXPECT(h == 0);
+  /* numel * 4 bytes overflows 64 bits: refused, nothing added (h unchanged). */
+  EXPECT_RC(strata_optimizer_add_param(opt, "huge", (uint64_t)1 << 62, NULL,
+                                       STRATA_PLACEMENT_NVME, &h),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(strata_last_error(), "'huge' has numel 4611686018427387904") != NULL);
+  EXPECT(h == 0);
+  EXPECT_RC(strata_optimizer_find_param(opt, "huge", &h), STRATA_ERR_NOT_FOUND);
+  h = 0;
   for (s = 1; s <= 3; ++s) {
     for (i = 0; i < N; ++i) grad[i] = (float)(((i * 31 + s * 17) % 101) - 50) / 100.0f;
     EXPECT_RC(strata_optimizer_set_grad(opt, h, grad, STRATA_FLOAT32), STRATA_OK);

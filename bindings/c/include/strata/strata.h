@@ -9,8 +9,12 @@
  *    stay valid until the next strata call on the same thread that fails. A successful call
  *    does not clear them.
  *  - Objects are opaque handles created by *_open / *_create / *_init functions and released
- *    by the matching *_close / *_free / *_destroy function. Passing NULL where a handle is
- *    required returns STRATA_ERR_INVALID_ARGUMENT.
+ *    by the matching *_close / *_free / *_destroy function, which frees the handle (also
+ *    when it returns an error). After that call the pointer is dangling, exactly like a
+ *    pointer passed to free(): passing it to any strata function is undefined behaviour
+ *    (no error code can be promised). Set your variable to NULL after closing; passing
+ *    NULL where a handle is required returns STRATA_ERR_INVALID_ARGUMENT, and the
+ *    close/free functions accept NULL as a no-op.
  *  - Options are versioned structs: always initialize them with their *_INIT macro, then set
  *    the fields you need. The first field, struct_size, lets a newer library accept a
  *    struct compiled against an older header. Fields left at STRATA_UNDEF_* take the
@@ -51,7 +55,7 @@ typedef enum strata_status {
   STRATA_ERR_ALREADY_EXISTS = 3,      /**< key present and overwrite not requested */
   STRATA_ERR_OUT_OF_RANGE = 4,        /**< offset/length past the end */
   STRATA_ERR_RESOURCE_EXHAUSTED = 5,  /**< a budget or a device (ENOSPC) is full */
-  STRATA_ERR_FAILED_PRECONDITION = 6, /**< wrong state: locked store, closed handle */
+  STRATA_ERR_FAILED_PRECONDITION = 6, /**< wrong state: store locked by another process */
   STRATA_ERR_DATA_LOSS = 7,           /**< checksum mismatch, truncated file */
   STRATA_ERR_UNAVAILABLE = 8,         /**< peer or service gone */
   STRATA_ERR_IO = 9,                  /**< an OS call failed (strata_last_errno) */
@@ -307,7 +311,8 @@ typedef enum strata_placement {
 
 /** Adds a parameter of `numel` fp32 elements (`init`: numel values, or NULL for zeros) and
  *  returns its index in *param (0, 1, ... in call order).
- *  \error INVALID_ARGUMENT (bad or duplicate name, numel 0); RESOURCE_EXHAUSTED; IO. */
+ *  \error INVALID_ARGUMENT (bad or duplicate name, numel 0, numel > (2^63 - 1) / 4 so that
+ *  numel * 4 bytes would not fit); RESOURCE_EXHAUSTED; IO. */
 STRATA_C_API strata_status_t strata_optimizer_add_param(strata_optimizer_t* optimizer,
                                                         const char* name, uint64_t numel,
                                                         const float* init,

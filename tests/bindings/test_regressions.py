@@ -1,0 +1,207 @@
+"""Regression tests of defects found in the Python bindings (one test per defect)."""
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import strata
+import strata.torch as st
+
+
+# ---- 1. no crash at interpreter exit when numpy was used but torch never imported --------
+
+def test_exit_after_numpy_use_without_torch_is_clean(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import strata
+        s = strata.Store.open({str(tmp_path / 'store')!r}, host_budget="16MiB",
+                              staging="4MiB", chunk_size="1MiB", workers=1)
+        s.put("x", np.ones(3))
+        a = s.get("x")
+        s.close()
+        assert "torch" not in sys.modules, "the scenario needs torch unimported"
+        print(a.tolist())
+    """)
+    r = subprocess.run([sys.executable, "-c", script], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[1.0, 1.0, 1.0]\n"
+
+
+# ---- 2. foreign byte order is refused, not stored raw ------------------------------------
+
+def test_big_endian_arrays_are_refused(store):
+    assert sys.byteorder == "little"
+    with pytest.raises(strata.InvalidArgumentError) as e:
+        store.put("be", np.arange(4, dtype=">f4"))
+    assert isinstance(e.value, ValueError)
+    assert "big-endian" in e.value.message
+    assert "newbyteorder" in e.value.message
+    assert "be" not in store
+    with pytest.raises(strata.InvalidArgumentError):  # also under a dtype override
+        store.put("be16", np.arange(4, dtype=">u2"), dtype="bf16")
+    with pytest.raises(strata.InvalidArgumentError):  # and as a get_into target
+        store.put("le", np.arange(4, dtype="<f4"))
+        store._s.get_into("le", np.zeros(4, dtype=">f4"), None)
+    # Explicit little-endian (native here) and 1-byte types with any prefix are fine.
+    assert store.get("le").tolist() == [0.0, 1.0, 2.0, 3.0]
+    store.put("u8", np.arange(4, dtype=">u1"))
+    assert store.get("u8").tolist() == [0, 1, 2, 3]
+    # The documented conversion works.
+    a = np.arange(4, dtype=">f4")
+    store.put("conv", a.astype(a.dtype.newbyteorder("=")))
+    assert store.get("conv").tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# ---- 3. Future.result timeouts: inf / huge wait, nan / negative are ValueError -----------
+
+def test_future_result_timeout_values(store):
+    store.put("t", np.arange(5, dtype=np.int32))
+    for timeout in (float("inf"), 1e300, 1e9, 3600.0):
+        assert store.get_async("t").result(timeout=timeout).tolist() == [0, 1, 2, 3, 4]
+    f = store.get_async("t")
+    for bad in (float("nan"), -1.0, float("-inf")):
+        with pytest.raises(strata.InvalidArgumentError) as e:
+            f.result(timeout=bad)
+        assert isinstance(e.value, ValueError)
+        assert "timeout" in e.value.message
+    assert f.result().tolist() == [0, 1, 2, 3, 4]  # the future is still usable
+
+
+# ---- 4. every failure is a strata.Error naming the cause ---------------------------------
+
+def test_torch_bool_tensors_round_trip(store):
+    t = torch.tensor([[True, False, True], [False, False, True]])
+    store.put("b", t)
+    assert store.stat("b").dtype == "bool"
+    got = store.get("b")
+    assert got.dtype == np.bool_
+    assert got.tolist() == [[True, False, True], [False, False, True]]
+    out = torch.zeros(2, 3, dtype=torch.bool)
+    assert store.get_into("b", out) is out
+    assert out.tolist() == [[True, False, True], [False, False, True]]
+    fut = store.get_into_async("b", torch.ones(2, 3, dtype=torch.bool))
+    assert fut.result().tolist() == [[True, False, True], [False, False, True]]
+    store.put("np_b", np.array([True, False]))
+    assert store.get("np_b").tolist() == [True, False]
+
+
+def test_unexportable_tensors_are_value_errors_naming_why(store):
+    cases = [
+        (torch.zeros(3, dtype=torch.complex64).conj(), "conjugate bit"),
+        (torch.zeros(3).to_sparse(), "layout torch.sparse_coo"),
+        (torch.empty(3, device="meta"), "'meta' device"),
+        (torch.zeros(3)._neg_view(), "negative bit"),
+    ]
+    for i, (t, why) in enumerate(cases):
+        with pytest.raises(strata.InvalidArgumentError) as e:
+            store.put(f"t{i}", t)
+        assert isinstance(e.value, ValueError)
+        assert why in e.value.message, e.value.message
+        assert f"t{i}" not in store
+
+
+def test_out_of_range_store_options_are_value_errors(tmp_path):
+    path = str(tmp_path / "s")
+    for workers in (100000, 1025, 0):
+        with pytest.raises(strata.InvalidArgumentError) as e:
+            strata.Store.open(path, workers=workers)
+        assert e.value.message == f"workers must be in [1, 1024], got {workers}"
+    with pytest.raises(strata.InvalidArgumentError) as e:
+        strata.Store.open(path, host_budget=2**70)
+    assert e.value.message == ("host_budget = 1180591620717411303424 does not fit in 64 bits "
+                               "(max 2**64-1 bytes)")
+    with pytest.raises(strata.InvalidArgumentError) as e:
+        strata.Store.open(path, staging=-1)
+    assert e.value.message == "staging must be >= 0, got -1"
+
+
+def test_non_numeric_hyperparameters_are_value_errors(store):
+    with pytest.raises(strata.InvalidArgumentError) as e:
+        strata.OffloadedOptimizer.create(store, "adamw", {"lr": "x"})
+    assert isinstance(e.value, ValueError)
+    assert e.value.message == ("hyperparameter 'lr' must be a number (int, float or bool), "
+                               "got str 'x'")
+    with pytest.raises(strata.InvalidArgumentError) as e:
+        strata.OffloadedOptimizer.create(store, "adamw", {"eps": 10**400})
+    assert "hyperparameter 'eps'" in e.value.message
+    # numpy scalars and ints are numbers.
+    o = strata.OffloadedOptimizer.create(store, "adamw", {"lr": np.float32(0.5),
+                                                          "weight_decay": 0})
+    assert o.hyperparams(0)["lr"] == 0.5
+    assert o.hyperparams(0)["weight_decay"] == 0.0
+    with pytest.raises(strata.InvalidArgumentError):
+        o.set_hyperparams(0, {"lr": None})
+    o.close()
+
+
+# ---- 5. zero-size parameters are accepted like torch.optim -------------------------------
+
+@pytest.mark.parametrize("ours,theirs", [(st.OffloadAdam, torch.optim.Adam),
+                                         (st.OffloadAdamW, torch.optim.AdamW)])
+def test_zero_size_parameters_like_torch(tmp_path, ours, theirs):
+    torch.manual_seed(0)
+    init = [torch.zeros(0), torch.randn(7), torch.zeros(2, 0), torch.randn(3, 2)]
+    a = [torch.nn.Parameter(t.clone()) for t in init]
+    b = [torch.nn.Parameter(t.clone()) for t in init]
+    opt_a = ours(a, lr=1e-2, path=str(tmp_path / "s"), arithmetic="torch")
+    opt_b = theirs(b, lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for pa, pb in zip(a, b):
+            grad = torch.randn(pa.shape, generator=g)
+            pa.grad, pb.grad = grad.clone(), grad.clone()
+        opt_a.step()
+        opt_b.step()
+    for pa, pb in zip(a, b):
+        assert pa.shape == pb.shape
+        assert torch.equal(pa.detach(), pb.detach())  # torch arithmetic: bit-identical
+    sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
+    assert sorted(sd_a["state"]) == sorted(sd_b["state"]) == [0, 1, 2, 3]
+    assert sd_a["param_groups"][0]["params"] == sd_b["param_groups"][0]["params"] == [0, 1, 2, 3]
+    for i in (0, 2):
+        assert sd_a["state"][i]["step"].item() == 3.0
+        assert sd_a["state"][i]["exp_avg"].shape == init[i].shape
+        assert sd_a["state"][i]["exp_avg_sq"].shape == init[i].shape
+    for i in (1, 3):
+        assert torch.equal(sd_a["state"][i]["exp_avg"], sd_b["state"][i]["exp_avg"])
+    # torch's state dict loads back (step counts of the empty parameters included).
+    opt_a.load_state_dict(sd_b)
+    assert opt_a.state_dict()["state"][0]["step"].item() == 3.0
+    opt_b.load_state_dict(opt_a.state_dict())
+    opt_a.close()
+
+
+def test_only_zero_size_parameters(tmp_path):
+    p = torch.nn.Parameter(torch.zeros(0))
+    opt = st.OffloadAdamW([p], lr=1e-3, path=str(tmp_path / "s"))
+    p.grad = torch.zeros(0)
+    opt.step()
+    assert opt.state_dict()["state"][0]["step"].item() == 1.0
+    assert p.shape == (0,)
+    opt.close()
+
+
+# ---- 7. add_param numel whose byte size overflows ----------------------------------------
+
+def test_add_param_numel_overflow_is_refused(store):
+    o = strata.OffloadedOptimizer.create(store, "adamw", {"lr": 0.1})
+    limit = (2**63 - 1) // 4
+    keys_before = store.keys()
+    for numel in (2**62, limit + 1, 2**64 - 1):
+        with pytest.raises(strata.InvalidArgumentError) as e:
+            o.add_param("h", numel)
+        assert isinstance(e.value, ValueError)
+        assert e.value.message.startswith(f"parameter 'h' has numel {numel}: ")
+        assert f"(numel <= {limit})" in e.value.message
+    assert o.num_params() == 0
+    assert store.keys() == keys_before  # nothing committed
+    assert o.add_param("h", 4, np.arange(4, dtype=np.float32)) == 0
+    assert o.read_param(0).tolist() == [0.0, 1.0, 2.0, 3.0]
+    o.close()
