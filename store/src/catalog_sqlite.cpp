@@ -7,7 +7,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+
+#include "store_validate.hpp"
 
 namespace strata::catalog {
 
@@ -89,25 +92,54 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
   }
   std::unique_ptr<Catalog> c(new Catalog());
   c->path_ = path;
-  int flags = read_only ? SQLITE_OPEN_READONLY
-                        : (SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0));
+  if (read_only) {
+    // URI open with mode=ro: no write access needed as long as SQLite can map the WAL index
+    // (-shm). On a read-only directory or filesystem it cannot create one; a catalog whose
+    // last writer closed cleanly has no WAL then, and is opened immutable=1
+    // (https://www.sqlite.org/uri.html). A left-over WAL cannot be read there: DataLoss.
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    auto probe = [&](bool immutable) -> Status {
+      if (c->db_) sqlite3_close_v2(c->db_);
+      c->db_ = nullptr;
+      std::string uri = store_detail::sqlite_readonly_uri(path, immutable);
+      int flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX;
+      if (sqlite3_open_v2(uri.c_str(), &c->db_, flags, nullptr) != SQLITE_OK) {
+        return c->error("open");
+      }
+      sqlite3_busy_timeout(c->db_, 5000);
+      Stmt s;
+      if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) !=
+          SQLITE_OK) {
+        return data_loss("catalog " + path + " is not a strata catalog: " +
+                         sqlite3_errmsg(c->db_));
+      }
+      return Status::OK();
+    };
+    Status st = probe(false);
+    if (st.ok() || store_detail::dir_writable(dir)) {
+      if (!st.ok()) return st;
+      return c;
+    }
+    struct stat wal;
+    std::string wal_path = path + "-wal";
+    if (::stat(wal_path.c_str(), &wal) == 0 && wal.st_size > 0) {
+      return data_loss("catalog " + path + " has a write-ahead log (" + wal_path +
+                       ") that cannot be read on a read-only directory: open the store once " +
+                       "where it is writable (" + st.message() + ")");
+    }
+    STRATA_RETURN_IF_ERROR(probe(true));
+    return c;
+  }
+  int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
   flags |= SQLITE_OPEN_NOMUTEX;  // the store serializes access (one committer thread)
   if (sqlite3_open_v2(path.c_str(), &c->db_, flags, nullptr) != SQLITE_OK) {
     return c->error("open");
   }
   sqlite3_busy_timeout(c->db_, 5000);
-  if (!read_only) {
-    STRATA_RETURN_IF_ERROR(c->exec("PRAGMA journal_mode=WAL;"));
-    STRATA_RETURN_IF_ERROR(c->exec("PRAGMA synchronous=FULL;"));
-    STRATA_RETURN_IF_ERROR(c->exec(kSchema));
-  } else {
-    // A read-only reader must still see a schema; a WAL left by a crashed writer is read.
-    Stmt s;
-    if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) !=
-        SQLITE_OK) {
-      return data_loss("catalog " + path + " is not a strata catalog: " + sqlite3_errmsg(c->db_));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(c->exec("PRAGMA journal_mode=WAL;"));
+  STRATA_RETURN_IF_ERROR(c->exec("PRAGMA synchronous=FULL;"));
+  STRATA_RETURN_IF_ERROR(c->exec(kSchema));
   return c;
 }
 
@@ -153,12 +185,19 @@ Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
       r.key.assign(reinterpret_cast<const char*>(sqlite3_column_blob(s.s, 0)) ?: "",
                    static_cast<size_t>(sqlite3_column_bytes(s.s, 0)));
       int dt = sqlite3_column_int(s.s, 1);
-      if (dt < 0 || dt > static_cast<int>(DType::kBool))
-        return data_loss("catalog " + path_ + ": object '" + r.key + "' has unknown dtype " +
-                         std::to_string(dt));
-      r.dtype = static_cast<DType>(dt);
+      // A malformed row marks that object damaged; it never makes the store unopenable.
+      if (dt < 0 || dt > static_cast<int>(DType::kBool)) {
+        r.damage = "object '" + r.key + "' has unknown dtype " + std::to_string(dt);
+      } else {
+        r.dtype = static_cast<DType>(dt);
+      }
       const char* sh = reinterpret_cast<const char*>(sqlite3_column_text(s.s, 2));
-      STRATA_ASSIGN_OR_RETURN(r.shape, shape_from_text(sh ? sh : ""));
+      auto shape = shape_from_text(sh ? sh : "");
+      if (shape.ok()) {
+        r.shape = std::move(*shape);
+      } else if (r.damage.empty()) {
+        r.damage = "object '" + r.key + "': " + shape.status().message();
+      }
       r.nbytes = static_cast<uint64_t>(sqlite3_column_int64(s.s, 3));
       r.first_dir = static_cast<uint32_t>(sqlite3_column_int(s.s, 4));
       rows.push_back(std::move(r));
@@ -180,13 +219,12 @@ Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
     std::string key(reinterpret_cast<const char*>(sqlite3_column_blob(s.s, 0)) ?: "",
                     static_cast<size_t>(sqlite3_column_bytes(s.s, 0)));
     while (oi < rows.size() && rows[oi].key < key) ++oi;
-    if (oi == rows.size() || rows[oi].key != key)
-      return data_loss("catalog " + path_ + ": chunk of unknown object '" + key + "'");
+    if (oi == rows.size() || rows[oi].key != key) continue;  // orphan chunk row: ignored
     ChunkRow c;
     uint64_t idx = static_cast<uint64_t>(sqlite3_column_int64(s.s, 1));
-    if (idx != rows[oi].chunks.size())
-      return data_loss("catalog " + path_ + ": object '" + key + "' misses chunk " +
-                       std::to_string(rows[oi].chunks.size()));
+    if (idx != rows[oi].chunks.size() && rows[oi].damage.empty())
+      rows[oi].damage = "object '" + key + "' misses chunk " +
+                        std::to_string(rows[oi].chunks.size());
     c.dir = static_cast<uint32_t>(sqlite3_column_int(s.s, 2));
     c.offset = static_cast<uint64_t>(sqlite3_column_int64(s.s, 3));
     c.nbytes = static_cast<uint64_t>(sqlite3_column_int64(s.s, 4));
@@ -197,11 +235,27 @@ Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
   for (auto& r : rows) {
     uint64_t sum = 0;
     for (auto& c : r.chunks) sum += c.nbytes;
-    if (sum != r.nbytes)
-      return data_loss("catalog " + path_ + ": object '" + r.key + "' chunks hold " +
-                       std::to_string(sum) + " bytes, expected " + std::to_string(r.nbytes));
+    if (sum != r.nbytes && r.damage.empty())
+      r.damage = "object '" + r.key + "' chunks hold " + std::to_string(sum) +
+                 " bytes, expected " + std::to_string(r.nbytes);
   }
   return rows;
+}
+
+Result<std::vector<uint64_t>> Catalog::chunks_per_dir(size_t ndirs) {
+  std::vector<uint64_t> out(ndirs, 0);
+  Stmt s;
+  if (sqlite3_prepare_v2(db_, "SELECT dir, count(*) FROM chunks GROUP BY dir", -1, &s.s,
+                         nullptr) != SQLITE_OK)
+    return error("prepare chunks_per_dir");
+  int rc;
+  while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
+    int64_t dir = sqlite3_column_int64(s.s, 0);
+    if (dir >= 0 && static_cast<uint64_t>(dir) < ndirs)
+      out[static_cast<size_t>(dir)] = static_cast<uint64_t>(sqlite3_column_int64(s.s, 1));
+  }
+  if (rc != SQLITE_DONE) return error("chunks_per_dir");
+  return out;
 }
 
 Status Catalog::apply(const std::vector<Op>& ops) {

@@ -37,6 +37,9 @@ struct ObjectRow {
   uint64_t nbytes = 0;
   uint32_t first_dir = 0;
   std::vector<ChunkRow> chunks;
+  /// Non-empty when load_all() found the row malformed (unknown dtype, bad shape, missing
+  /// chunks, chunk sizes not adding up): the message names the key. The rest is best effort.
+  std::string damage;
 };
 
 struct Op {
@@ -59,6 +62,9 @@ class Catalog {
   Status set_meta(const std::string& name, const std::string& value);
   /// Every committed object with its chunks, sorted by key.
   Result<std::vector<ObjectRow>> load_all(const std::string& prefix = {});
+  /// Chunks recorded per NVMe directory: result[i] = chunk rows with dir == i, i < ndirs
+  /// (rows naming other directories are ignored here; load_all() marks them damaged).
+  Result<std::vector<uint64_t>> chunks_per_dir(size_t ndirs);
   /// Applies `ops` in order in one transaction (all or nothing).
   Status apply(const std::vector<Op>& ops);
 

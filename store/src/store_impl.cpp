@@ -37,6 +37,7 @@
 
 #include "catalog_sqlite.hpp"
 #include "store_device.hpp"
+#include "store_validate.hpp"
 #include "strata/base/env.hpp"
 #include "strata/base/logging.hpp"
 #include "strata/base/units.hpp"
@@ -255,6 +256,12 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
     return used_;
   }
 
+  /// End of the allocated part of `dir`'s data file (no extent lies at or past it).
+  uint64_t end(uint32_t dir) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return dirs_[dir].end;
+  }
+
  private:
   std::shared_ptr<Extent> make(uint32_t dir, uint64_t off, uint64_t len) {
     auto e = std::make_shared<Extent>();
@@ -310,6 +317,7 @@ struct Obj {
   std::shared_mutex io;
 
   bool live = true;         // installed in objects_
+  std::string damage;       // non-empty: the catalog row is damaged (reads fail, DataLoss)
   LayoutPtr current;        // NVMe copy (null: none)
   bool on_host = false;     // memory copy in host (buffer empty when nbytes == 0)
   PinnedBuffer host;
@@ -439,6 +447,8 @@ class StoreImpl final : public Store {
   /// Grows the data file of `dir` (fallocate) so that [0, end) is allocated before a
   /// direct write lands there: O_DIRECT writes past EOF extend i_size one at a time.
   Status ensure_file_size(uint32_t dir, uint64_t end);
+  /// After a failed put: gives back data file space preallocated past the allocator's end.
+  void trim_data_files();
 
   // ---- tiers
   Result<PinnedBuffer> alloc_host(uint64_t nbytes, const Obj* self);
@@ -523,7 +533,7 @@ Status fsync_dir(const std::string& dir) {
 Status StoreImpl::init(StoreOptions options) {
   opts_ = std::move(options);
   read_only_ = opts_.read_only;
-  if (opts_.path.empty()) return invalid_argument("StoreOptions.path is empty");
+  STRATA_RETURN_IF_ERROR(store_detail::check_store_paths(opts_));  // empty/NUL, duplicate dirs
   if (opts_.chunk_bytes == 0 || opts_.chunk_bytes % kAlign != 0) {
     return invalid_argument("StoreOptions.chunk_bytes " + std::to_string(opts_.chunk_bytes) +
                             " is not a positive multiple of 4096");
@@ -570,6 +580,9 @@ Status StoreImpl::init(StoreOptions options) {
   std::string cat_path = root + "/catalog.db";
   bool fresh = !fs::exists(cat_path, ec);
   if (fresh && (read_only_ || !opts_.create)) return not_found("no store catalog at " + cat_path);
+  if (fresh && !opts_.recreate_catalog) {
+    STRATA_RETURN_IF_ERROR(store_detail::check_orphaned_data(cat_path, root, opts_.nvme_dirs));
+  }
   STRATA_ASSIGN_OR_RETURN(catalog_, catalog::Catalog::open(cat_path, opts_.create, read_only_));
 
   // Store identity and layout: recorded at creation, checked at reopen.
@@ -589,7 +602,7 @@ Status StoreImpl::init(StoreOptions options) {
     std::memcpy(&v, rnd, sizeof v);
     uuid_ = hex64(v);
     std::string joined;
-    for (auto& d : want) joined += d + "\n";
+    for (auto& d : want) joined += store_detail::encode_dir(root, d) + "\n";
     STRATA_RETURN_IF_ERROR(catalog_->set_meta("format", "1"));
     STRATA_RETURN_IF_ERROR(catalog_->set_meta("chunk_bytes", std::to_string(opts_.chunk_bytes)));
     STRATA_RETURN_IF_ERROR(catalog_->set_meta("nvme_dirs", joined));
@@ -605,7 +618,7 @@ Status StoreImpl::init(StoreOptions options) {
     std::string rest = *nd;
     size_t pos;
     while ((pos = rest.find('\n')) != std::string::npos) {
-      dirs_.push_back(rest.substr(0, pos));
+      dirs_.push_back(store_detail::decode_dir(root, rest.substr(0, pos)));
       rest.erase(0, pos + 1);
     }
     if (!opts_.nvme_dirs.empty() && want != dirs_) {
@@ -617,6 +630,13 @@ Status StoreImpl::init(StoreOptions options) {
   }
   opts_.nvme_dirs = dirs_;
   opts_.chunk_bytes = chunk_bytes_;
+  {  // NVMe directories and data files must carry this store's identity (store_validate).
+    STRATA_ASSIGN_OR_RETURN(auto held, catalog_->chunks_per_dir(dirs_.size()));
+    STRATA_RETURN_IF_ERROR(store_detail::prepare_nvme_dirs(root, uuid_, dirs_, held, read_only_));
+    if (!read_only_) {
+      STRATA_RETURN_IF_ERROR(store_detail::record_dirs_relocatable(*catalog_, root, dirs_));
+    }
+  }
 
   // Engine and data files: <dir>/strata-<uuid>.data, one per NVMe directory.
   if (opts_.engine) {
@@ -664,18 +684,13 @@ Status StoreImpl::init(StoreOptions options) {
     o->desc = TensorDesc{r.dtype, r.shape};
     o->nbytes = r.nbytes;
     o->first_dir = r.first_dir;
-    if (o->desc.nbytes() != r.nbytes) {
-      return data_loss("catalog: object '" + r.key + "' is " + std::to_string(r.nbytes) +
-                       " bytes but " + to_string(o->desc) + " needs " +
-                       std::to_string(o->desc.nbytes()));
-    }
+    // A damaged row makes only that object unreadable (DataLoss), never the whole store.
+    o->damage = store_detail::row_damage(r, dirs_.size(), chunk_bytes_);
+    if (!o->damage.empty()) log_warn("store " + root + ": damaged catalog row: " + o->damage);
+    if (r.first_dir >= dirs_.size()) o->first_dir = 0;
     auto l = std::make_shared<Layout>();
     for (auto& c : r.chunks) {
-      if (c.dir >= dirs_.size() || c.offset % kAlign != 0) {
-        return data_loss("catalog: object '" + r.key + "' has a chunk in directory " +
-                         std::to_string(c.dir) + " at offset " + std::to_string(c.offset) +
-                         " outside the store");
-      }
+      if (!store_detail::chunk_adoptable(c, dirs_.size(), chunk_bytes_)) continue;  // damaged
       l->push_back(ChunkRef{alloc_->adopt(c.dir, c.offset, align_up(c.nbytes, kAlign)), c.nbytes,
                             c.checksum});
     }
@@ -993,6 +1008,20 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
   }
   file_end_[dir].store(want);
   return Status::OK();
+}
+
+void StoreImpl::trim_data_files() {
+  std::lock_guard<std::mutex> lk(grow_mu_);
+  for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
+    uint64_t keep = align_up(alloc_->end(d), kAlign);
+    if (file_end_[d].load() <= keep) continue;
+    Status st = store_detail::trim_data_file(grow_fds_[d], files_[d]->path(), keep);
+    if (st.ok()) {
+      file_end_[d].store(keep);
+    } else {
+      log_warn("store " + opts_.path + ": " + st.to_string());
+    }
+  }
 }
 
 Result<PinnedBuffer> StoreImpl::staging(uint64_t nbytes) {
@@ -1347,6 +1376,7 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
 }
 
 Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
+  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
   Tier from;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -1418,11 +1448,8 @@ Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_onl
 Future<void> StoreImpl::put(const std::string& key, const void* src, const TensorDesc& desc,
                             const PutOptions& opts) {
   if (key.empty()) return make_ready_future(Result<void>(invalid_argument("put: empty key")));
-  for (int64_t d : desc.shape) {
-    if (d < 0) {
-      return make_ready_future(Result<void>(
-          invalid_argument("put '" + key + "': negative extent in shape " + to_string(desc))));
-    }
+  if (Status st = store_detail::check_tensor_desc("put", key, desc); !st.ok()) {
+    return make_ready_future(Result<void>(st));  // before anything is written
   }
   if (desc.nbytes() > 0 && src == nullptr) {
     return make_ready_future(Result<void>(invalid_argument("put '" + key + "': src is null")));
@@ -1456,7 +1483,10 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
     if (opts.tier == Tier::kNvme) {
       if (opts.pin) return fail(invalid_argument("put '" + key + "': pin needs the host or device tier"));
       auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev);
-      if (!l.ok()) return fail(l.status());
+      if (!l.ok()) {
+        trim_data_files();  // the failed layout's extents are released: give back the space
+        return fail(l.status());
+      }
       o->current = *l;
       std::lock_guard<std::mutex> lk(mu_);
       if (opts_.durability == Durability::kOnFlush) {
@@ -1502,6 +1532,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
 }
 
 Status StoreImpl::get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
+  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
   bool dst_dev = store_detail::is_device_pointer(dst);
   uint8_t* mem;
   bool mem_dev;
@@ -1524,6 +1555,7 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
   return run_op(false, [=, this]() -> Status {
     ObjPtr o = find(key);
     if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
     if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
       return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
                               ", the destination is " + to_string(*desc));
@@ -1544,6 +1576,7 @@ Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_
   return run_op(false, [=, this]() -> Status {
     ObjPtr o = find(key);
     if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
     if (off > o->nbytes || n > o->nbytes - off) {
       return out_of_range("read_range '" + key + "': bytes [" + std::to_string(off) + ", " +
                           std::to_string(off + n) + ") past the end (" +
@@ -1557,6 +1590,7 @@ Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_
 }
 
 Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src) {
+  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
   bool src_dev = store_detail::is_device_pointer(src);
   uint8_t* mem;
   bool mem_dev;
@@ -1776,6 +1810,7 @@ ObjectInfo StoreImpl::info_locked(const Obj& o) const {
   i.dirty = o.dirty || it == durable_.end() || it->second != o.current;
   i.pinned = o.pins > 0;
   i.num_chunks = o.current ? static_cast<uint32_t>(o.current->size()) : 0;
+  i.damage = o.damage;
   return i;
 }
 
@@ -1823,6 +1858,10 @@ Result<VerifyReport> StoreImpl::verify() {
       cur = o->current;
     }
     ++rep.objects;
+    if (!o->damage.empty()) {
+      rep.errors.push_back(data_loss("store " + opts_.path + ": " + o->damage));
+      continue;
+    }
     if (!cur) continue;
     for (uint32_t j = 0; j < cur->size(); ++j) {
       const ChunkRef& c = (*cur)[j];
@@ -1851,8 +1890,13 @@ Result<std::unique_ptr<Store>> Store::open(StoreOptions options) {
 }
 
 Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_view prefix) {
+  STRATA_RETURN_IF_ERROR(store_detail::check_path("store path", path));
   STRATA_ASSIGN_OR_RETURN(auto cat, catalog::Catalog::open(path + "/catalog.db", false, true));
   STRATA_ASSIGN_OR_RETURN(auto rows, cat->load_all(std::string(prefix)));
+  STRATA_ASSIGN_OR_RETURN(auto cb, cat->get_meta("chunk_bytes"));
+  STRATA_ASSIGN_OR_RETURN(auto nd, cat->get_meta("nvme_dirs"));
+  const uint64_t chunk = cb ? std::strtoull(cb->c_str(), nullptr, 10) : 0;
+  const size_t ndirs = nd ? static_cast<size_t>(std::count(nd->begin(), nd->end(), '\n')) : 0;
   std::vector<ObjectInfo> out;
   for (auto& r : rows) {
     ObjectInfo i;
@@ -1863,6 +1907,7 @@ Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_
     i.tier = Tier::kNvme;
     i.on_nvme = true;
     i.num_chunks = static_cast<uint32_t>(r.chunks.size());
+    i.damage = store_detail::row_damage(r, ndirs, chunk);
     out.push_back(std::move(i));
   }
   return out;

@@ -90,6 +90,10 @@ struct StoreOptions {
   bool read_only = false;
   /// Create the store when `path` holds none. Default true.
   bool create = true;
+  /// When the catalog is missing but strata data files (or identity markers) lie in the
+  /// root or the NVMe directories, create a new empty store beside them instead of failing
+  /// with DataLoss. The orphaned files are left alone. Default false.
+  bool recreate_catalog = false;
   /// Threads that run store operations (each may block on the engine). Default 4.
   uint32_t worker_threads = 4;
   /// NUMA node for pinned memory; -1 = no binding. Default -1.
@@ -130,6 +134,10 @@ struct ObjectInfo {
   bool dirty = false;       ///< the in-memory copy (or a pending write_range) is not yet durable
   bool pinned = false;
   uint32_t num_chunks = 0;  ///< chunks of the NVMe copy
+  /// Non-empty when the object's catalog row is damaged (e.g. chunk sizes that do not add
+  /// up to nbytes): what is wrong, naming the key. Reads of it fail with DataLoss; put with
+  /// overwrite or remove() replace it. The other objects are unaffected.
+  std::string damage;
 };
 
 struct PutOptions {
@@ -183,16 +191,26 @@ class Store {
   /// Opens (or creates) the store at options.path and takes its write lock (unless
   /// read_only). Loads the catalog; space not referenced by any committed object (e.g.
   /// from a put interrupted by a crash) is reused.
-  /// \error FailedPrecondition when another process holds the lock; NotFound when the
-  ///     store is absent and !create; InvalidArgument for bad options or nvme_dirs that
-  ///     differ from the recorded ones; DataLoss for a corrupt catalog; IoError.
+  /// A catalog row that is damaged does not fail the open: that object is reported
+  /// damaged (ObjectInfo::damage, verify()) and reading it fails with DataLoss.
+  /// \error FailedPrecondition when another process holds the lock, or when an NVMe
+  ///     directory outside the root holds the data file of another existing store of which
+  ///     this one is a copy; NotFound when the store is absent and !create; InvalidArgument
+  ///     for bad options, an empty path or one with a NUL byte, nvme_dirs listing one
+  ///     directory twice (same realpath or st_dev/st_ino), or nvme_dirs that differ from
+  ///     the recorded ones; DataLoss for a corrupt catalog, a catalog missing beside existing
+  ///     data files (unless recreate_catalog), or a missing NVMe directory / data file that
+  ///     the catalog says holds chunks; PermissionDenied (errno EROFS/EACCES) for a writable
+  ///     open on a read-only filesystem or directory; IoError.
   static Result<std::unique_ptr<Store>> open(StoreOptions options);
 
   virtual ~Store() = default;
 
   /// Writes `desc.nbytes()` bytes from `src` as object `key` into `opts.tier`.
-  /// \error AlreadyExists, InvalidArgument (empty key, no GPU), ResourceExhausted
-  ///     (budget/ENOSPC), IoError, FailedPrecondition (closed/read-only).
+  /// \error AlreadyExists, InvalidArgument (empty key, no GPU, a negative extent, or a
+  ///     shape whose numel or nbytes overflows 64 bits: nothing is written),
+  ///     ResourceExhausted (budget/ENOSPC; data file space preallocated for the failed put
+  ///     is given back), IoError, FailedPrecondition (closed/read-only).
   virtual Future<void> put(const std::string& key, const void* src, const TensorDesc& desc,
                            const PutOptions& opts = {}) = 0;
 
@@ -293,8 +311,10 @@ class Store {
 };
 
 /// Reads the catalog of the store at `path` without the write lock and without opening
-/// data files for writing (for `strata store ls/stat`).
-/// \error NotFound when no store is there.
+/// data files for writing (for `strata store ls/stat`). Works on a read-only filesystem.
+/// Damaged rows are listed with ObjectInfo::damage set.
+/// \error NotFound when no store is there; InvalidArgument when `path` is empty or holds a
+///     NUL byte.
 Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_view prefix = {});
 
 }  // namespace strata

@@ -1,0 +1,491 @@
+// Store input validation and on-disk identity: overflowing shapes, damaged catalog rows,
+// duplicate NVMe directories, copied / moved stores, read-only filesystems, a deleted
+// catalog, empty / NUL paths, data file space given back after ENOSPC.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "test_store_util.hpp"
+
+namespace strata {
+namespace {
+
+using store_test::open_or_die;
+using store_test::pattern;
+using store_test::small_options;
+using store_test::TempDir;
+namespace fs = std::filesystem;
+
+/// The single strata-<uuid>.data file in `dir` ("" when none).
+std::string data_file_in(const std::string& dir) {
+  std::string found;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("strata-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".data") {
+      found = e.path().string();
+    }
+  }
+  return found;
+}
+
+/// "<uuid>" of the data file in `dir`.
+std::string uuid_in(const std::string& dir) {
+  std::string f = fs::path(data_file_in(dir)).filename().string();  // strata-<uuid>.data
+  return f.size() > 12 ? f.substr(7, f.size() - 12) : "";
+}
+
+/// Runs `sql` on the catalog of the closed store at `root`.
+void catalog_exec(const std::string& root, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((root + "/catalog.db").c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "") << " in " << sql;
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+std::string catalog_meta(const std::string& root, const std::string& name) {
+  sqlite3* db = nullptr;
+  std::string v;
+  if (sqlite3_open_v2((root + "/catalog.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr) !=
+      SQLITE_OK) {
+    sqlite3_close(db);
+    return v;
+  }
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE name=?", -1, &s, nullptr);
+  sqlite3_bind_text(s, 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(s) == SQLITE_ROW) v = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return v;
+}
+
+// ---------------------------------------------------------------- 1. shapes, damaged rows
+
+TEST(StoreValidation, OverflowingShapeIsInvalidArgumentAndWritesNothing) {
+  TempDir d;
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  float x[4] = {1, 2, 3, 4};
+  Status st = s->put_sync("k", x, TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "put 'k': shape fp32[9223372036854775807, 4] overflows: numel * 4 bytes does "
+            "not fit in 64 bits");
+  // numel itself overflows (uint8: 2^63 * 4 elements).
+  st = s->put_sync("k", x, TensorDesc{DType::kUInt8, {int64_t{1} << 62, 8}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "put 'k': shape uint8[4611686018427387904, 8] overflows: numel * 1 bytes does not "
+            "fit in 64 bits");
+  st = s->put_sync("n", x, TensorDesc{DType::kFloat32, {2, -1}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "put 'n': negative extent -1 in shape fp32[2, -1]");
+  EXPECT_FALSE(s->contains("k"));
+  EXPECT_EQ(s->usage().nvme_bytes, 0u);
+  ASSERT_OK(s->put_sync("ok", x, TensorDesc{DType::kFloat32, {4}}));
+  ASSERT_OK(s->close());
+  s.reset();
+  auto r = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(r);
+  auto l = r->list();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].key, "ok");
+}
+
+TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
+  TempDir d;
+  auto good = pattern(10000, 1);
+  auto bad = pattern(3000, 2);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("good", good.data(), TensorDesc::bytes(good.size())));
+    ASSERT_OK(s->put_sync("k", bad.data(), TensorDesc::bytes(bad.size())));
+    ASSERT_OK(s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size())));
+  }
+  // The row the overflow defect committed: shape {INT64_MAX, 4}, nbytes 0, no chunks.
+  catalog_exec(d.path(),
+               "UPDATE objects SET dtype=0, shape='9223372036854775807,4', nbytes=0 "
+               "WHERE key=CAST('k' AS BLOB); DELETE FROM chunks WHERE key=CAST('k' AS BLOB);"
+               "UPDATE objects SET nbytes=-16 WHERE key=CAST('m' AS BLOB);");
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  const std::string k_damage =
+      "object 'k' has shape fp32[9223372036854775807, 4] whose size overflows 64 bits";
+  const std::string m_damage = "object 'm' chunks hold 3000 bytes, expected 18446744073709551600";
+  auto l = s->list();
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0].key, "good");
+  EXPECT_EQ(l[0].damage, "");
+  EXPECT_EQ(l[1].key, "k");
+  EXPECT_EQ(l[1].damage, k_damage);
+  EXPECT_EQ(l[2].key, "m");
+  EXPECT_EQ(l[2].damage, m_damage);
+  std::vector<uint8_t> out(good.size());
+  ASSERT_OK(s->get_bytes_sync("good", out.data(), out.size()));
+  EXPECT_EQ(out, good);
+  Status st = s->get_bytes_sync("m", out.data(), 3000);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.message(), "store " + d.path() + ": " + m_damage);
+  st = s->get_sync("k", out.data(), TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.message(), "store " + d.path() + ": " + k_damage);
+  EXPECT_EQ(s->read_range_sync("m", 0, 1, out.data()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s->prefetch_sync("m").code(), StatusCode::kDataLoss);
+  auto v = s->verify();
+  ASSERT_OK(v);
+  ASSERT_EQ(v->errors.size(), 2u);
+  EXPECT_EQ(v->errors[0].message(), "store " + d.path() + ": " + k_damage);
+  EXPECT_EQ(v->errors[1].message(), "store " + d.path() + ": " + m_damage);
+  auto ls = list_store(d.path());
+  ASSERT_OK(ls);
+  ASSERT_EQ(ls->size(), 3u);
+  EXPECT_EQ((*ls)[2].damage, m_damage);
+  // Replace one damaged object, remove the other: the store is whole again.
+  ASSERT_OK(s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size()), PutOptions{.overwrite = true}));
+  ASSERT_OK(s->remove_sync("k"));
+  ASSERT_OK(s->close());
+  s.reset();
+  auto r = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->list().size(), 2u);
+  std::vector<uint8_t> got(bad.size());
+  ASSERT_OK(r->get_bytes_sync("m", got.data(), got.size()));
+  EXPECT_EQ(got, bad);
+  auto v2 = r->verify();
+  ASSERT_OK(v2);
+  EXPECT_TRUE(v2->errors.empty());
+}
+
+// ---------------------------------------------------------------- 2. duplicate directories
+
+TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
+  TempDir d;
+  fs::create_directories(d.sub("d"));
+  fs::create_symlink(d.sub("d"), d.sub("link"));
+  auto o = small_options(d.sub("root"));
+  o.nvme_dirs = {d.sub("d"), d.sub("d")};
+  auto r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" +
+                                      d.sub("d") + "' are the same directory (" + d.sub("d") +
+                                      "): each directory may be listed once");
+  EXPECT_FALSE(fs::exists(d.sub("root")));  // rejected before anything is created
+  o.nvme_dirs = {d.sub("e"), d.sub("d"), d.sub("./d/")};
+  r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[1] '" + d.sub("d") + "' and nvme_dirs[2] '" +
+                                      d.sub("./d/") + "' are the same directory (" + d.sub("d") +
+                                      "): each directory may be listed once");
+  o.nvme_dirs = {d.sub("d"), d.sub("link")};
+  r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" +
+                                      d.sub("link") + "' are the same directory (" + d.sub("d") +
+                                      "): each directory may be listed once");
+  // A bind mount: different paths, same inode.
+  fs::create_directories(d.sub("bind"));
+  if (::mount(d.sub("d").c_str(), d.sub("bind").c_str(), nullptr, MS_BIND, nullptr) == 0) {
+    struct Unmount {
+      std::string p;
+      ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+    } um{d.sub("bind")};
+    struct stat st;
+    ASSERT_EQ(::stat(d.sub("d").c_str(), &st), 0);
+    o.nvme_dirs = {d.sub("d"), d.sub("bind")};
+    r = Store::open(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message(),
+              "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("bind") +
+                  "' are the same directory (device " + std::to_string(st.st_dev) + " inode " +
+                  std::to_string(st.st_ino) + "): each directory may be listed once");
+  }
+  // Distinct directories still work.
+  o.nvme_dirs = {d.sub("d"), d.sub("e")};
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto a = pattern(3u << 20, 3);
+  ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  std::vector<uint8_t> out(a.size());
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);
+}
+
+// ---------------------------------------------------------------- 3. copied / moved stores
+
+TEST(StoreValidation, CopiedAndMovedStoresWithDirsInsideTheRootAreIndependent) {
+  TempDir d;
+  auto o = small_options(d.sub("o"));
+  o.nvme_dirs = {d.sub("o/nvme0"), d.sub("o/nvme1")};
+  auto a = pattern((2u << 20) + 5, 4);
+  auto b = pattern((2u << 20) + 5, 5);
+  {
+    auto s = open_or_die(o);
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  EXPECT_EQ(catalog_meta(d.sub("o"), "nvme_dirs"), "nvme0\nnvme1\n");  // relative to the root
+  fs::copy(d.sub("o"), d.sub("o-backup"), fs::copy_options::recursive);
+  {
+    auto bo = small_options(d.sub("o-backup"));
+    auto s = open_or_die(bo);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->options().nvme_dirs,
+              (std::vector<std::string>{d.sub("o-backup/nvme0"), d.sub("o-backup/nvme1")}));
+    ASSERT_OK(s->put_sync("a", b.data(), TensorDesc::bytes(b.size()), PutOptions{.overwrite = true}));
+  }
+  std::vector<uint8_t> out(a.size());
+  {
+    auto s = open_or_die(small_options(d.sub("o")));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    EXPECT_EQ(out, a);  // the copy did not write into the original's data files
+    auto v = s->verify();
+    ASSERT_OK(v);
+    EXPECT_TRUE(v->errors.empty());
+  }
+  fs::rename(d.sub("o-backup"), d.sub("m2"));
+  auto s = open_or_die(small_options(d.sub("m2")));
+  ASSERT_TRUE(s);
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, b);
+  EXPECT_FALSE(fs::exists(d.sub("o-backup")));  // nothing recreated at the old place
+}
+
+TEST(StoreValidation, CopyThatWouldShareAnOutsideDataFileIsRefused) {
+  TempDir d;
+  auto o = small_options(d.sub("r"));
+  o.nvme_dirs = {d.sub("ext")};
+  auto a = pattern(100000, 6);
+  {
+    auto s = open_or_die(o);
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  EXPECT_EQ(catalog_meta(d.sub("r"), "nvme_dirs"), d.sub("ext") + "\n");  // outside: absolute
+  const std::string uuid = uuid_in(d.sub("ext"));
+  ASSERT_EQ(uuid.size(), 16u);
+  fs::copy(d.sub("r"), d.sub("r2"), fs::copy_options::recursive);
+  for (bool ro : {false, true}) {
+    auto o2 = small_options(d.sub("r2"));
+    o2.read_only = ro;
+    auto r = Store::open(o2);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(r.status().message(),
+              "store " + d.sub("r2") + ": nvme directory " + d.sub("ext") +
+                  " holds the data file of store " + d.sub("r") + " (uuid " + uuid +
+                  "), of which this store is a copy; the two would share one data file. Copy "
+                  "the data file into a directory of the copy and reopen it with that "
+                  "directory, or open the original");
+  }
+  // The original is unaffected.
+  std::vector<uint8_t> out(a.size());
+  {
+    auto s = open_or_die(small_options(d.sub("r")));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    EXPECT_EQ(out, a);
+  }
+  // Moved (the original root is gone): the store adopts the directory.
+  fs::remove_all(d.sub("r2"));
+  fs::rename(d.sub("r"), d.sub("r3"));
+  {
+    auto s = open_or_die(small_options(d.sub("r3")));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    EXPECT_EQ(out, a);
+  }
+  // A missing data file is DataLoss, never replaced by an empty one.
+  const std::string data = d.sub("ext") + "/strata-" + uuid + ".data";
+  fs::remove(data);
+  auto r = Store::open(small_options(d.sub("r3")));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(), "store " + d.sub("r3") + ": data file " + data +
+                                      " is missing but 1 chunks are recorded in nvme directory " +
+                                      d.sub("ext"));
+  EXPECT_FALSE(fs::exists(data));
+}
+
+TEST(StoreValidation, MovedLegacyStoreWithAbsoluteDirsIsDataLossNotAnEmptyStore) {
+  TempDir d;
+  auto a = pattern(5000, 7);
+  {
+    auto s = open_or_die(small_options(d.sub("m")));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  // Catalogs written before relocatable paths recorded the root's absolute path.
+  catalog_exec(d.sub("m"), "UPDATE meta SET value='" + d.sub("m") + "\n' WHERE name='nvme_dirs'");
+  fs::rename(d.sub("m"), d.sub("m2"));
+  auto r = Store::open(small_options(d.sub("m2")));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(), "store " + d.sub("m2") + ": nvme directory " + d.sub("m") +
+                                      " is missing but holds 1 chunks (was the store moved or "
+                                      "copied without it?)");
+  EXPECT_FALSE(fs::exists(d.sub("m")));
+  // In place, an old absolute record is rewritten in the relocatable form.
+  fs::rename(d.sub("m2"), d.sub("m"));
+  {
+    auto s = open_or_die(small_options(d.sub("m")));
+    ASSERT_TRUE(s);
+  }
+  EXPECT_EQ(catalog_meta(d.sub("m"), "nvme_dirs"), ".\n");
+}
+
+// ---------------------------------------------------------------- 4. read-only filesystem
+
+TEST(StoreValidation, ReadOnlyFilesystem) {
+  TempDir d;
+  auto a = pattern(70000, 8);
+  {
+    auto s = open_or_die(small_options(d.sub("s")));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  const std::string ro = d.sub("ro");
+  fs::create_directories(ro);
+  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } um{ro};
+  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0)
+      << std::strerror(errno);
+  auto l = list_store(ro);
+  ASSERT_OK(l);
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].key, "a");
+  auto o = small_options(ro);
+  o.read_only = true;
+  {
+    auto s = open_or_die(o);
+    ASSERT_TRUE(s);
+    std::vector<uint8_t> out(a.size());
+    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    EXPECT_EQ(out, a);
+    auto v = s->verify();
+    ASSERT_OK(v);
+    EXPECT_EQ(v->chunks, 1u);
+    EXPECT_TRUE(v->errors.empty());
+  }
+  o.read_only = false;
+  auto r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(r.status().sys_errno(), EROFS);
+  EXPECT_EQ(r.status().message(),
+            "open lock file " + ro + "/LOCK (errno 30: Read-only file system)");
+}
+
+// ---------------------------------------------------------------- 5. deleted catalog
+
+TEST(StoreValidation, MissingCatalogBesideDataFilesIsDataLoss) {
+  TempDir d;
+  auto a = pattern(5000, 9);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  const std::string uuid = uuid_in(d.path());
+  fs::remove(d.sub("catalog.db"));
+  auto r = Store::open(small_options(d.path()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(),
+            "catalog " + d.sub("catalog.db") + " missing but data files exist in " + d.path() +
+                " (strata-" + uuid + ".data, strata-" + uuid +
+                ".id): restore the catalog, or set StoreOptions.recreate_catalog to start an "
+                "empty store beside them");
+  EXPECT_FALSE(fs::exists(d.sub("catalog.db")));
+  auto o = small_options(d.path());
+  o.recreate_catalog = true;
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->list().empty());
+  EXPECT_TRUE(fs::exists(d.path() + "/strata-" + uuid + ".data"));  // left alone
+}
+
+// ---------------------------------------------------------------- 6. paths
+
+TEST(StoreValidation, EmptyOrNulPathsAreInvalidArgument) {
+  StoreOptions o;
+  o.path = "";
+  auto r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "StoreOptions.path is empty");
+  o.path = std::string("/var/tmp/a\0b", 12);
+  r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "StoreOptions.path '/var/tmp/a\\0b' contains a NUL byte");
+  TempDir d;
+  o.path = d.sub("s");
+  o.nvme_dirs = {d.sub("n"), ""};
+  r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[1] is empty");
+  auto l = list_store("");
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.status().message(), "store path is empty");
+  l = list_store(std::string("x\0y", 3));
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.status().message(), "store path 'x\\0y' contains a NUL byte");
+}
+
+// ---------------------------------------------------------------- 7. ENOSPC gives space back
+
+TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
+  TempDir d;
+  std::string mnt = d.sub("tiny");
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=6m") != 0) {
+    GTEST_SKIP() << "cannot mount a 6 MiB tmpfs (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } um{mnt};
+  auto o = small_options(d.sub("root"));
+  o.nvme_dirs = {mnt};
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto small = pattern(1u << 20, 10);
+  ASSERT_OK(s->put_sync("small", small.data(), TensorDesc::bytes(small.size())));
+  const std::string data = data_file_in(mnt);
+  ASSERT_FALSE(data.empty());
+  auto big = pattern(16u << 20, 11);
+  Status st = s->put_sync("big", big.data(), TensorDesc::bytes(big.size()));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_EQ(st.sys_errno(), ENOSPC);
+  EXPECT_FALSE(s->contains("big"));
+  EXPECT_EQ(fs::file_size(data), 1u << 20);  // back to the committed extents
+  // The space is usable again: 4 MiB fit where the failed put had grown the file.
+  auto mid = pattern(4u << 20, 12);
+  ASSERT_OK(s->put_sync("mid", mid.data(), TensorDesc::bytes(mid.size())));
+  std::vector<uint8_t> out(mid.size());
+  ASSERT_OK(s->get_bytes_sync("mid", out.data(), out.size()));
+  EXPECT_EQ(out, mid);
+}
+
+}  // namespace
+}  // namespace strata
