@@ -678,6 +678,8 @@ Status StoreImpl::init(StoreOptions options) {
   alloc_ = std::make_shared<ExtentAllocator>(static_cast<uint32_t>(dirs_.size()),
                                              opts_.nvme_budget_bytes);
   STRATA_ASSIGN_OR_RETURN(auto rows, catalog_->load_all());
+  store_detail::ExtentClaims claims(dirs_.size(), chunk_bytes_);  // overlapping rows: damaged
+  std::vector<bool> adopt;
   for (auto& r : rows) {
     auto o = std::make_shared<Obj>();
     o->key = r.key;
@@ -686,11 +688,14 @@ Status StoreImpl::init(StoreOptions options) {
     o->first_dir = r.first_dir;
     // A damaged row makes only that object unreadable (DataLoss), never the whole store.
     o->damage = store_detail::row_damage(r, dirs_.size(), chunk_bytes_);
+    std::string overlap = claims.claim(r, &adopt);
+    if (o->damage.empty()) o->damage = overlap;
     if (!o->damage.empty()) log_warn("store " + root + ": damaged catalog row: " + o->damage);
     if (r.first_dir >= dirs_.size()) o->first_dir = 0;
     auto l = std::make_shared<Layout>();
-    for (auto& c : r.chunks) {
-      if (!store_detail::chunk_adoptable(c, dirs_.size(), chunk_bytes_)) continue;  // damaged
+    for (size_t j = 0; j < r.chunks.size(); ++j) {
+      const auto& c = r.chunks[j];
+      if (!adopt[j]) continue;  // damaged: outside the store or overlapping another row
       l->push_back(ChunkRef{alloc_->adopt(c.dir, c.offset, align_up(c.nbytes, kAlign)), c.nbytes,
                             c.checksum});
     }

@@ -378,6 +378,33 @@ std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk
   return {};
 }
 
+std::string ExtentClaims::claim(const catalog::ObjectRow& r, std::vector<bool>* adopt) {
+  std::string damage;
+  adopt->assign(r.chunks.size(), false);
+  for (size_t j = 0; j < r.chunks.size(); ++j) {
+    const auto& c = r.chunks[j];
+    if (!chunk_adoptable(c, dirs_.size(), chunk_bytes_)) continue;
+    const uint64_t end = c.offset + align_up(c.nbytes, kAlign);
+    auto& m = dirs_[c.dir];
+    const Claim* hit = nullptr;
+    auto it = m.upper_bound(c.offset);
+    if (it != m.begin() && std::prev(it)->second.end > c.offset) hit = &std::prev(it)->second;
+    if (!hit && it != m.end() && it->first < end) hit = &it->second;
+    if (hit) {
+      if (damage.empty()) {
+        damage = "object '" + r.key + "' chunk " + std::to_string(j) + " (directory " +
+                 std::to_string(c.dir) + " offset " + std::to_string(c.offset) + ", " +
+                 std::to_string(c.nbytes) + " bytes) overlaps " +
+                 (hit->key == r.key ? "another chunk of it" : "object '" + hit->key + "'");
+      }
+      continue;
+    }
+    m.emplace(c.offset, Claim{end, r.key});
+    (*adopt)[j] = true;
+  }
+  return damage;
+}
+
 Status trim_data_file(int fd, const std::string& path, uint64_t keep_bytes) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return errno_status(errno, "fstat " + path);

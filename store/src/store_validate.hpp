@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -85,6 +86,24 @@ Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
 std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk_bytes);
 /// True when chunk `c` names a valid extent (its space is then kept out of reuse).
 bool chunk_adoptable(const catalog::ChunkRow& c, size_t ndirs, uint64_t chunk_bytes);
+
+/// Extents claimed by the catalog rows loaded so far, per directory: two committed rows
+/// whose chunks overlap would otherwise make the store unopenable.
+class ExtentClaims {
+ public:
+  ExtentClaims(size_t ndirs, uint64_t chunk_bytes) : dirs_(ndirs), chunk_bytes_(chunk_bytes) {}
+  /// Claims the adoptable chunks of `r` that overlap no earlier claim; adopt[j] says which.
+  /// \returns "" or a description of the first overlap (the row is then damaged).
+  std::string claim(const catalog::ObjectRow& r, std::vector<bool>* adopt);
+
+ private:
+  struct Claim {
+    uint64_t end;
+    std::string key;
+  };
+  std::vector<std::map<uint64_t, Claim>> dirs_;  // offset -> claim
+  uint64_t chunk_bytes_;
+};
 
 /// Shrinks the data file open as `fd` (at `path`) to `keep_bytes` when it is larger
 /// (space preallocated for a put that failed). \error IoError naming the path.

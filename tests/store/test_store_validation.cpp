@@ -168,6 +168,41 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   EXPECT_TRUE(v2->errors.empty());
 }
 
+TEST(StoreValidation, OverlappingCatalogRowsDamageOnlyTheLaterObject) {
+  TempDir d;
+  auto a = pattern(5000, 13);  // extent [0, 8192)
+  auto b = pattern(3000, 14);  // extent [8192, 12288)
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->put_sync("b", b.data(), TensorDesc::bytes(b.size())));
+  }
+  catalog_exec(d.path(), "UPDATE chunks SET offset=4096 WHERE key=CAST('b' AS BLOB)");
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  const std::string damage =
+      "object 'b' chunk 0 (directory 0 offset 4096, 3000 bytes) overlaps object 'a'";
+  auto info = s->stat("b");
+  ASSERT_OK(info);
+  EXPECT_EQ(info->damage, damage);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);
+  Status st = s->get_bytes_sync("b", out.data(), b.size());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(st.message(), "store " + d.path() + ": " + damage);
+  EXPECT_EQ(s->usage().nvme_bytes, 8192u);  // only a's extent is in use
+  ASSERT_OK(s->remove_sync("b"));
+  auto c = pattern(9000, 15);
+  ASSERT_OK(s->put_sync("c", c.data(), TensorDesc::bytes(c.size())));
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);  // c was not placed over a
+  auto v = s->verify();
+  ASSERT_OK(v);
+  EXPECT_TRUE(v->errors.empty());
+}
+
 // ---------------------------------------------------------------- 2. duplicate directories
 
 TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
@@ -393,6 +428,32 @@ TEST(StoreValidation, ReadOnlyFilesystem) {
   EXPECT_EQ(r.status().sys_errno(), EROFS);
   EXPECT_EQ(r.status().message(),
             "open lock file " + ro + "/LOCK (errno 30: Read-only file system)");
+}
+
+TEST(StoreValidation, ReadOnlyFilesystemWhileAWriterHoldsTheWal) {
+  TempDir d;
+  auto a = pattern(7000, 16);
+  auto w = open_or_die(small_options(d.sub("s")));
+  ASSERT_TRUE(w);
+  ASSERT_OK(w->put_sync("a", a.data(), TensorDesc::bytes(a.size())));  // committed in the WAL
+  ASSERT_TRUE(fs::exists(d.sub("s/catalog.db-wal")));
+  const std::string ro = d.sub("ro");
+  fs::create_directories(ro);
+  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } um{ro};
+  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0);
+  auto o = small_options(ro);
+  o.read_only = true;
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);
 }
 
 // ---------------------------------------------------------------- 5. deleted catalog
