@@ -288,8 +288,8 @@ Status check_orphaned_data(const std::string& cat_path, const std::string& root,
 }
 
 Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
-                         const std::vector<std::string>& dirs,
-                         const std::vector<uint64_t>& chunks, bool read_only) {
+                         const std::vector<std::string>& dirs, const std::vector<uint64_t>& chunks,
+                         bool read_only) {
   for (size_t i = 0; i < dirs.size(); ++i) {
     const std::string& dir = dirs[i];
     const uint64_t held = i < chunks.size() ? chunks[i] : 0;
@@ -342,8 +342,7 @@ bool chunk_adoptable(const catalog::ChunkRow& c, size_t ndirs, uint64_t chunk_by
     return false;
   }
   uint64_t end;
-  return !__builtin_add_overflow(c.offset, align_up(c.nbytes, kAlign), &end) &&
-         end <= (1ull << 62);
+  return !__builtin_add_overflow(c.offset, align_up(c.nbytes, kAlign), &end) && end <= (1ull << 62);
 }
 
 std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk_bytes) {
@@ -354,8 +353,8 @@ std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk
     return "object '" + r.key + "' has shape " + to_string(d) + " whose size overflows 64 bits";
   }
   if (*want != r.nbytes) {
-    return "object '" + r.key + "' is " + std::to_string(r.nbytes) + " bytes but " +
-           to_string(d) + " needs " + std::to_string(*want);
+    return "object '" + r.key + "' is " + std::to_string(r.nbytes) + " bytes but " + to_string(d) +
+           " needs " + std::to_string(*want);
   }
   const uint64_t nchunks = chunk_bytes ? (r.nbytes + chunk_bytes - 1) / chunk_bytes : 0;
   if (r.chunks.size() != nchunks) {
@@ -410,8 +409,7 @@ Status trim_data_file(int fd, const std::string& path, uint64_t keep_bytes) {
   if (::fstat(fd, &st) != 0) return errno_status(errno, "fstat " + path);
   if (static_cast<uint64_t>(st.st_size) <= keep_bytes) return Status::OK();
   if (::ftruncate(fd, static_cast<off_t>(keep_bytes)) != 0) {
-    return errno_status(errno, "truncate " + path + " to " + std::to_string(keep_bytes) +
-                                   " bytes");
+    return errno_status(errno, "truncate " + path + " to " + std::to_string(keep_bytes) + " bytes");
   }
   return Status::OK();
 }

@@ -78,8 +78,8 @@ Status check_orphaned_data(const std::string& cat_path, const std::string& root,
 ///     existing store with the same uuid (this store is a copy that would share its data);
 ///     IoError / PermissionDenied writing a marker.
 Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
-                         const std::vector<std::string>& dirs,
-                         const std::vector<uint64_t>& chunks, bool read_only);
+                         const std::vector<std::string>& dirs, const std::vector<uint64_t>& chunks,
+                         bool read_only);
 
 /// Empty when catalog row `r` is sound for a store with `ndirs` directories and
 /// `chunk_bytes`, else a description of the damage (names the key).

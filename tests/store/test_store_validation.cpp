@@ -153,7 +153,8 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   ASSERT_EQ(ls->size(), 3u);
   EXPECT_EQ((*ls)[2].damage, m_damage);
   // Replace one damaged object, remove the other: the store is whole again.
-  ASSERT_OK(s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size()), PutOptions{.overwrite = true}));
+  ASSERT_OK(
+      s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size()), PutOptions{.overwrite = true}));
   ASSERT_OK(s->remove_sync("k"));
   ASSERT_OK(s->close());
   s.reset();
@@ -214,23 +215,23 @@ TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
   auto r = Store::open(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" +
-                                      d.sub("d") + "' are the same directory (" + d.sub("d") +
-                                      "): each directory may be listed once");
+  EXPECT_EQ(r.status().message(),
+            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("d") +
+                "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   EXPECT_FALSE(fs::exists(d.sub("root")));  // rejected before anything is created
   o.nvme_dirs = {d.sub("e"), d.sub("d"), d.sub("./d/")};
   r = Store::open(o);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[1] '" + d.sub("d") + "' and nvme_dirs[2] '" +
-                                      d.sub("./d/") + "' are the same directory (" + d.sub("d") +
-                                      "): each directory may be listed once");
+  EXPECT_EQ(r.status().message(),
+            "StoreOptions.nvme_dirs[1] '" + d.sub("d") + "' and nvme_dirs[2] '" + d.sub("./d/") +
+                "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   o.nvme_dirs = {d.sub("d"), d.sub("link")};
   r = Store::open(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" +
-                                      d.sub("link") + "' are the same directory (" + d.sub("d") +
-                                      "): each directory may be listed once");
+  EXPECT_EQ(r.status().message(),
+            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("link") +
+                "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   // A bind mount: different paths, same inode.
   fs::create_directories(d.sub("bind"));
   if (::mount(d.sub("d").c_str(), d.sub("bind").c_str(), nullptr, MS_BIND, nullptr) == 0) {
@@ -280,7 +281,8 @@ TEST(StoreValidation, CopiedAndMovedStoresWithDirsInsideTheRootAreIndependent) {
     ASSERT_TRUE(s);
     EXPECT_EQ(s->options().nvme_dirs,
               (std::vector<std::string>{d.sub("o-backup/nvme0"), d.sub("o-backup/nvme1")}));
-    ASSERT_OK(s->put_sync("a", b.data(), TensorDesc::bytes(b.size()), PutOptions{.overwrite = true}));
+    ASSERT_OK(
+        s->put_sync("a", b.data(), TensorDesc::bytes(b.size()), PutOptions{.overwrite = true}));
   }
   std::vector<uint8_t> out(a.size());
   {
