@@ -25,6 +25,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <functional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
@@ -554,7 +556,18 @@ struct OffloadedOptimizer::Impl {
     uint64_t begin, count;
   };
 
-  Status run_pipeline(const std::vector<Item>& items, float grad_scale, StepStats& stats) {
+  /// Decides, once the first reads are in flight, whether the step goes ahead and with which
+  /// gradient scale: nullopt skips the step (nothing is written).
+  using Gate = std::function<Result<std::optional<float>>()>;
+
+  /// Runs the NVMe pipeline over `items`. The reads of the first B items are issued before
+  /// `gate` runs, so the gradient checks (inf/NaN scan, global norm: a pass over every
+  /// gradient) and the in-place update of DRAM tensors overlap the first reads instead of
+  /// leaving the disk idle. Sets *skipped when the gate says skip.
+  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
+                      bool* skipped) {
+    *skipped = false;
+    float grad_scale = 1.0f;
     const size_t n = items.size();
     const size_t B = slots.size();
     const int S = num_streams();
@@ -597,7 +610,18 @@ struct OffloadedOptimizer::Impl {
     };
     size_t next = 0;
     Status st;
-    for (size_t i = 0; i < n && st.ok(); ++i) {
+    while (next < n && next < B) issue_reads(next++);
+    {
+      auto g = gate();
+      if (!g.ok()) {
+        st = g.status();
+      } else if (!g->has_value()) {
+        *skipped = true;
+      } else {
+        grad_scale = **g;
+      }
+    }
+    for (size_t i = 0; i < n && st.ok() && !*skipped; ++i) {
       // Issue every read whose slot is free, then wait for this item's reads.
       const auto t_wait = Clock::now();
       for (;;) {
@@ -658,7 +682,7 @@ struct OffloadedOptimizer::Impl {
       for (const auto& f : writes[j]) f.wait();
     }
     stats.io_wait_seconds += seconds_since(t_drain);
-    if (!st.ok()) return st;
+    if (!st.ok() || *skipped) return st;
     for (size_t j = 0; j < n; ++j) {
       STRATA_RETURN_IF_ERROR(first_error(writes[j]));
     }
@@ -679,46 +703,52 @@ struct OffloadedOptimizer::Impl {
         views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
       }
     }
-    float scale = o.grad_scale;
-    if (o.max_grad_norm > 0.0) {
-      STRATA_ASSIGN_OR_RETURN(double norm, global_l2_norm(views, pool.get()));
-      stats.grad_norm = norm * std::fabs(static_cast<double>(o.grad_scale));
-      if (!std::isfinite(stats.grad_norm)) {
-        if (o.skip_if_nonfinite) {
-          stats.skipped = true;
-          stats.seconds = seconds_since(t0);
-          return stats;
-        }
-      } else {
-        stats.clip_coef = clip_coefficient(stats.grad_norm, o.max_grad_norm);
-        scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
-      }
-    } else if (o.skip_if_nonfinite) {
-      STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(views, pool.get()));
-      if (bad) {
-        stats.skipped = true;
-        stats.seconds = seconds_since(t0);
-        return stats;
-      }
-    }
-    // Host tensors in place.
     std::vector<Item> items;
     for (uint32_t h : active) {
-      Tensor& t = tensors[h];
-      stats.tensors_updated += 1;
-      stats.numel_updated += t.numel;
-      if (t.placement == Placement::kHost) {
+      const Tensor& t = tensors[h];
+      if (t.placement == Placement::kHost) continue;
+      for (uint64_t b = 0; b < t.numel; b += sg) items.push_back({h, b, std::min(sg, t.numel - b)});
+    }
+    // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
+    // place. nullopt = skip the step (nothing has changed yet).
+    auto gate = [&]() -> Result<std::optional<float>> {
+      float scale = o.grad_scale;
+      if (o.max_grad_norm > 0.0) {
+        STRATA_ASSIGN_OR_RETURN(double norm, global_l2_norm(views, pool.get()));
+        stats.grad_norm = norm * std::fabs(static_cast<double>(o.grad_scale));
+        if (!std::isfinite(stats.grad_norm)) {
+          if (o.skip_if_nonfinite) return std::optional<float>();
+        } else {
+          stats.clip_coef = clip_coefficient(stats.grad_norm, o.max_grad_norm);
+          scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
+        }
+      } else if (o.skip_if_nonfinite) {
+        STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(views, pool.get()));
+        if (bad) return std::optional<float>();
+      }
+      for (uint32_t h : active) {
+        Tensor& t = tensors[h];
+        stats.tensors_updated += 1;
+        stats.numel_updated += t.numel;
+        if (t.placement != Placement::kHost) continue;
         StepInfo info;
         info.step = t.state.step() + 1;
         info.grad_scale = scale;
         const auto tc = Clock::now();
         STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, host_spans(t), info, pool.get()));
         stats.compute_seconds += seconds_since(tc);
-      } else {
-        for (uint64_t b = 0; b < t.numel; b += sg) items.push_back({h, b, std::min(sg, t.numel - b)});
       }
+      return std::optional<float>(scale);
+    };
+    bool skipped = false;
+    STRATA_RETURN_IF_ERROR(run_pipeline(items, gate, stats, &skipped));
+    if (skipped) {
+      stats.skipped = true;
+      stats.tensors_updated = 0;
+      stats.numel_updated = 0;
+      stats.seconds = seconds_since(t0);
+      return stats;
     }
-    STRATA_RETURN_IF_ERROR(run_pipeline(items, scale, stats));
     for (uint32_t h : active) tensors[h].state.advance();
     STRATA_RETURN_IF_ERROR(put_meta());
     stats.seconds = seconds_since(t0);
