@@ -1032,8 +1032,11 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
   std::lock_guard<std::mutex> lk(grow_mu_);
   uint64_t cur = file_end_[dir].load();
   if (cur >= end) return Status::OK();
-  // Grow in steps of at least 256 MiB (fewer metadata updates); exactly when that fails.
-  uint64_t want = std::max(end, align_up(cur + (256ull << 20), kAlign));
+  // Grow geometrically: by the current size, at least 4 MiB and at most 256 MiB per step
+  // (few metadata updates for big stores, little unused space for small ones); exactly to
+  // `end` when that fails.
+  const uint64_t step = std::clamp<uint64_t>(cur, 4ull << 20, 256ull << 20);
+  uint64_t want = std::max(end, align_up(cur + step, kAlign));
   int rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
   if (rc != 0 && want > end) {
     want = end;
