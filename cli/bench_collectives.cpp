@@ -24,6 +24,7 @@
 #endif
 
 #include "command.hpp"
+#include "launch_ranks.hpp"
 #include "strata/base/units.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/launcher.hpp"
@@ -206,30 +207,13 @@ int run_allgather(const AllgatherArgs& a) {
   }
   if (*total < static_cast<uint64_t>(a.nproc))
     return report_error(invalid_argument("--bytes " + a.bytes_text + " is smaller than --nproc"));
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (len <= 0) return report_error(errno_status(errno, "readlink /proc/self/exe"));
-  self[len] = 0;
-  char tmpl[] = "/tmp/strata-bench-allgather-XXXXXX";
-  int fd = mkstemp(tmpl);
-  if (fd < 0) return report_error(errno_status(errno, "mkstemp"));
-  close(fd);
-  LaunchOptions lo;
-  lo.nproc = a.nproc;
-  lo.master_port = a.master_port;
-  lo.forward_signals = true;
-  lo.argv = {self, "bench", "allgather", "--from-env", "--bytes", a.bytes_text, "--backend",
-             a.backend, "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup),
-             "--result-file", tmpl};
-  auto rep = launch_local(lo);
-  std::string text;
-  {
-    std::ifstream in(tmpl);
-    std::getline(in, text);
-  }
-  unlink(tmpl);
-  if (!rep.ok()) return report_error(rep.status());
-  if (!rep->status().ok()) return report_error(rep->status().with_context("bench allgather"));
+  auto run = run_self_as_ranks(
+      a.nproc, a.master_port,
+      {"bench", "allgather", "--from-env", "--bytes", a.bytes_text, "--backend", a.backend,
+       "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup)});
+  if (!run.ok()) return report_error(run.status());
+  if (!run->ranks_status.ok()) return report_error(run->ranks_status.with_context("bench allgather"));
+  const std::string& text = run->result;
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
   if (a.json)

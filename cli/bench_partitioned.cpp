@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "launch_ranks.hpp"
 #include "strata/base/units.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/launcher.hpp"
@@ -248,39 +249,23 @@ int run_partitioned(const PartArgs& a) {
     return (*j)["verified"].get<bool>() ? 0 : 1;
   }
   if (*total == 0) return report_error(invalid_argument("--bytes must be > 0"));
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (len <= 0) return report_error(errno_status(errno, "readlink /proc/self/exe"));
-  self[len] = 0;
-  char tmpl[] = "/tmp/strata-bench-partitioned-XXXXXX";
-  int fd = mkstemp(tmpl);
-  if (fd < 0) return report_error(errno_status(errno, "mkstemp"));
-  close(fd);
-  LaunchOptions lo;
-  lo.nproc = a.nproc;
-  lo.master_port = a.master_port;
-  lo.forward_signals = true;
-  lo.argv = {self, "bench", "partitioned-read", "--from-env", "--bytes", a.bytes_text,
-             "--path", a.path, "--piece-bytes", a.piece_text, "--iters", std::to_string(a.iters),
-             "--result-file", tmpl};
-  if (a.keep) lo.argv.push_back("--keep");
-  auto rep = launch_local(lo);
-  std::string text;
-  {
-    std::ifstream in(tmpl);
-    std::getline(in, text);
-  }
-  unlink(tmpl);
-  if (!rep.ok()) return report_error(rep.status());
-  if (!rep->status().ok() && text.empty())
-    return report_error(rep->status().with_context("bench partitioned-read"));
+  std::vector<std::string> args = {"bench", "partitioned-read", "--from-env", "--bytes",
+                                   a.bytes_text, "--path", a.path, "--piece-bytes", a.piece_text,
+                                   "--iters", std::to_string(a.iters)};
+  if (a.keep) args.push_back("--keep");
+  auto run = run_self_as_ranks(a.nproc, a.master_port, std::move(args));
+  if (!run.ok()) return report_error(run.status());
+  const std::string& text = run->result;
+  // A rank that found a mismatch exits non-zero after rank 0 wrote its (unverified) result.
+  if (!run->ranks_status.ok() && text.empty())
+    return report_error(run->ranks_status.with_context("bench partitioned-read"));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
   if (a.json)
     std::printf("%s\n", j.dump().c_str());
   else
     print_human(j);
-  return j["verified"].get<bool>() && rep->status().ok() ? 0 : 1;
+  return j["verified"].get<bool>() && run->ranks_status.ok() ? 0 : 1;
 }
 
 void register_bench_partitioned(Registry& r) {
