@@ -434,6 +434,10 @@ class StoreImpl final : public Store {
   Future<void> run_op(bool mutating, F f);
   template <class F>
   Future<void> run_op_async(F f);  // f returns Future<void>; the worker does not wait
+  /// Admits an operation (writable when `mutating`, store not closing) and counts it in
+  /// flight; end_op() uncounts it and wakes close().
+  Status begin_op(bool mutating);
+  void end_op();
   Status check_writable() const;
   ObjPtr find(const std::string& key) const;
   ObjPtr lock_live(const std::string& key);         // exclusive; null when absent
@@ -829,56 +833,43 @@ Status StoreImpl::check_writable() const {
   return Status::OK();
 }
 
-template <class F>
-Future<void> StoreImpl::run_op(bool mutating, F f) {
-  if (mutating) {
-    Status st = check_writable();
-    if (!st.ok()) return make_ready_future(Result<void>(st));
-  }
+Status StoreImpl::begin_op(bool mutating) {
+  if (mutating) STRATA_RETURN_IF_ERROR(check_writable());
+  std::lock_guard<std::mutex> lk(ops_mu_);
+  if (closing_ || closed_) return failed_precondition("store " + opts_.path + " is closed");
+  ++ops_in_flight_;
+  return Status::OK();
+}
+
+void StoreImpl::end_op() {
   {
     std::lock_guard<std::mutex> lk(ops_mu_);
-    if (closing_ || closed_) {
-      return make_ready_future(
-          Result<void>(failed_precondition("store " + opts_.path + " is closed")));
-    }
-    ++ops_in_flight_;
+    --ops_in_flight_;
   }
+  ops_cv_.notify_all();
+}
+
+template <class F>
+Future<void> StoreImpl::run_op(bool mutating, F f) {
+  if (Status st = begin_op(mutating); !st.ok()) return make_ready_future(Result<void>(st));
   auto p = std::make_shared<Promise<void>>();
   Future<void> fut = p->future();
   pool_.submit([this, p, f = std::move(f)]() mutable {
-    Status st = f();
-    p->set(Result<void>(st));
-    {
-      std::lock_guard<std::mutex> lk(ops_mu_);
-      --ops_in_flight_;
-    }
-    ops_cv_.notify_all();
+    p->set(Result<void>(f()));
+    end_op();
   });
   return fut;
 }
 
 template <class F>
 Future<void> StoreImpl::run_op_async(F f) {
-  if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
-  {
-    std::lock_guard<std::mutex> lk(ops_mu_);
-    if (closing_ || closed_) {
-      return make_ready_future(
-          Result<void>(failed_precondition("store " + opts_.path + " is closed")));
-    }
-    ++ops_in_flight_;
-  }
+  if (Status st = begin_op(true); !st.ok()) return make_ready_future(Result<void>(st));
   auto p = std::make_shared<Promise<void>>();
   Future<void> fut = p->future();
   pool_.submit([this, p, f = std::move(f)]() mutable {
-    Future<void> inner = f();
-    inner.on_ready([this, p](const Result<void>& r) {
+    f().on_ready([this, p](const Result<void>& r) {
       p->set(r);
-      {
-        std::lock_guard<std::mutex> lk(ops_mu_);
-        --ops_in_flight_;
-      }
-      ops_cv_.notify_all();
+      end_op();
     });
   });
   return fut;
