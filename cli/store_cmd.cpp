@@ -3,6 +3,7 @@
 // same bytes, in the same run, alternating.
 // `strata bench device`: pinned host<->device copies and NVMe->device through the store,
 // each beside the plain copy limit measured in the same run (needs a GPU).
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -193,6 +194,10 @@ int run_bench_store(const BenchStoreArgs& a) {
     fs::create_directories(d, ec);
     if (ec) return report_error(errno_status(ec.value(), "create " + d));
   }
+  // Commit the removal of an earlier run's files now: on a file system mounted with
+  // `discard`, the freed blocks are discarded at the next journal commit, which would
+  // otherwise land inside the first timed put.
+  ::sync();
   StoreOptions so;
   so.path = dirs[0];
   so.nvme_dirs = dirs;
@@ -207,50 +212,114 @@ int run_bench_store(const BenchStoreArgs& a) {
   // The raw engine on the same bytes: one striped file over the same directories, stripe
   // unit = the store's chunk size, N objects back to back, then fdatasync (the store's put
   // is durable when its future is ready, so the raw write pays for its sync too).
+  //
+  // Same file-system work on both sides: a put never overwrites the committed version of
+  // its key (copy-on-write), so round 1 writes into newly allocated space, round 2 into
+  // more new space, and round r >= 3 into the extents freed by round r-2. The raw file
+  // therefore holds two regions of N objects, preallocated like the store's data files
+  // (fallocate: unwritten extents), and round r writes region r % 2. Writing unwritten
+  // extents costs the file system an extent conversion per completed request (ext4:
+  // ~10-15% at 1 MiB requests), so comparing a first-time put with an in-place overwrite
+  // would measure the file system, not the store. `space` in the JSON says which kind of
+  // space each round wrote.
+  const uint64_t total = size * a.count;
   auto raw = StripedFile::open(*engine, dirs, "raw-engine.dat", OpenMode::kTruncate, chunk);
   if (!raw.ok()) return report_error(raw.status());
+  {
+    const uint64_t k = dirs.size();
+    const uint64_t units = (2 * total + chunk - 1) / chunk;
+    const uint64_t per_file = (units + k - 1) / k * chunk;
+    for (const auto& f : (*raw)->files()) {
+      int fd = ::open(f->path().c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) return report_error(errno_status(errno, "open " + f->path()));
+      int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(per_file));
+      int e = errno;
+      ::close(fd);
+      if (rc != 0 && e != EOPNOTSUPP) {
+        return report_error(errno_status(e, "fallocate " + f->path() + " length " +
+                                                std::to_string(per_file)));
+      }
+    }
+  }
 
   BenchBuffer mem;
   if (Status st = mem.init(size, *engine); !st.ok()) return report_error(st);
   for (uint64_t i = 0; i < size; ++i) mem.data()[i] = static_cast<uint8_t>(i * 131 + 7);
 
-  const uint64_t total = size * a.count;
-  std::vector<double> put_g, get_g, ew_g, er_g;
+  // Each round times four transfers of the same N objects: store put, engine write (+ sync),
+  // store get (verified), engine read. The store goes first in odd rounds and the engine in
+  // even rounds, so neither side always meets the disk right after the other's writes, and
+  // the reported ratios are medians of the per-round ratios (each A/B pair minutes apart
+  // at most, on this noisy shared disk).
+  std::vector<double> put_g, get_g, ew_g, er_g, put_r, get_r;
+  std::vector<std::string> space;
   auto key = [](uint32_t i) { return "bench/" + std::to_string(i); };
-  for (uint32_t r = 0; r < a.rounds; ++r) {
-    // store put
+  auto timed = [&](auto&& start_all) -> Result<double> {
     auto t0 = Clock::now();
-    std::vector<Future<void>> f;
-    for (uint32_t i = 0; i < a.count; ++i) {
-      f.push_back(s->put(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
+    STRATA_RETURN_IF_ERROR(start_all());
+    return gbps(total, seconds_since(t0));
+  };
+  for (uint32_t r = 0; r < a.rounds; ++r) {
+    const uint64_t base = (r % 2) * total;  // region of the raw file (see above)
+    auto store_put = [&]() -> Status {
+      std::vector<Future<void>> f;
+      for (uint32_t i = 0; i < a.count; ++i) {
+        f.push_back(s->put(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
+      }
+      return when_all(f).result().status();
+    };
+    auto engine_write = [&]() -> Status {
+      std::vector<Future<uint64_t>> w;
+      for (uint32_t i = 0; i < a.count; ++i) {
+        w.push_back((*raw)->write(mem.data(), size, base + i * size));
+      }
+      STRATA_RETURN_IF_ERROR(when_all(w).result().status());
+      return (*raw)->sync().result().status();
+    };
+    auto store_get = [&]() -> Status {
+      std::vector<Future<void>> f;
+      for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes(key(i), mem.data(), size));
+      return when_all(f).result().status();
+    };
+    auto engine_read = [&]() -> Status {
+      std::vector<Future<uint64_t>> w;
+      for (uint32_t i = 0; i < a.count; ++i) {
+        w.push_back((*raw)->read(mem.data(), size, base + i * size));
+      }
+      return when_all(w).result().status();
+    };
+    Result<double> pg = 0.0, ewg = 0.0, gg = 0.0, erg = 0.0;
+    if (r % 2 == 0) {
+      pg = timed(store_put);
+      if (pg.ok()) ewg = timed(engine_write);
+      if (ewg.ok()) gg = timed(store_get);
+      if (gg.ok()) erg = timed(engine_read);
+    } else {
+      ewg = timed(engine_write);
+      if (ewg.ok()) pg = timed(store_put);
+      if (pg.ok()) erg = timed(engine_read);
+      if (erg.ok()) gg = timed(store_get);
     }
-    if (Status st = when_all(f).result().status(); !st.ok()) return report_error(st);
-    put_g.push_back(gbps(total, seconds_since(t0)));
-    // engine write + sync
-    t0 = Clock::now();
-    std::vector<Future<uint64_t>> w;
-    for (uint32_t i = 0; i < a.count; ++i) w.push_back((*raw)->write(mem.data(), size, i * size));
-    if (Status st = when_all(w).result().status(); !st.ok()) return report_error(st);
-    if (Status st = (*raw)->sync().result().status(); !st.ok()) return report_error(st);
-    ew_g.push_back(gbps(total, seconds_since(t0)));
-    // store get (verified)
-    t0 = Clock::now();
-    f.clear();
-    for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes(key(i), mem.data(), size));
-    if (Status st = when_all(f).result().status(); !st.ok()) return report_error(st);
-    get_g.push_back(gbps(total, seconds_since(t0)));
-    // engine read
-    t0 = Clock::now();
-    w.clear();
-    for (uint32_t i = 0; i < a.count; ++i) w.push_back((*raw)->read(mem.data(), size, i * size));
-    if (Status st = when_all(w).result().status(); !st.ok()) return report_error(st);
-    er_g.push_back(gbps(total, seconds_since(t0)));
+    for (const auto* x : {&pg, &ewg, &gg, &erg}) {
+      if (!x->ok()) return report_error(x->status());
+    }
+    put_g.push_back(*pg);
+    ew_g.push_back(*ewg);
+    get_g.push_back(*gg);
+    er_g.push_back(*erg);
+    put_r.push_back(*ewg > 0 ? *pg / *ewg : 0);
+    get_r.push_back(*erg > 0 ? *gg / *erg : 0);
+    space.push_back(r < 2 ? "new" : "reused");
     if (!a.json) {
-      std::fprintf(stderr, "round %u: put %.2f GB/s (engine write %.2f), get %.2f GB/s (engine read %.2f)\n",
-                   r + 1, put_g.back(), ew_g.back(), get_g.back(), er_g.back());
+      std::fprintf(stderr,
+                   "round %u (%s space, %s first): put %.2f GB/s / engine write %.2f = %.3f, "
+                   "get %.2f GB/s / engine read %.2f = %.3f\n",
+                   r + 1, space.back().c_str(), r % 2 == 0 ? "store" : "engine", *pg, *ewg,
+                   put_r.back(), *gg, *erg, get_r.back());
     }
   }
   const double put = median(put_g), get = median(get_g), ew = median(ew_g), er = median(er_g);
+  const double put_ratio = median(put_r), get_ratio = median(get_r);
   raw->reset();
   (void)s->close();
   if (!a.keep) {
@@ -268,20 +337,24 @@ int run_bench_store(const BenchStoreArgs& a) {
     j["get_gbps"] = get;
     j["engine_write_gbps"] = ew;
     j["engine_read_gbps"] = er;
-    j["put_vs_engine"] = ew > 0 ? put / ew : 0;
-    j["get_vs_engine"] = er > 0 ? get / er : 0;
+    j["put_vs_engine"] = put_ratio;  // median of the per-round ratios
+    j["get_vs_engine"] = get_ratio;
+    j["put_vs_engine_rounds"] = put_r;
+    j["get_vs_engine_rounds"] = get_r;
     j["put_gbps_rounds"] = put_g;
     j["get_gbps_rounds"] = get_g;
     j["engine_write_gbps_rounds"] = ew_g;
     j["engine_read_gbps_rounds"] = er_g;
+    j["space_rounds"] = space;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("store put: %.2f GB/s  engine write: %.2f GB/s  ratio %.3f\n", put, ew,
-                ew > 0 ? put / ew : 0);
+                put_ratio);
     std::printf("store get: %.2f GB/s  engine read:  %.2f GB/s  ratio %.3f\n", get, er,
-                er > 0 ? get / er : 0);
-    std::printf("(%u x %s objects, %u rounds, medians; GB/s = 1e9 B/s)\n", a.count,
-                format_bytes(size).c_str(), a.rounds);
+                get_ratio);
+    std::printf("(%u x %s objects, %u rounds; GB/s are medians, ratios medians of the per-round "
+                "ratios; GB/s = 1e9 B/s)\n",
+                a.count, format_bytes(size).c_str(), a.rounds);
   }
   return 0;
 }

@@ -1023,10 +1023,10 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
   std::lock_guard<std::mutex> lk(grow_mu_);
   uint64_t cur = file_end_[dir].load();
   if (cur >= end) return Status::OK();
-  // Grow geometrically: by the current size, at least 4 MiB and at most 256 MiB per step
+  // Grow geometrically: by the current size, at least 4 MiB and at most 1 GiB per step
   // (few metadata updates for big stores, little unused space for small ones); exactly to
   // `end` when that fails.
-  const uint64_t step = std::clamp<uint64_t>(cur, 4ull << 20, 256ull << 20);
+  const uint64_t step = std::clamp<uint64_t>(cur, 4ull << 20, 1ull << 30);
   uint64_t want = std::max(end, align_up(cur + step, kAlign));
   int rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
   if (rc != 0 && want > end) {
@@ -1155,24 +1155,34 @@ Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t*
   layout->resize(nchunks);
   std::vector<Future<uint64_t>> futs;
   std::vector<AlignedBlock> tails;
+  // Place every chunk first, then grow each data file once to cover them, before the first
+  // write: growing a file (fallocate) waits for all direct I/O in flight on it (ext4:
+  // inode_dio_wait), so growing chunk by chunk would stall this put's own writes and those
+  // of concurrent puts at every step.
+  std::vector<uint64_t> need(k, 0);
+  for (uint64_t j = 0; j < nchunks; ++j) {
+    const uint64_t len = std::min(chunk_bytes_, nbytes - j * chunk_bytes_);
+    const uint32_t dir = static_cast<uint32_t>((first_dir + j) % k);
+    auto ext = alloc_->allocate(dir, align_up(len, kAlign), key);
+    if (!ext.ok()) return ext.status().with_context("put '" + key + "'");
+    need[dir] = std::max(need[dir], (*ext)->offset + (*ext)->len);
+    (*layout)[j].ext = std::move(*ext);
+    (*layout)[j].nbytes = len;
+  }
+  for (uint32_t d = 0; d < k; ++d) {
+    if (need[d] == 0) continue;
+    Status gs = ensure_file_size(d, need[d]);
+    if (!gs.ok()) return gs.with_context("put '" + key + "'");
+  }
   Status st;
   for (uint64_t j = 0; j < nchunks && st.ok(); ++j) {
     const uint64_t cs = j * chunk_bytes_;
-    const uint64_t len = std::min(chunk_bytes_, nbytes - cs);
-    const uint32_t dir = static_cast<uint32_t>((first_dir + j) % k);
-    auto ext = alloc_->allocate(dir, align_up(len, kAlign), key);
-    if (!ext.ok()) {
-      st = ext.status();
-      break;
-    }
-    st = ensure_file_size(dir, (*ext)->offset + (*ext)->len);
-    if (!st.ok()) break;
+    ChunkRef& c = (*layout)[j];
+    const uint64_t len = c.nbytes;
+    const uint32_t dir = c.ext->dir;
     const auto& file = files_[dir];
     const uint8_t* s = src + cs;
     bool direct = !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1));
-    ChunkRef& c = (*layout)[j];
-    c.ext = *ext;
-    c.nbytes = len;
     if (direct) {
       mark_dir_dirty(dir);
       c.checksum = hash_and_write_direct(file, s, len, c.ext->offset, futs, tails);
