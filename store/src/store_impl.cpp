@@ -458,8 +458,12 @@ class StoreImpl final : public Store {
   catalog::ObjectRow row_of(const Obj& o, const Layout& l) const;
 
   // ---- data movement
+  /// Writes a new version of `nbytes` from `src` into newly placed extents (put, flush,
+  /// demotion). On failure the new extents are released and the data files trimmed.
   Result<LayoutPtr> write_layout(const std::string& key, const uint8_t* src, uint64_t nbytes,
                                  uint32_t first_dir, bool src_dev);
+  Result<LayoutPtr> write_layout_once(const std::string& key, const uint8_t* src,
+                                      uint64_t nbytes, uint32_t first_dir, bool src_dev);
   Status read_layout(const std::string& key, const Layout& l, uint64_t off, uint64_t n,
                      uint8_t* dst, bool dst_dev, bool verify);
   Result<uint64_t> staged_write_chunk(
@@ -485,7 +489,8 @@ class StoreImpl final : public Store {
   /// Grows the data file of `dir` (fallocate) so that [0, end) is allocated before a
   /// direct write lands there: O_DIRECT writes past EOF extend i_size one at a time.
   Status ensure_file_size(uint32_t dir, uint64_t end);
-  /// After a failed put: gives back data file space preallocated past the allocator's end.
+  /// After a failed write (put, write_range, flush, demotion), once its new extents are
+  /// released: gives back data file space preallocated past the allocator's end.
   void trim_data_files();
 
   // ---- tiers
@@ -1148,6 +1153,14 @@ uint64_t StoreImpl::hash_and_write_direct(const std::shared_ptr<IoFile>& file, c
 
 Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t* src,
                                           uint64_t nbytes, uint32_t first_dir, bool src_dev) {
+  auto l = write_layout_once(key, src, nbytes, first_dir, src_dev);
+  if (!l.ok()) trim_data_files();  // its extents are released by now: give back the space
+  return l;
+}
+
+Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uint8_t* src,
+                                               uint64_t nbytes, uint32_t first_dir,
+                                               bool src_dev) {
   auto layout = std::make_shared<Layout>();
   if (nbytes == 0) return LayoutPtr(layout);
   const uint64_t nchunks = (nbytes + chunk_bytes_ - 1) / chunk_bytes_;
@@ -1551,10 +1564,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
     if (opts.tier == Tier::kNvme) {
       if (opts.pin) return fail(invalid_argument("put '" + key + "': pin needs the host or device tier"));
       auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev);
-      if (!l.ok()) {
-        trim_data_files();  // the failed layout's extents are released: give back the space
-        return fail(l.status());
-      }
+      if (!l.ok()) return fail(l.status());
       o->current = *l;
       std::lock_guard<std::mutex> lk(mu_);
       if (opts_.durability == Durability::kOnFlush) {
@@ -1747,6 +1757,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
     }
     if (n == 0) return Status::OK();
     Status st = write_range_impl(o, off, n, static_cast<const uint8_t*>(src));
+    if (!st.ok()) trim_data_files();  // the failed copy-on-write extents are released
     lru_touch(o);
     return st;
   });

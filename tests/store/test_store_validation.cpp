@@ -550,5 +550,41 @@ TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
   EXPECT_EQ(out, mid);
 }
 
+TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
+  // A partial-chunk write_range reads the old chunk (verified) into a new, copy-on-write
+  // extent past the end of the data file, so the file grows first; when the old chunk's
+  // checksum then fails, the new extent is released and the file shrinks back.
+  TempDir d;
+  auto o = small_options(d.path());  // 1 MiB chunks, one NVMe directory (the store's own)
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto x = pattern(4u << 20, 21);
+  ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
+  const std::string data = data_file_in(d.path());
+  ASSERT_FALSE(data.empty());
+  ASSERT_EQ(fs::file_size(data), 4u << 20);
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = static_cast<char>(x[100] ^ 0xff);
+    f.write(&c, 1);
+  }
+  uint8_t patch[100];
+  std::memset(patch, 0x42, sizeof patch);
+  Status st = s->write_range_sync("x", 10, sizeof patch, patch);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+  EXPECT_NE(st.to_string().find("'x'"), std::string::npos) << st.to_string();
+  EXPECT_EQ(fs::file_size(data), 4u << 20);  // the grown space is given back
+  // The store stays usable: the undamaged chunks read back, new objects go in.
+  std::vector<uint8_t> tail(3u << 20);
+  ASSERT_OK(s->read_range_sync("x", 1u << 20, tail.size(), tail.data()));
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), x.begin() + (1u << 20)));
+  auto y = pattern(1u << 20, 22);
+  ASSERT_OK(s->put_sync("y", y.data(), TensorDesc::bytes(y.size())));
+  std::vector<uint8_t> out(y.size());
+  ASSERT_OK(s->get_bytes_sync("y", out.data(), out.size()));
+  EXPECT_EQ(out, y);
+}
+
 }  // namespace
 }  // namespace strata

@@ -230,7 +230,9 @@ class Store {
   /// in whichever tier holds it; checksums of touched chunks are recomputed. Durable at the
   /// next flush() (copy-on-write for NVMe chunks; see the contract). Cheapest when the
   /// range covers whole chunks (multiples of chunk_bytes()); partial chunks are
-  /// read-modify-written.
+  /// read-modify-written. Not atomic across chunks: after an error, chunks before the
+  /// failing one may hold the new bytes (the committed version stays as it was until the
+  /// next flush()); data file space placed for the failed chunk is given back.
   /// \error NotFound; OutOfRange; ResourceExhausted; IoError; DataLoss (reading a partial
   ///     chunk).
   virtual Future<void> write_range(const std::string& key, uint64_t offset_bytes,
