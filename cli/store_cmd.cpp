@@ -76,19 +76,30 @@ int run_ls(const StoreArgs& a) {
     nlohmann::json j = nlohmann::json::array();
     for (auto& i : *l) {
       j.push_back({{"key", i.key}, {"dtype", dtype_name(i.dtype)}, {"shape", i.shape},
-                   {"nbytes", i.nbytes}, {"chunks", i.num_chunks}});
+                   {"nbytes", i.nbytes}, {"chunks", i.num_chunks}, {"damage", i.damage}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
+  // A damaged catalog row (ObjectInfo::damage) is listed with "DAMAGED: <reason>" after its
+  // key; its nbytes is what the row claims, so it does not count in the total.
   uint64_t total = 0;
+  size_t damaged = 0;
   for (auto& i : *l) {
-    std::printf("%-12s %-10s %-20s %s\n", format_bytes(i.nbytes).c_str(),
+    std::printf("%-12s %-10s %-20s %s", format_bytes(i.nbytes).c_str(),
                 std::string(dtype_name(i.dtype)).c_str(), shape_text(i.shape).c_str(),
                 i.key.c_str());
-    total += i.nbytes;
+    if (i.damage.empty()) {
+      std::printf("\n");
+      total += i.nbytes;
+    } else {
+      std::printf("  DAMAGED: %s\n", i.damage.c_str());
+      ++damaged;
+    }
   }
-  std::printf("%zu objects, %s\n", l->size(), format_bytes(total).c_str());
+  std::printf("%zu objects, %s", l->size(), format_bytes(total).c_str());
+  if (damaged > 0) std::printf(", %zu damaged", damaged);
+  std::printf("\n");
   return 0;
 }
 
@@ -107,6 +118,7 @@ int run_stat(const StoreArgs& a) {
                 shape_text(i->shape).c_str(), static_cast<unsigned long long>(i->nbytes),
                 format_bytes(i->nbytes).c_str(), i->num_chunks,
                 format_bytes((*s)->chunk_bytes()).c_str());
+    if (!i->damage.empty()) std::printf("damage: %s\n", i->damage.c_str());
   }
   std::printf("nvme directories:");
   for (auto& d : (*s)->options().nvme_dirs) std::printf(" %s", d.c_str());

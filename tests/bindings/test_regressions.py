@@ -188,6 +188,75 @@ def test_only_zero_size_parameters(tmp_path):
     opt.close()
 
 
+@pytest.mark.parametrize("tier", ["nvme", "host"])
+def test_zero_size_step_counts_survive_checkpoint_and_resume(tmp_path, tier):
+    """checkpoint() keeps the step counts of zero-size parameters (strata holds no object
+    for them); a resumed optimizer reports them and keeps matching torch.optim.Adam."""
+    path = str(tmp_path / "s")
+    torch.manual_seed(0)
+    init = [torch.randn(5), torch.zeros(0), torch.randn(2, 3), torch.zeros(3, 0)]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+    twin = [torch.nn.Parameter(t.clone()) for t in init]
+    g = torch.Generator().manual_seed(2)
+
+    def grads(params_a, params_b):
+        for pa, pb in zip(params_a, params_b):
+            grad = torch.randn(pa.shape, generator=g)
+            pa.grad, pb.grad = grad.clone(), grad.clone()
+
+    opt = st.OffloadAdam(ours, lr=1e-2, path=path, tier=tier, arithmetic="torch")
+    ref = torch.optim.Adam(twin, lr=1e-2)
+    for _ in range(3):
+        grads(ours, twin)
+        opt.step()
+        ref.step()
+    opt.checkpoint()
+    opt.close()
+    with strata.Store.open(path, host_budget="16MiB", staging="4MiB", workers=1) as s:
+        rows = s.get("optim/torch/empty_steps")
+    assert rows.dtype == np.int64 and rows.tolist() == [[1, 3], [3, 3]]
+
+    again = [torch.nn.Parameter(torch.full_like(t, 7.0)) for t in init]  # resume overwrites
+    opt2 = st.OffloadAdam(again, lr=1e-2, path=path, tier=tier, arithmetic="torch",
+                          resume=True)
+    sd = opt2.state_dict()
+    assert sorted(sd["state"]) == [0, 1, 2, 3]
+    for i in range(4):
+        assert sd["state"][i]["step"].item() == 3.0
+    assert sd["state"][1]["exp_avg"].shape == (0,)
+    assert sd["state"][3]["exp_avg_sq"].shape == (3, 0)
+    for pa, pb in zip(again, twin):
+        assert torch.equal(pa.detach(), pb.detach())
+    grads(again, twin)
+    opt2.step()
+    ref.step()
+    for pa, pb in zip(again, twin):
+        assert pa.shape == pb.shape
+        assert torch.equal(pa.detach(), pb.detach())  # torch arithmetic: bit-identical
+    sd, sd_ref = opt2.state_dict(), ref.state_dict()
+    for i in range(4):
+        assert sd["state"][i]["step"].item() == sd_ref["state"][i]["step"].item() == 4.0
+    for i in (0, 2):
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sd["state"][i][k], sd_ref["state"][i][k])
+    opt2.close()
+
+
+def test_resume_refuses_a_zero_size_parameter_that_now_has_elements(tmp_path):
+    path = str(tmp_path / "s")
+    a = [torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.zeros(0))]
+    opt = st.OffloadAdam(a, lr=1e-2, path=path)
+    for p in a:
+        p.grad = torch.ones(p.shape)
+    opt.step()
+    opt.checkpoint()
+    opt.close()
+    b = [torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.zeros(2))]
+    with pytest.raises(ValueError) as e:
+        st.OffloadAdam(b, lr=1e-2, path=path, resume=True)
+    assert str(e.value) == "checkpointed parameter p1 has 0 elements, the model's has 2"
+
+
 # ---- 7. add_param numel whose byte size overflows ----------------------------------------
 
 def test_add_param_numel_overflow_is_refused(store):

@@ -137,3 +137,51 @@ def test_sizes_and_usage(store):
     assert u["objects"] == 1
     assert u["host_budget_bytes"] == 64 << 20
     assert u["host_bytes"] >= 4096
+
+
+def test_damaged_catalog_row_is_reported_in_object_info(store_path):
+    """A damaged catalog row (nbytes edited in the SQLite catalog, as tests/store does) is
+    listed with ObjectInfo.damage; reading it is DataLossError; overwriting repairs it."""
+    import sqlite3
+    good = np.arange(10, dtype=np.float32)
+    bad = np.arange(6, dtype=np.int32)
+    opts = dict(host_budget="16MiB", staging="4MiB", chunk_size="1MiB", workers=1)
+    with strata.Store.open(store_path, **opts) as s:
+        s.put("good", good)
+        s.put("bad", bad)
+        s.put("huge", bad)
+        assert s.stat("good").damage == ""
+    db = sqlite3.connect(f"{store_path}/catalog.db")
+    db.execute("UPDATE objects SET nbytes=-16 WHERE key=CAST('bad' AS BLOB)")
+    # A shape whose size overflows: get() must not try to allocate it.
+    db.execute("UPDATE objects SET dtype=0, shape='9223372036854775807,4', nbytes=0 "
+               "WHERE key=CAST('huge' AS BLOB)")
+    db.execute("DELETE FROM chunks WHERE key=CAST('huge' AS BLOB)")
+    db.commit()
+    db.close()
+    want = "object 'bad' chunks hold 24 bytes, expected 18446744073709551600"
+    huge = "object 'huge' has shape fp32[9223372036854775807, 4] whose size overflows 64 bits"
+    with strata.Store.open(store_path, **opts) as s:  # the open does not fail
+        info = s.stat("bad")
+        assert info.damage == want
+        assert info.nbytes == 2**64 - 16  # what the row claims
+        assert info.dtype == "int32" and info.shape == (6,)
+        assert [(i.key, i.damage) for i in s.list()] == [("bad", want), ("good", ""),
+                                                         ("huge", huge)]
+        np.testing.assert_array_equal(s.get("good"), good)
+        with pytest.raises(strata.DataLossError) as e:
+            s.get("bad")
+        assert e.value.message == f"store {store_path}: {want}"
+        for read in (s.get, s.get_tensor, lambda k: s.get_into(k, np.zeros(6, np.float32)),
+                     lambda k: s.get_into(k, np.zeros(6, np.float64))):
+            with pytest.raises(strata.DataLossError) as e:
+                read("huge")
+            assert e.value.message == f"store {store_path}: {huge}"
+        with pytest.raises(strata.DataLossError) as e:
+            s.get_into("bad", np.zeros(6, np.int32))
+        assert e.value.message == f"store {store_path}: {want}"
+        s.delete("huge")
+        s.put("bad", bad, overwrite=True)
+        assert s.stat("bad").damage == ""
+        np.testing.assert_array_equal(s.get("bad"), bad)
+    assert strata.ObjectInfo("k", "fp32", (1,), 4, "nvme", True, False, False, 1).damage == ""

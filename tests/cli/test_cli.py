@@ -109,6 +109,50 @@ def test_bench_store_and_store_commands(disk_dir):
     assert v.returncode == 0
 
 
+def test_store_commands_report_damaged_catalog_rows(disk_dir):
+    """Damaged catalog rows (edited in the SQLite catalog, as tests/store does): ls and stat
+    still exit 0 and name the damage, ls --json has "damage", verify exits 1."""
+    import sqlite3
+    run("bench", "store", "--path", disk_dir, "--object-size", "16KiB", "--count", "3",
+        "--rounds", "1", "--chunk-size", "1MiB", "--keep", "--json")
+    store = os.path.join(disk_dir, "strata-bench-store")
+    db = sqlite3.connect(os.path.join(store, "catalog.db"))
+    db.execute("UPDATE objects SET nbytes=-16 WHERE key=CAST('bench/1' AS BLOB)")
+    db.execute("UPDATE objects SET dtype=0, shape='9223372036854775807,4', nbytes=0 "
+               "WHERE key=CAST('bench/2' AS BLOB)")
+    db.execute("DELETE FROM chunks WHERE key=CAST('bench/2' AS BLOB)")
+    db.commit()
+    db.close()
+    d1 = "object 'bench/1' chunks hold 16384 bytes, expected 18446744073709551600"
+    d2 = "object 'bench/2' has shape fp32[9223372036854775807, 4] whose size overflows 64 bits"
+
+    ls = run_json("store", "ls", store)
+    assert [(o["key"], o["nbytes"], o["damage"]) for o in ls] == [
+        ("bench/0", 16384, ""), ("bench/1", 2**64 - 16, d1), ("bench/2", 0, d2)]
+    assert ls[2]["shape"] == [9223372036854775807, 4] and ls[2]["dtype"] == "fp32"
+
+    p = run("store", "ls", store)
+    lines = p.stdout.splitlines()
+    assert len(lines) == 4
+    assert lines[0].split() == ["16.00", "KiB", "uint8", "[16384]", "bench/0"]
+    assert lines[1].endswith(" bench/1  DAMAGED: " + d1)
+    assert lines[2].endswith(" bench/2  DAMAGED: " + d2)
+    assert lines[3] == "3 objects, 16.00 KiB, 2 damaged"
+
+    p = run("store", "stat", store, "bench/0", "bench/2")
+    assert "damage:" not in p.stdout.split("key:    bench/2")[0]
+    assert p.stdout.count("damage: ") == 1
+    assert "\ndamage: " + d2 + "\n" in p.stdout
+
+    v = run("store", "verify", store, check=False)
+    assert v.returncode == 1
+    # (the open also logs "strata [warn] ... damaged catalog row: ..." lines)
+    errors = [ln for ln in v.stderr.splitlines() if ln.startswith("strata: ")]
+    assert errors == [f"strata: DataLoss: store {store}: {d1}",
+                      f"strata: DataLoss: store {store}: {d2}"]
+    assert v.stdout.endswith(": 2 errors\n")
+
+
 def test_store_ls_missing_store_is_an_error(disk_dir):
     p = run("store", "ls", os.path.join(disk_dir, "nope"), check=False)
     assert p.returncode != 0

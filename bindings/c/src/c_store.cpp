@@ -1,6 +1,8 @@
 // C API: errors, futures and the store (strata.h).
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -273,8 +275,12 @@ strata_status_t strata_store_stat(strata_store_t* s, const char* key, strata_obj
   return guard([&]() -> strata_status_t {
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
-    if (info == nullptr || info->struct_size < sizeof(strata_object_info_t))
+    // Version-1 structs end at `pinned` (offsetof(damaged) is their sizeof): accept them and
+    // fill only the fields that struct_size covers.
+    if (info == nullptr || info->struct_size < offsetof(strata_object_info_t, damaged))
       return invalid("info is NULL or not initialized with STRATA_OBJECT_INFO_INIT");
+    const bool has_damaged =
+        info->struct_size >= offsetof(strata_object_info_t, damaged) + sizeof(int);
     auto r = s->store->stat(key);
     if (!r.ok()) return set_error(r.status());
     if (r->shape.size() > STRATA_MAX_NDIM)
@@ -289,6 +295,26 @@ strata_status_t strata_store_stat(strata_store_t* s, const char* key, strata_obj
     info->on_nvme = r->on_nvme ? 1 : 0;
     info->dirty = r->dirty ? 1 : 0;
     info->pinned = r->pinned ? 1 : 0;
+    if (has_damaged) info->damaged = r->damage.empty() ? 0 : 1;
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_store_object_damage(strata_store_t* s, const char* key, char* buf,
+                                           size_t buf_size, size_t* length) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_store(s); !st.ok()) return set_error(st);
+    if (auto st = check_key(key); !st.ok()) return set_error(st);
+    if (buf == nullptr && buf_size > 0) return invalid("buf is NULL with buf_size > 0");
+    auto r = s->store->stat(key);
+    if (!r.ok()) return set_error(r.status());
+    const std::string& d = r->damage;
+    if (length != nullptr) *length = d.size();
+    if (buf_size > 0) {
+      size_t n = std::min(d.size(), buf_size - 1);
+      std::memcpy(buf, d.data(), n);
+      buf[n] = '\0';
+    }
     return STRATA_OK;
   });
 }

@@ -265,6 +265,7 @@ py::dict info_dict(const ObjectInfo& i) {
   d["dirty"] = i.dirty;
   d["pinned"] = i.pinned;
   d["num_chunks"] = i.num_chunks;
+  d["damage"] = i.damage;
   return d;
 }
 
@@ -388,6 +389,9 @@ class PyStore {
   /// Starts reading `key` into a new aligned numpy array; returns (array, future-of-void).
   std::pair<py::object, Future<void>> start_get(const std::string& key) {
     ObjectInfo info = check(s().stat(key));
+    // A damaged row's shape may be unallocatable (e.g. one whose size overflows): fail with
+    // the store's own DataLoss (same message as its reads) before allocating.
+    if (!info.damage.empty()) check(data_loss("store " + s().options().path + ": " + info.damage));
     TensorDesc desc{info.dtype, info.shape};
     void* data = nullptr;
     py::object arr = new_aligned_array(desc, &data);

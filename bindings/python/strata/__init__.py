@@ -70,6 +70,11 @@ class ObjectInfo:
     dirty: bool         #: the in-memory copy is not yet durable
     pinned: bool
     num_chunks: int     #: chunks of the NVMe copy
+    #: why the object's catalog row is damaged ("" when intact), e.g. "object 'k' chunks
+    #: hold 3000 bytes, expected 4096"; dtype/shape/nbytes are then what the row claims,
+    #: reading the object raises DataLossError, ``put(..., overwrite=True)`` or ``delete``
+    #: replaces it. A damaged row does not fail :meth:`Store.open`.
+    damage: str = ""
 
 
 def _is_torch(x: Any) -> bool:
@@ -208,6 +213,8 @@ class Store:
         :raises NotFoundError: (KeyError) no such key.
         :raises InvalidArgumentError: (ValueError) shape mismatch, read-only or
             non-contiguous ``out``, unsupported dtype.
+        :raises DataLossError: (OSError) a checksum mismatch, or the object's catalog row
+            is damaged (:attr:`ObjectInfo.damage`; checked first).
         """
         override = self._plan_get_into(key, out)
         if override is not False:
@@ -231,6 +238,8 @@ class Store:
     def _plan_get_into(self, key: str, out: Any):
         """None/"bf16": read directly (with that dtype override); False: convert."""
         info = self._s.stat(key)
+        if info["damage"]:  # DataLoss (the store's message) before any shape/dtype check
+            self._s.get(key)
         odt = _dtype_of(out)
         if odt == info["dtype"]:
             return None

@@ -44,6 +44,7 @@ class ObjectInfo:
     dirty: bool
     pinned: bool
     num_chunks: int
+    damage: str
 
 class Store:
     @classmethod

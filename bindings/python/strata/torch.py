@@ -122,8 +122,12 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                       num_buffers=num_buffers, pinned_budget=pinned_budget,
                       host_budget=host_budget, num_threads=num_threads,
                       arithmetic=arithmetic)
+        self._key_prefix = key_prefix
+        #: parameter index -> checkpointed step count of a zero-size parameter (resume only)
+        self._saved_empty_steps: Dict[int, int] = {}
         if resume:
             self._opt = _strata.OffloadedOptimizer.resume(store, self._RULE, **common)
+            self._saved_empty_steps = self._read_empty_steps()
         else:
             self._opt = _strata.OffloadedOptimizer.create(
                 store, self._RULE, self._hyperparams(self.param_groups[0]),
@@ -173,11 +177,14 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 raise ValueError("strata offloaded optimizers do not support sparse parameters")
             name = f"p{len(self._params)}"
             if p.numel() == 0:
+                self._empty_steps[id(p)] = self._saved_empty_steps.pop(len(self._params), 0)
                 self._params.append(p)
                 self._handle[id(p)] = None
-                self._empty_steps[id(p)] = 0
                 continue
             if self._resume:
+                if len(self._params) in self._saved_empty_steps:
+                    raise ValueError(f"checkpointed parameter {name} has 0 elements, the "
+                                     f"model's has {p.numel()}")
                 h = self._opt.find_param(name)
                 info = self._opt.param_info(h)
                 if info["numel"] != p.numel():
@@ -299,10 +306,33 @@ class _OffloadAdamBase(torch.optim.Optimizer):
 
     # ---- durability, state dicts ---------------------------------------------------------
 
+    @property
+    def _empty_steps_key(self) -> str:
+        return self._key_prefix + "torch/empty_steps"
+
     def checkpoint(self) -> None:
         """Makes the state after the last step durable in place (one store flush); reopen
-        with ``resume=True`` and the same store/path and key_prefix."""
+        with ``resume=True`` and the same store/path and key_prefix.
+
+        The step counts of zero-size parameters (which strata does not hold) are written
+        first, as the int64 object ``<key_prefix>torch/empty_steps`` of shape (n, 2): rows
+        (parameter index, step count), n = number of zero-size parameters (may be 0)."""
+        rows = [(i, self._empty_steps[id(p)]) for i, p in enumerate(self._params)
+                if self._handle[id(p)] is None]
+        self.store.put(self._empty_steps_key, np.array(rows, dtype=np.int64).reshape(-1, 2),
+                       overwrite=True)
         self._opt.checkpoint()
+
+    def _read_empty_steps(self) -> Dict[int, int]:
+        """{parameter index: step count} of the zero-size parameters of the checkpoint ({}
+        for a checkpoint written before these counts were saved)."""
+        if self._empty_steps_key not in self.store:
+            return {}
+        rows = self.store.get(self._empty_steps_key)
+        if rows.dtype != np.int64 or rows.ndim != 2 or rows.shape[1] != 2:
+            raise ValueError(f"checkpoint object '{self._empty_steps_key}' has dtype "
+                             f"{rows.dtype} shape {rows.shape}, expected int64 (n, 2)")
+        return {int(i): int(n) for i, n in rows}
 
     def state_dict(self) -> Dict[str, Any]:
         """torch.optim.Adam's format: ``state[i]`` has ``step`` (a float tensor),

@@ -3,6 +3,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,83 @@ static void test_store(const char* dir) {
   memset(dst, 0, sizeof dst);
   EXPECT_RC(strata_store_get(store, "w", dst, sizeof dst), STRATA_OK);
   EXPECT(memcmp(src, dst, sizeof src) == 0);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
+/* A damaged catalog row: stat reports `damaged`, strata_store_object_damage the reason, a
+ * version-1 info struct (which ends at `pinned`) is still accepted. The row is damaged the
+ * way tests/store does it: nbytes edited in the closed store's SQLite catalog (here with
+ * Debian's python3, whose sqlite3 module needs no extra link flags in this C99 program). */
+static void test_damage(const char* dir) {
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  strata_object_info_t info = STRATA_OBJECT_INFO_INIT;
+  float a[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  float b[6] = {5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f};
+  float out[6];
+  int64_t sa[1] = {4};
+  int64_t sb[1] = {6};
+  char cmd[1024];
+  char reason[128];
+  size_t len = 0;
+  const char* want = "object 'b' chunks hold 24 bytes, expected 18446744073709551600";
+
+  EXPECT(info.struct_size == sizeof(strata_object_info_t) && info.damaged == 0);
+  o.path = dir;
+  o.host_budget_bytes = 16u << 20;
+  o.staging_bytes = 4u << 20;
+  o.chunk_bytes = 1u << 20;
+  o.worker_threads = 1;
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+  EXPECT_RC(strata_store_put(store, "a", a, STRATA_FLOAT32, 1, sa, STRATA_TIER_NVME, 0), STRATA_OK);
+  EXPECT_RC(strata_store_put(store, "b", b, STRATA_FLOAT32, 1, sb, STRATA_TIER_NVME, 0), STRATA_OK);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+  store = NULL;
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 -c \"import sqlite3; c = sqlite3.connect('%s/catalog.db'); "
+           "c.execute(\\\"UPDATE objects SET nbytes=-16 WHERE key=CAST('b' AS BLOB)\\\"); "
+           "c.commit()\"", dir);
+  EXPECT(system(cmd) == 0);
+
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK); /* a damaged row does not fail the open */
+  if (store == NULL) return;
+  EXPECT_RC(strata_store_stat(store, "a", &info), STRATA_OK);
+  EXPECT(info.damaged == 0 && info.nbytes == 16);
+  EXPECT_RC(strata_store_object_damage(store, "a", reason, sizeof reason, &len), STRATA_OK);
+  EXPECT(len == 0 && strcmp(reason, "") == 0);
+  EXPECT_RC(strata_store_stat(store, "b", &info), STRATA_OK);
+  EXPECT(info.damaged == 1);
+  EXPECT(info.nbytes == 18446744073709551600u); /* what the row claims: -16 as uint64 */
+  EXPECT_RC(strata_store_object_damage(store, "b", reason, sizeof reason, &len), STRATA_OK);
+  EXPECT(len == strlen(want) && strcmp(reason, want) == 0);
+  /* Too small a buffer: truncated and NUL-terminated, *length is the full length. */
+  EXPECT_RC(strata_store_object_damage(store, "b", reason, 8, &len), STRATA_OK);
+  EXPECT(len == strlen(want) && strcmp(reason, "object ") == 0);
+  EXPECT_RC(strata_store_object_damage(store, "b", NULL, 0, &len), STRATA_OK);
+  EXPECT(len == strlen(want));
+  EXPECT_RC(strata_store_object_damage(store, "b", NULL, 8, &len), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_store_object_damage(store, "nope", reason, sizeof reason, &len),
+            STRATA_ERR_NOT_FOUND);
+  EXPECT(strstr(strata_last_error(), "nope") != NULL);
+  EXPECT_RC(strata_store_get(store, "b", out, sizeof out), STRATA_ERR_DATA_LOSS);
+  EXPECT(strstr(strata_last_error(), want) != NULL);
+  /* A version-1 struct: accepted, nothing past `pinned` is written. */
+  info.damaged = 7;
+  info.struct_size = offsetof(strata_object_info_t, damaged);
+  EXPECT_RC(strata_store_stat(store, "b", &info), STRATA_OK);
+  EXPECT(info.damaged == 7 && info.dtype == STRATA_FLOAT32 && info.ndim == 1 && info.shape[0] == 6);
+  info.struct_size = offsetof(strata_object_info_t, pinned);
+  EXPECT_RC(strata_store_stat(store, "b", &info), STRATA_ERR_INVALID_ARGUMENT);
+  info.struct_size = sizeof(strata_object_info_t);
+  /* Overwriting replaces the damaged object. */
+  EXPECT_RC(strata_store_put(store, "b", b, STRATA_FLOAT32, 1, sb, STRATA_TIER_NVME,
+                             STRATA_PUT_OVERWRITE),
+            STRATA_OK);
+  EXPECT_RC(strata_store_stat(store, "b", &info), STRATA_OK);
+  EXPECT(info.damaged == 0 && info.nbytes == 24);
+  EXPECT_RC(strata_store_get(store, "b", out, sizeof out), STRATA_OK);
+  EXPECT(memcmp(out, b, sizeof b) == 0);
   EXPECT_RC(strata_store_close(store), STRATA_OK);
 }
 
@@ -263,6 +341,8 @@ int main(void) {
   EXPECT(strata_dtype_size(STRATA_BFLOAT16) == 2 && strata_dtype_size(STRATA_INT64) == 8);
   snprintf(sub, sizeof sub, "%s/store", tmpl);
   test_store(sub);
+  snprintf(sub, sizeof sub, "%s/damage", tmpl);
+  test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);
   test_optimizer(sub);
   test_comm();

@@ -42,8 +42,9 @@ extern "C" {
 #define STRATA_C_API
 #endif
 
-/** Version of this header's structs and functions. */
-#define STRATA_C_API_VERSION 1
+/** Version of this header's structs and functions.
+ *  2: strata_object_info_t.damaged and strata_store_object_damage(). */
+#define STRATA_C_API_VERSION 2
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -223,7 +224,9 @@ STRATA_C_API strata_status_t strata_store_prefetch_async(strata_store_t* store, 
 /** Makes every object durable (write-back, fdatasync, one catalog commit). */
 STRATA_C_API strata_status_t strata_store_flush(strata_store_t* store);
 
-/** Metadata of an object. Initialize with STRATA_OBJECT_INFO_INIT. */
+/** Metadata of an object. Initialize with STRATA_OBJECT_INFO_INIT.
+ *  Fields are only ever appended: the library fills the fields that `struct_size` covers,
+ *  so a program compiled against an older header (a smaller struct_size) keeps working. */
 typedef struct strata_object_info {
   size_t struct_size;       /**< sizeof(strata_object_info_t) */
   strata_dtype_t dtype;
@@ -234,13 +237,33 @@ typedef struct strata_object_info {
   int on_nvme;              /**< 1 when an NVMe copy exists */
   int dirty;                /**< 1 when the in-memory copy is not yet durable */
   int pinned;               /**< 1 when pinned */
+  /* ---- STRATA_C_API_VERSION 2 ---- */
+  /** 1 when the object's catalog row is damaged (e.g. chunk sizes that do not add up to
+   *  nbytes, a shape whose size overflows): reading it fails with STRATA_ERR_DATA_LOSS,
+   *  put with STRATA_PUT_OVERWRITE or delete replaces it. dtype/shape/nbytes are then what
+   *  the row claims. The reason: strata_store_object_damage(). */
+  int damaged;
 } strata_object_info_t;
-#define STRATA_OBJECT_INFO_INIT {sizeof(strata_object_info_t), STRATA_UINT8, 0, {0}, 0, STRATA_TIER_NVME, 0, 0, 0}
+#define STRATA_OBJECT_INFO_INIT {sizeof(strata_object_info_t), STRATA_UINT8, 0, {0}, 0, STRATA_TIER_NVME, 0, 0, 0, 0}
 
-/** Fills *info for `key`. \error NOT_FOUND; INVALID_ARGUMENT (uninitialized info, or more
- *  than STRATA_MAX_NDIM dims). */
+/** Fills *info for `key` (the fields up to info->struct_size; a struct from a version-1
+ *  header, which ends at `pinned`, is accepted and its memory past `pinned` untouched).
+ *  A damaged object is not an error here: see `damaged`.
+ *  \error NOT_FOUND; INVALID_ARGUMENT (uninitialized info, or more than STRATA_MAX_NDIM
+ *  dims). */
 STRATA_C_API strata_status_t strata_store_stat(strata_store_t* store, const char* key,
                                                strata_object_info_t* info);
+
+/** Why the catalog row of `key` is damaged ("" when it is intact), as
+ *  strata::ObjectInfo::damage: e.g. "object 'k' chunks hold 3000 bytes, expected 4096".
+ *  Copies at most buf_size - 1 bytes of it plus a NUL into `buf` (like snprintf; `buf` may
+ *  be NULL when buf_size is 0) and sets *length (if not NULL) to the full length in bytes
+ *  without the NUL, so a caller whose buffer was too small can retry with *length + 1.
+ *  Thread-safe. \error NOT_FOUND (no such key); INVALID_ARGUMENT (NULL store or key, NULL
+ *  buf with buf_size > 0). Since STRATA_C_API_VERSION 2. */
+STRATA_C_API strata_status_t strata_store_object_damage(strata_store_t* store, const char* key,
+                                                        char* buf, size_t buf_size,
+                                                        size_t* length);
 
 /** A list of keys returned by strata_store_list(). */
 typedef struct strata_key_list strata_key_list_t;
