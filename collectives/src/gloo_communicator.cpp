@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -21,6 +22,23 @@
 namespace strata::detail {
 
 namespace {
+
+/// Gloo's TCP pairs write with writev(), which raises SIGPIPE when the peer has died; the
+/// default action of SIGPIPE kills the whole process before Gloo can report EPIPE (seen:
+/// a surviving rank killed by signal 13 right after a peer was SIGKILLed, instead of the
+/// Unavailable error naming the lost rank). Like CPython at startup, ignore SIGPIPE --
+/// but only while its disposition is still the default: a handler the application
+/// installed is kept. Children started by strata's launcher get the default back.
+void ignore_default_sigpipe() {
+  struct sigaction cur {};
+  if (::sigaction(SIGPIPE, nullptr, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+      cur.sa_handler == SIG_DFL) {
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, nullptr);
+  }
+}
 
 
 /// gloo::rendezvous::Store over a RendezvousClient, under a key prefix. Gloo expects
@@ -239,6 +257,7 @@ Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boo
   }
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
+  ignore_default_sigpipe();
   try {
     dev = gloo::transport::tcp::CreateDevice(attr);
     ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);

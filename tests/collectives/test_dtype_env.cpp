@@ -1,7 +1,12 @@
 // DType table, torchrun environment parsing, single-process communicators.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <memory>
 #include <vector>
 
 #include "strata/collectives/communicator.hpp"
@@ -131,6 +136,69 @@ TEST(GlooCommunicator, WorldSizeOneInProcess) {
   EXPECT_EQ(comm.all_gather(nullptr, out.data(), 3, DType::kInt32).code(),
             StatusCode::kInvalidArgument);
   ASSERT_TRUE(comm.barrier_async().result().ok());
+}
+
+namespace {
+std::atomic<int> g_sigpipes{0};
+void count_sigpipe(int) { g_sigpipes.fetch_add(1); }
+/// Writes one byte into a pipe whose read end is closed: EPIPE (and a SIGPIPE) expected.
+int write_to_broken_pipe() {
+  int fds[2];
+  if (::pipe(fds) != 0) return errno;
+  ::close(fds[0]);
+  char c = 'x';
+  ssize_t n = ::write(fds[1], &c, 1);
+  int e = n < 0 ? errno : 0;
+  ::close(fds[1]);
+  return e;
+}
+std::unique_ptr<Communicator> world_of_one() {
+  DistributedEnv env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = *find_free_port();
+  CommunicatorOptions o;
+  o.timeout = std::chrono::milliseconds(3000);
+  auto c = create_communicator(env, o);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+}  // namespace
+
+TEST(GlooCommunicator, SigpipeIsIgnoredUnlessTheApplicationHandlesIt) {
+  // Gloo writes with writev(): with SIGPIPE at its default action, a peer that dies
+  // mid-collective would kill this process instead of failing the collective.
+  struct sigaction saved {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &saved), 0);
+  // 1. An application handler is kept.
+  struct sigaction mine {};
+  mine.sa_handler = count_sigpipe;
+  sigemptyset(&mine.sa_mask);
+  ASSERT_EQ(::sigaction(SIGPIPE, &mine, nullptr), 0);
+  {
+    auto c = world_of_one();
+    ASSERT_TRUE(c);
+    struct sigaction now {};
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+    EXPECT_EQ(now.sa_handler, &count_sigpipe);
+    g_sigpipes = 0;
+    EXPECT_EQ(write_to_broken_pipe(), EPIPE);
+    EXPECT_EQ(g_sigpipes.load(), 1);
+  }
+  // 2. The default action (terminate) becomes "ignore": the write fails with EPIPE and the
+  //    process lives on.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ASSERT_EQ(::sigaction(SIGPIPE, &dfl, nullptr), 0);
+  {
+    auto c = world_of_one();
+    ASSERT_TRUE(c);
+    struct sigaction now {};
+    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
+    EXPECT_EQ(now.sa_handler, SIG_IGN);
+    EXPECT_EQ(write_to_broken_pipe(), EPIPE);
+  }
+  ::sigaction(SIGPIPE, &saved, nullptr);
 }
 
 TEST(GlooCommunicator, PortInUseIsUnavailableNamingThePort) {

@@ -57,6 +57,11 @@ struct WorkerRun {
   std::map<int, std::vector<std::string>> out, err;
   std::string dump() const {
     std::string s;
+    for (size_t r = 0; r < report.ranks.size(); ++r) {
+      s += "[rank " + std::to_string(r) + " status] exit " +
+           std::to_string(report.ranks[r].exit_code) + " signal " +
+           std::to_string(report.ranks[r].term_signal) + "\n";
+    }
     for (auto& [r, lines] : err)
       for (auto& l : lines) s += "[rank " + std::to_string(r) + " err] " + l + "\n";
     for (auto& [r, lines] : out)

@@ -312,8 +312,11 @@ int run_killed(const std::string& dir) {
   std::printf("EXPECTED_FAILURE %s %lld %s\n", std::string(status_code_name(s.code())).c_str(),
               static_cast<long long>(ms), s.message().c_str());
   std::fflush(stdout);
-  // Rank 0 hosts the rendezvous store: keep it until every survivor has diagnosed.
-  ok_or_die(c->store().barrier("survivors", c->size() - 1, opts->timeout), "survivor barrier");
+  // Rank 0 hosts the rendezvous store: keep it until every survivor has diagnosed. A
+  // survivor that was not talking to the victim may only notice through the collective
+  // timeout, one timeout after the others: wait for it well past that.
+  ok_or_die(c->store().barrier("survivors", c->size() - 1, 3 * opts->timeout),
+            "survivor barrier");
   return 0;
 }
 

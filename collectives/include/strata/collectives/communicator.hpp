@@ -156,6 +156,9 @@ class Communicator {
 /// Creates a communicator over `env`: rank 0 starts the rendezvous server (unless
 /// options.rank0_hosts_store is false), every rank connects to it, then the backend sets
 /// up its connections. Collective: all `env.world_size` ranks must call it.
+/// Side effect (Gloo): SIGPIPE is set to "ignore" if its disposition is still the default,
+/// so a peer that dies mid-collective gives an error instead of killing this process
+/// (docs/collectives.md, "Failures"); an application's own SIGPIPE handler is kept.
 /// \error InvalidArgument for bad options; Unavailable when the server cannot be started
 ///     (port in use) or reached, or when a peer's transport cannot be connected;
 ///     DeadlineExceeded naming the missing ranks when not all ranks arrived within
