@@ -17,11 +17,13 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxh_x86dispatch.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -129,6 +131,10 @@ class Xxh3Stream {
 // of 64 MiB. (Direct writes are all submitted before any hashing: see write_layout_once.)
 // The engine cuts each request into block_size pieces as before.
 constexpr uint64_t kHashPiece = 4ull << 20;
+
+// Size of the catalog ballast (StoreImpl::release_ballast): room for SQLite's write-ahead
+// log to commit a batch of row changes on an otherwise full file system.
+constexpr uint64_t kBallastBytes = 4ull << 20;
 
 constexpr uint64_t kAlign = 4096;  // extent offset/length alignment in the data files
 
@@ -487,6 +493,12 @@ class StoreImpl final : public Store {
   /// Grows the data file of `dir` (fallocate) so that [0, end) is allocated before a
   /// direct write lands there: O_DIRECT writes past EOF extend i_size one at a time.
   Status ensure_file_size(uint32_t dir, uint64_t end);
+  /// The catalog ballast: a small preallocated file beside catalog.db, deleted when a
+  /// commit fails for lack of space so that the commit (e.g. a remove() freeing space) can
+  /// go through, recreated after a later successful commit. Returns true when a ballast
+  /// was there and is now deleted. Committer thread (and open) only.
+  bool release_ballast();
+  void restore_ballast();
   /// After a failed write (put, write_range, flush, demotion), once its new extents are
   /// released: gives back data file space preallocated past the allocator's end.
   void trim_data_files();
@@ -511,6 +523,8 @@ class StoreImpl final : public Store {
   uint64_t piece_bytes_ = 0;
   std::string uuid_;
   int lock_fd_ = -1;
+  std::string ballast_path_;     // <root>/catalog.ballast ("" when read-only)
+  bool ballast_missing_ = false;  // committer thread (and open) only
   bool read_only_ = false;
   bool has_device_ = false;
   uint64_t device_budget_ = 0;
@@ -596,6 +610,14 @@ Status StoreImpl::init(StoreOptions options) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   opts_.path = root;
 
+  std::string cat_path = root + "/catalog.db";
+  bool fresh = !fs::exists(cat_path, ec);
+  if (fresh && !opts_.recreate_catalog) {  // data files without their catalog: DataLoss
+    STRATA_RETURN_IF_ERROR(store_detail::check_orphaned_data(cat_path, root, opts_.nvme_dirs));
+  }
+  // Opening without `create` leaves a directory that is not a store untouched (no LOCK).
+  if (fresh && (read_only_ || !opts_.create)) return not_found("no store catalog at " + cat_path);
+
   // Lock first: a second writer must fail before touching anything.
   if (!read_only_) {
     std::string lock_path = root + "/LOCK";
@@ -618,13 +640,17 @@ Status StoreImpl::init(StoreOptions options) {
     }
   }
 
-  std::string cat_path = root + "/catalog.db";
-  bool fresh = !fs::exists(cat_path, ec);
+  fresh = !fs::exists(cat_path, ec);  // again, under the lock
   if (fresh && (read_only_ || !opts_.create)) return not_found("no store catalog at " + cat_path);
   if (fresh && !opts_.recreate_catalog) {
     STRATA_RETURN_IF_ERROR(store_detail::check_orphaned_data(cat_path, root, opts_.nvme_dirs));
   }
   STRATA_ASSIGN_OR_RETURN(catalog_, catalog::Catalog::open(cat_path, opts_.create, read_only_));
+  if (!read_only_) {
+    ballast_path_ = root + "/catalog.ballast";
+    ballast_missing_ = !fs::exists(ballast_path_, ec);
+    restore_ballast();  // best effort: a store on a full file system still opens
+  }
 
   // Store identity and layout: recorded at creation, checked at reopen.
   STRATA_ASSIGN_OR_RETURN(auto uuid, catalog_->get_meta("store_uuid"));
@@ -655,12 +681,24 @@ Status StoreImpl::init(StoreOptions options) {
     STRATA_ASSIGN_OR_RETURN(auto cb, catalog_->get_meta("chunk_bytes"));
     STRATA_ASSIGN_OR_RETURN(auto nd, catalog_->get_meta("nvme_dirs"));
     if (!cb || !nd) return data_loss("catalog " + cat_path + " lacks chunk_bytes/nvme_dirs");
-    chunk_bytes_ = std::stoull(*cb);
+    // Parsed strictly: a damaged value must be an error, not an exception, a division by
+    // zero or unaligned direct I/O.
+    uint64_t cbv = 0;
+    auto [end, perr] = std::from_chars(cb->data(), cb->data() + cb->size(), cbv);
+    if (perr != std::errc() || end != cb->data() + cb->size() || cbv == 0 || cbv % kAlign != 0 ||
+        cbv > (1ull << 40)) {
+      return data_loss("catalog " + cat_path + ": chunk_bytes '" + *cb +
+                       "' is not a positive multiple of 4096 (at most 1 TiB)");
+    }
+    chunk_bytes_ = cbv;
     std::string rest = *nd;
     size_t pos;
     while ((pos = rest.find('\n')) != std::string::npos) {
       dirs_.push_back(store_detail::decode_dir(root, rest.substr(0, pos)));
       rest.erase(0, pos + 1);
+    }
+    if (dirs_.empty() || !rest.empty()) {
+      return data_loss("catalog " + cat_path + ": nvme_dirs record is malformed ('" + *nd + "')");
     }
     if (!opts_.nvme_dirs.empty() && want != dirs_) {
       std::string rec;
@@ -746,6 +784,9 @@ Status StoreImpl::init(StoreOptions options) {
   }
   STRATA_RETURN_IF_ERROR(alloc_->finish_load());
   next_dir_ = static_cast<uint32_t>(rows.size());
+  // Space preallocated past the last committed extent (growth slack of a process that
+  // crashed, or an older version of strata) goes back to the file system.
+  if (!read_only_) trim_data_files();
 
   // Pinned memory: host tier and staging buffers.
   piece_bytes_ = std::max<uint64_t>(
@@ -802,6 +843,8 @@ Status StoreImpl::close() {
     commit_cv_.notify_all();
     committer_.join();
   }
+  // Give back the growth slack while every live version still holds its extents.
+  if (!read_only_ && started_) trim_data_files();
   {
     std::lock_guard<std::mutex> lk(mu_);
     host_lru_.clear();
@@ -994,11 +1037,22 @@ void StoreImpl::committer_loop() {
       const auto& r = f.result();
       if (st.ok() && !r.ok()) st = r.status().with_context("fdatasync before catalog commit");
     }
-    // 2. Then the rows, all in one transaction.
+    // 2. Then the rows, all in one transaction. When the file system is full (SQLite
+    //    needs room for its write-ahead log even to delete rows), give back the data
+    //    files' growth slack and retry; then the catalog ballast (see open). Without
+    //    this a full disk would leave a store where not even remove() can commit.
     if (st.ok()) {
       std::vector<catalog::Op> all;
       for (auto& r : batch) all.insert(all.end(), r->ops.begin(), r->ops.end());
       st = catalog_->apply(all);
+      if (st.code() == StatusCode::kResourceExhausted) {
+        trim_data_files();
+        st = catalog_->apply(all);
+      }
+      if (st.code() == StatusCode::kResourceExhausted && release_ballast()) {
+        st = catalog_->apply(all);
+      }
+      if (st.ok()) restore_ballast();
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -1029,8 +1083,16 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
   // Grow geometrically: by the current size, at least 4 MiB and at most 1 GiB per step
   // (few metadata updates for big stores, little unused space for small ones); exactly to
   // `end` when that fails.
-  const uint64_t step = std::clamp<uint64_t>(cur, 4ull << 20, 1ull << 30);
-  uint64_t want = std::max(end, align_up(cur + step, kAlign));
+  uint64_t step = std::clamp<uint64_t>(cur, 4ull << 20, 1ull << 30);
+  // Never take more than a quarter of the file system's free space as slack: the catalog
+  // and the other directories' users need room too.
+  struct statvfs vfs;
+  if (::fstatvfs(grow_fds_[dir], &vfs) == 0) {
+    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    const uint64_t need = end - cur;
+    step = avail > need ? std::min(step, (avail - need) / 4) : 0;
+  }
+  uint64_t want = std::max(end, align_down(cur + step, kAlign));
   int rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
   if (rc != 0 && want > end) {
     want = end;
@@ -1057,6 +1119,28 @@ void StoreImpl::trim_data_files() {
     } else {
       log_warn("store " + opts_.path + ": " + st.to_string());
     }
+  }
+}
+
+bool StoreImpl::release_ballast() {
+  if (ballast_path_.empty()) return false;
+  if (::unlink(ballast_path_.c_str()) != 0) return false;
+  log_warn("store " + opts_.path + ": file system full; released the catalog ballast (" +
+           format_bytes(kBallastBytes) + ") so the catalog can commit");
+  ballast_missing_ = true;
+  return true;
+}
+
+void StoreImpl::restore_ballast() {
+  if (!ballast_missing_ || ballast_path_.empty()) return;
+  int fd = ::open(ballast_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  if (::fallocate(fd, 0, 0, static_cast<off_t>(kBallastBytes)) == 0) {
+    ballast_missing_ = false;
+    ::close(fd);
+  } else {
+    ::close(fd);
+    ::unlink(ballast_path_.c_str());  // still no room: try again after a later commit
   }
 }
 

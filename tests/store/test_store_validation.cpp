@@ -487,6 +487,64 @@ TEST(StoreValidation, MissingCatalogBesideDataFilesIsDataLoss) {
   EXPECT_TRUE(fs::exists(d.path() + "/strata-" + uuid + ".data"));  // left alone
 }
 
+TEST(StoreValidation, MissingCatalogIsDataLossForReadOnlyOpensToo) {
+  TempDir d;
+  auto a = pattern(5000, 9);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  fs::remove(d.sub("catalog.db"));
+  for (bool ro : {true, false}) {
+    auto o = small_options(d.path());
+    o.read_only = ro;
+    o.create = false;
+    auto r = Store::open(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+  }
+}
+
+TEST(StoreValidation, OpeningADirectoryWithoutCreateLeavesItUntouched) {
+  TempDir d;
+  auto o = small_options(d.path());
+  o.create = false;
+  auto r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(), "no store catalog at " + d.sub("catalog.db"));
+  EXPECT_TRUE(fs::is_empty(d.path()));  // no LOCK, no ballast
+}
+
+TEST(StoreValidation, DamagedChunkSizeOrDirectoryRecordIsDataLoss) {
+  // Values that once threw (std::stoull), divided by zero or sent unaligned direct I/O.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"chunk_bytes", "abc"},  {"chunk_bytes", "99999999999999999999"},
+      {"chunk_bytes", "0"},    {"chunk_bytes", "-4096"},
+      {"chunk_bytes", "4097"}, {"chunk_bytes", "4096x"},
+      {"nvme_dirs", ""},       {"nvme_dirs", "."}};
+  for (const auto& [name, value] : bad) {
+    TempDir d;
+    {
+      auto s = open_or_die(small_options(d.path()));
+      ASSERT_TRUE(s);
+      auto a = pattern(5000, 9);
+      ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+    }
+    catalog_exec(d.path(), "UPDATE meta SET value='" + value + "' WHERE name='" + name + "'");
+    for (bool ro : {true, false}) {
+      auto o = small_options(d.path());
+      o.read_only = ro;
+      auto r = Store::open(o);
+      ASSERT_FALSE(r.ok()) << name << "=" << value;
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+      EXPECT_NE(r.status().message().find("'" + value + "'"), std::string::npos)
+          << r.status().to_string();
+    }
+  }
+}
+
 // ---------------------------------------------------------------- 6. paths
 
 TEST(StoreValidation, EmptyOrNulPathsAreInvalidArgument) {
@@ -584,6 +642,61 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   std::vector<uint8_t> out(y.size());
   ASSERT_OK(s->get_bytes_sync("y", out.data(), out.size()));
   EXPECT_EQ(out, y);
+}
+
+TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
+  // Fill a small file system holding the whole store (catalog and data) with puts until
+  // one fails; removing an object must still commit (the catalog needs room for its WAL),
+  // and the freed space must take new objects. Was: every later commit failed with
+  // "database or disk is full", reopen included.
+  TempDir d;
+  std::string mnt = d.sub("small");
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=40m") != 0) {
+    GTEST_SKIP() << "cannot mount a 40 MiB tmpfs (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } um{mnt};
+  auto o = small_options(mnt);
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto obj = pattern(4u << 20, 30);
+  int n = 0;
+  Status st;
+  for (; n < 20; ++n) {
+    st = s->put_sync("o" + std::to_string(n), obj.data(), TensorDesc::bytes(obj.size()));
+    if (!st.ok()) break;
+  }
+  ASSERT_LT(n, 20) << "the file system never filled up";
+  ASSERT_GE(n, 4);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_FALSE(s->contains("o" + std::to_string(n)));
+  // Fill the last bytes with a plain file too, so not even the growth slack is left.
+  {
+    std::ofstream f(mnt + "/filler", std::ios::binary);
+    std::vector<char> junk(64 << 10, 'x');
+    while (f.write(junk.data(), junk.size())) {
+    }
+  }
+  ASSERT_OK(s->remove_sync("o0"));
+  fs::remove(mnt + "/filler");
+  ASSERT_OK(s->put_sync("again", obj.data(), TensorDesc::bytes(obj.size())));
+  ASSERT_OK(s->close());
+  s.reset();
+  auto r = open_or_die(o);
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->contains("o0"));
+  for (const std::string k : {std::string("o1"), std::string("again")}) {
+    std::vector<uint8_t> out(obj.size());
+    ASSERT_OK(r->get_bytes_sync(k, out.data(), out.size()));
+    EXPECT_EQ(out, obj) << k;
+  }
+  auto v = r->verify();
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->errors.empty());
+  EXPECT_EQ(v->objects, static_cast<uint64_t>(n));  // o1..o(n-1) and "again"
 }
 
 }  // namespace
