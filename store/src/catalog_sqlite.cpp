@@ -169,12 +169,36 @@ Status Catalog::set_meta(const std::string& name, const std::string& value) {
 }
 
 Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
+  return load_rows(prefix, false);
+}
+
+Result<std::optional<ObjectRow>> Catalog::load_one(const std::string& key) {
+  STRATA_ASSIGN_OR_RETURN(auto rows, load_rows(key, true));
+  if (rows.empty()) return std::optional<ObjectRow>();
+  return std::optional<ObjectRow>(std::move(rows.front()));
+}
+
+Result<std::vector<ObjectRow>> Catalog::load_rows(const std::string& k, bool exact) {
+  // Objects and chunks are two SELECTs: without one read transaction around them, a
+  // commit by another connection in between would pair an object with another version's
+  // chunks (and look like a damaged row).
+  STRATA_RETURN_IF_ERROR(exec("BEGIN"));
+  auto rows = load_rows_in_txn(k, exact);
+  Status end = exec("COMMIT");
+  if (!rows.ok()) return rows.status();
+  if (!end.ok()) return end;
+  return rows;
+}
+
+Result<std::vector<ObjectRow>> Catalog::load_rows_in_txn(const std::string& prefix, bool exact) {
   std::vector<ObjectRow> rows;
   {
     Stmt s;
     if (sqlite3_prepare_v2(db_,
-                           "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
-                           "WHERE substr(key, 1, ?) = ? ORDER BY key",
+                           exact ? "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
+                                   "WHERE ?1 >= 0 AND key = ?2"
+                                 : "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
+                                   "WHERE substr(key, 1, ?1) = ?2 ORDER BY key",
                            -1, &s.s, nullptr) != SQLITE_OK)
       return error("prepare load objects");
     sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));
@@ -207,8 +231,10 @@ Result<std::vector<ObjectRow>> Catalog::load_all(const std::string& prefix) {
   // Chunks in one pass, merged by key order (both sorted by key; BINARY collation = memcmp).
   Stmt s;
   if (sqlite3_prepare_v2(db_,
-                         "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
-                         "WHERE substr(key, 1, ?) = ? ORDER BY key, idx",
+                         exact ? "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
+                                 "WHERE ?1 >= 0 AND key = ?2 ORDER BY idx"
+                               : "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
+                                 "WHERE substr(key, 1, ?1) = ?2 ORDER BY key, idx",
                          -1, &s.s, nullptr) != SQLITE_OK)
     return error("prepare load chunks");
   sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));

@@ -60,8 +60,11 @@ class Catalog {
 
   Result<std::optional<std::string>> get_meta(const std::string& name);
   Status set_meta(const std::string& name, const std::string& value);
-  /// Every committed object with its chunks, sorted by key.
+  /// Every committed object with its chunks, sorted by key, read in one transaction (a
+  /// consistent snapshot while another connection commits).
   Result<std::vector<ObjectRow>> load_all(const std::string& prefix = {});
+  /// The committed row of exactly `key` (std::nullopt when absent), as load_all() reads it.
+  Result<std::optional<ObjectRow>> load_one(const std::string& key);
   /// Chunks recorded per NVMe directory: result[i] = chunk rows with dir == i, i < ndirs
   /// (rows naming other directories are ignored here; load_all() marks them damaged).
   Result<std::vector<uint64_t>> chunks_per_dir(size_t ndirs);
@@ -71,6 +74,10 @@ class Catalog {
  private:
   Catalog() = default;
   Status exec(const char* sql);
+  /// Rows whose key starts with `k` (exact: equals `k`), objects and chunks in one read
+  /// transaction.
+  Result<std::vector<ObjectRow>> load_rows(const std::string& k, bool exact);
+  Result<std::vector<ObjectRow>> load_rows_in_txn(const std::string& k, bool exact);
   Status error(const char* what);
   sqlite3* db_ = nullptr;
   std::string path_;

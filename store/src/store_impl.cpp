@@ -446,6 +446,18 @@ class StoreImpl final : public Store {
   void end_op();
   Status check_writable() const;
   ObjPtr find(const std::string& key) const;
+  /// An in-memory object for a committed catalog row. With `alloc`, its extents are adopted
+  /// by the allocator (open); without (read-only refresh), they are only read.
+  ObjPtr obj_from_row(const catalog::ObjectRow& r, const std::vector<bool>& adopt, bool alloc);
+  /// Read-only opens: another process may hold the store open for writing and may have
+  /// replaced or removed `key` (and reused its extents) since this open loaded the catalog.
+  /// Re-reads the key's row and installs it; true when it differs from `seen` (null: absent).
+  Result<bool> refresh_key(const std::string& key, const ObjPtr& seen);
+  /// Runs `attempt` on the object `key` (NotFound when absent). In a read-only open, a
+  /// NotFound or DataLoss is checked against the key's current catalog row first: when a
+  /// writer changed it, the attempt runs again on the new version (at most 8 retries).
+  Status with_current_object(const std::string& key,
+                             const std::function<Status(const ObjPtr&)>& attempt);
   ObjPtr lock_live(const std::string& key);         // exclusive; null when absent
   ObjPtr lock_live_shared(const std::string& key);  // shared; null when absent
   void install_locked(const ObjPtr& obj);           // under mu_
@@ -523,6 +535,7 @@ class StoreImpl final : public Store {
   uint64_t piece_bytes_ = 0;
   std::string uuid_;
   int lock_fd_ = -1;
+  std::mutex refresh_mu_;        // read-only opens: one catalog reader at a time
   std::string ballast_path_;     // <root>/catalog.ballast ("" when read-only)
   bool ballast_missing_ = false;  // committer thread (and open) only
   bool read_only_ = false;
@@ -760,26 +773,11 @@ Status StoreImpl::init(StoreOptions options) {
   store_detail::ExtentClaims claims(dirs_.size(), chunk_bytes_);  // overlapping rows: damaged
   std::vector<bool> adopt;
   for (auto& r : rows) {
-    auto o = std::make_shared<Obj>();
-    o->key = r.key;
-    o->desc = TensorDesc{r.dtype, r.shape};
-    o->nbytes = r.nbytes;
-    o->first_dir = r.first_dir;
-    // A damaged row makes only that object unreadable (DataLoss), never the whole store.
-    o->damage = store_detail::row_damage(r, dirs_.size(), chunk_bytes_);
     std::string overlap = claims.claim(r, &adopt);
+    ObjPtr o = obj_from_row(r, adopt, true);
     if (o->damage.empty()) o->damage = overlap;
     if (!o->damage.empty()) log_warn("store " + root + ": damaged catalog row: " + o->damage);
-    if (r.first_dir >= dirs_.size()) o->first_dir = 0;
-    auto l = std::make_shared<Layout>();
-    for (size_t j = 0; j < r.chunks.size(); ++j) {
-      const auto& c = r.chunks[j];
-      if (!adopt[j]) continue;  // damaged: outside the store or overlapping another row
-      l->push_back(ChunkRef{alloc_->adopt(c.dir, c.offset, align_up(c.nbytes, kAlign)), c.nbytes,
-                            c.checksum});
-    }
-    o->current = l;
-    durable_[r.key] = l;
+    durable_[r.key] = o->current;
     objects_[r.key] = o;
   }
   STRATA_RETURN_IF_ERROR(alloc_->finish_load());
@@ -919,6 +917,81 @@ Future<void> StoreImpl::run_op_async(F f) {
     });
   });
   return fut;
+}
+
+ObjPtr StoreImpl::obj_from_row(const catalog::ObjectRow& r, const std::vector<bool>& adopt,
+                               bool alloc) {
+  auto o = std::make_shared<Obj>();
+  o->key = r.key;
+  o->desc = TensorDesc{r.dtype, r.shape};
+  o->nbytes = r.nbytes;
+  o->first_dir = r.first_dir < dirs_.size() ? r.first_dir : 0;
+  // A damaged row makes only that object unreadable (DataLoss), never the whole store.
+  o->damage = store_detail::row_damage(r, dirs_.size(), chunk_bytes_);
+  auto l = std::make_shared<Layout>();
+  for (size_t j = 0; j < r.chunks.size(); ++j) {
+    const auto& c = r.chunks[j];
+    if (j < adopt.size() && !adopt[j]) continue;  // damaged: outside the store or overlapping
+    std::shared_ptr<Extent> e;
+    if (alloc) {
+      e = alloc_->adopt(c.dir, c.offset, align_up(c.nbytes, kAlign));
+    } else {
+      e = std::make_shared<Extent>();  // no allocator: never released into a free list
+      e->dir = c.dir;
+      e->offset = c.offset;
+      e->len = align_up(c.nbytes, kAlign);
+    }
+    l->push_back(ChunkRef{std::move(e), c.nbytes, c.checksum});
+  }
+  o->current = l;
+  return o;
+}
+
+Result<bool> StoreImpl::refresh_key(const std::string& key, const ObjPtr& seen) {
+  std::lock_guard<std::mutex> rl(refresh_mu_);
+  STRATA_ASSIGN_OR_RETURN(auto row, catalog_->load_one(key));
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = objects_.find(key);
+  const ObjPtr& now = it == objects_.end() ? nullptr : it->second;
+  if (now != seen) return true;  // another thread refreshed it already
+  if (!row) {
+    if (!seen) return false;
+    objects_.erase(it);
+    return true;
+  }
+  ObjPtr o = obj_from_row(*row, {}, false);
+  if (seen && seen->desc.dtype == o->desc.dtype && seen->desc.shape == o->desc.shape &&
+      seen->nbytes == o->nbytes && seen->current && seen->current->size() == o->current->size()) {
+    bool same = true;
+    for (size_t j = 0; same && j < o->current->size(); ++j) {
+      const ChunkRef &a = (*seen->current)[j], &b = (*o->current)[j];
+      same = a.ext->dir == b.ext->dir && a.ext->offset == b.ext->offset &&
+             a.nbytes == b.nbytes && a.checksum == b.checksum;
+    }
+    if (same) return false;
+  }
+  for (const auto& c : *o->current) {
+    if (c.ext->dir >= files_.size() || !files_[c.ext->dir]) {
+      o->damage = "object '" + key + "' has a chunk in directory " +
+                  std::to_string(c.ext->dir) + ", whose data file this open has not";
+    }
+  }
+  objects_[key] = o;
+  return true;
+}
+
+Status StoreImpl::with_current_object(const std::string& key,
+                                      const std::function<Status(const ObjPtr&)>& attempt) {
+  for (int i = 0;; ++i) {
+    ObjPtr o = find(key);
+    Status st = o ? attempt(o) : not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!read_only_ || i == 8 ||
+        (st.code() != StatusCode::kDataLoss && st.code() != StatusCode::kNotFound)) {
+      return st;
+    }
+    auto changed = refresh_key(key, o);
+    if (!changed.ok() || !*changed) return st;
+  }
 }
 
 ObjPtr StoreImpl::find(const std::string& key) const {
@@ -1714,39 +1787,39 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
   std::optional<TensorDesc> desc;
   if (desc_ptr) desc = *desc_ptr;
   return run_op(false, [=, this]() -> Status {
-    ObjPtr o = find(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
-    if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
-      return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
-                              ", the destination is " + to_string(*desc));
-    }
-    if (nbytes != o->nbytes) {
-      return invalid_argument("get '" + key + "': the object is " + std::to_string(o->nbytes) +
-                              " bytes, the destination " + std::to_string(nbytes) + " bytes");
-    }
-    if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
-    std::shared_lock<std::shared_mutex> rl(o->io);
-    Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
-    lru_touch(o);
-    return st;
+    return with_current_object(key, [&](const ObjPtr& o) -> Status {
+      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
+        return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
+                                ", the destination is " + to_string(*desc));
+      }
+      if (nbytes != o->nbytes) {
+        return invalid_argument("get '" + key + "': the object is " + std::to_string(o->nbytes) +
+                                " bytes, the destination " + std::to_string(nbytes) + " bytes");
+      }
+      if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
+      std::shared_lock<std::shared_mutex> rl(o->io);
+      Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
+      lru_touch(o);
+      return st;
+    });
   });
 }
 
 Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
   return run_op(false, [=, this]() -> Status {
-    ObjPtr o = find(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
-    if (off > o->nbytes || n > o->nbytes - off) {
-      return out_of_range("read_range '" + key + "': bytes [" + std::to_string(off) + ", " +
-                          std::to_string(off + n) + ") past the end (" +
-                          std::to_string(o->nbytes) + " bytes)");
-    }
-    std::shared_lock<std::shared_mutex> rl(o->io);
-    Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
-    lru_touch(o);
-    return st;
+    return with_current_object(key, [&](const ObjPtr& o) -> Status {
+      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      if (off > o->nbytes || n > o->nbytes - off) {
+        return out_of_range("read_range '" + key + "': bytes [" + std::to_string(off) + ", " +
+                            std::to_string(off + n) + ") past the end (" +
+                            std::to_string(o->nbytes) + " bytes)");
+      }
+      std::shared_lock<std::shared_mutex> rl(o->io);
+      Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
+      lru_touch(o);
+      return st;
+    });
   });
 }
 
@@ -2021,30 +2094,47 @@ Result<VerifyReport> StoreImpl::verify() {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [k, o] : objects_) snapshot.push_back(o);
   }
-  for (auto& o : snapshot) {
-    LayoutPtr cur;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      cur = o->current;
-    }
-    ++rep.objects;
-    if (!o->damage.empty()) {
-      rep.errors.push_back(data_loss("store " + opts_.path + ": " + o->damage));
-      continue;
-    }
-    if (!cur) continue;
-    for (uint32_t j = 0; j < cur->size(); ++j) {
-      const ChunkRef& c = (*cur)[j];
-      ++rep.chunks;
-      rep.bytes += c.nbytes;
-      if (!files_[c.ext->dir]) {
-        rep.errors.push_back(not_found("object '" + o->key + "' chunk " + std::to_string(j) +
-                                       ": data file in " + dirs_[c.ext->dir] + " is missing"));
-        continue;
+  for (const auto& first : snapshot) {
+    ObjPtr o = first;
+    for (int attempt = 0;; ++attempt) {
+      VerifyReport one;  // this object's figures and errors
+      LayoutPtr cur;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        cur = o->current;
       }
-      Status st = staged_read_chunk(o->key, j, uint64_t{j} * chunk_bytes_, c, 0, 0, true,
-                                    [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
-      if (!st.ok()) rep.errors.push_back(st);
+      one.objects = 1;
+      if (!o->damage.empty()) {
+        one.errors.push_back(data_loss("store " + opts_.path + ": " + o->damage));
+      }
+      for (uint32_t j = 0; o->damage.empty() && cur && j < cur->size(); ++j) {
+        const ChunkRef& c = (*cur)[j];
+        ++one.chunks;
+        one.bytes += c.nbytes;
+        if (!files_[c.ext->dir]) {
+          one.errors.push_back(not_found("object '" + o->key + "' chunk " + std::to_string(j) +
+                                         ": data file in " + dirs_[c.ext->dir] + " is missing"));
+          continue;
+        }
+        Status st = staged_read_chunk(o->key, j, uint64_t{j} * chunk_bytes_, c, 0, 0, true,
+                                      [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
+        if (!st.ok()) one.errors.push_back(st);
+      }
+      // Read-only open beside a writer: an error against a row the writer has replaced
+      // since (reusing the old extents) is not damage; check the current version instead.
+      if (!one.errors.empty() && read_only_ && attempt < 8) {
+        auto changed = refresh_key(o->key, o);
+        if (changed.ok() && *changed) {
+          o = find(first->key);
+          if (!o) break;  // removed by the writer: nothing to verify
+          continue;
+        }
+      }
+      rep.objects += one.objects;
+      rep.chunks += one.chunks;
+      rep.bytes += one.bytes;
+      for (auto& e : one.errors) rep.errors.push_back(std::move(e));
+      break;
     }
   }
   return rep;
