@@ -37,7 +37,7 @@ def test_bad_dtype_shape_size_are_value_errors(store):
         store.get_into("f", np.zeros((3, 2), dtype=np.float32))
     assert isinstance(e.value, strata.Error)
     with pytest.raises(ValueError):  # size mismatch on the converting path
-        store.get_into("f", np.zeros(7, dtype=np.float64))
+        store.get_into("f", np.zeros(7, dtype=np.float64), cast=True)
     with pytest.raises(ValueError):  # read-only destination
         ro = np.zeros((2, 3), dtype=np.float32)
         ro.setflags(write=False)

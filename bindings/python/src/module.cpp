@@ -55,9 +55,82 @@ namespace {
 
 // ---- helpers ----------------------------------------------------------------------------
 
+/// The name of `v`'s type, for messages ("int", "float", "NoneType").
+std::string type_name(const py::handle& v) {
+  return py::str(py::type::handle_of(v).attr("__name__"));
+}
+
+/// `v` (a str) as UTF-8. Strings are exchanged with the store as UTF-8, so a str that has no
+/// UTF-8 encoding (a lone surrogate such as "a\udc80", e.g. from os.fsdecode of a non-UTF-8
+/// name) and anything that is not a str are InvalidArgument naming `what` (the argument:
+/// "key", "prefix", "tier", ...), where pybind11 would raise a TypeError outside strata.Error.
+std::string to_text(const py::handle& v, const char* what) {
+  if (!PyUnicode_Check(v.ptr()))
+    throw StatusError(invalid_argument(std::string(what) + " must be a str, got " +
+                                       type_name(v) + " " + std::string(py::repr(v))));
+  Py_ssize_t n = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(v.ptr(), &n);
+  if (utf8 != nullptr) return std::string(utf8, static_cast<size_t>(n));
+  PyErr_Clear();
+  // The only str without a UTF-8 encoding is one holding a surrogate code point.
+  const Py_ssize_t len = PyUnicode_GetLength(v.ptr());
+  Py_ssize_t at = 0;
+  Py_UCS4 cp = 0;
+  for (; at < len; ++at) {
+    cp = PyUnicode_ReadChar(v.ptr(), at);
+    if (cp >= 0xD800 && cp <= 0xDFFF) break;
+  }
+  char u[16];
+  std::snprintf(u, sizeof u, "U+%04X", static_cast<unsigned>(cp));
+  throw StatusError(invalid_argument(std::string(what) + " " + std::string(py::repr(v)) +
+                                     " is not valid UTF-8 text: lone surrogate " + u +
+                                     " at index " + std::to_string(at)));
+}
+
+/// A file system path (str or os.PathLike): encoded like os.fsencode (surrogateescape), so
+/// any name the OS gave Python round-trips. Other types: InvalidArgument naming `what`.
+std::string to_path(const py::handle& v, const char* what) {
+  PyObject* b = nullptr;
+  if (!PyUnicode_FSConverter(v.ptr(), &b)) {
+    PyErr_Clear();
+    throw StatusError(invalid_argument(std::string(what) + " must be a str or os.PathLike, got " +
+                                       type_name(v) + " " + std::string(py::repr(v))));
+  }
+  py::bytes bytes = py::reinterpret_steal<py::bytes>(b);
+  return std::string(bytes);
+}
+
+/// A byte offset, byte count or element count: a Python int (or any object with
+/// __index__, e.g. numpy.int64) in [0, 2**64 - 1]. Anything else (negative, too large,
+/// float, bool, None) is InvalidArgument naming `what`, where pybind11's uint64_t argument
+/// would raise a TypeError outside strata.Error.
+uint64_t to_u64(const py::handle& v, const char* what) {
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+    throw StatusError(invalid_argument(std::string(what) + " must be an int, got " +
+                                       type_name(v) + " " + std::string(py::repr(v))));
+  py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  if (PyObject_RichCompareBool(i.ptr(), py::int_(0).ptr(), Py_LT) == 1)
+    throw StatusError(invalid_argument(std::string(what) + " must be >= 0, got " +
+                                       std::string(py::str(i))));
+  const unsigned long long x = PyLong_AsUnsignedLongLong(i.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw StatusError(invalid_argument(std::string(what) + " = " + std::string(py::str(i)) +
+                                       " does not fit in 64 bits (max 2**64-1)"));
+  }
+  return static_cast<uint64_t>(x);
+}
+
+/// An optional dtype-override argument (None or a str).
+std::optional<std::string> to_dtype_arg(const py::handle& v) {
+  if (v.is_none()) return std::nullopt;
+  return to_text(v, "dtype");
+}
+
 uint64_t to_size(const py::handle& v, const char* what) {
   if (py::isinstance<py::str>(v)) {
-    auto r = parse_size(v.cast<std::string>());
+    auto r = parse_size(to_text(v, what));
     if (!r.ok()) throw StatusError(r.status().with_context(what));
     return *r;
   }
@@ -79,7 +152,8 @@ uint64_t to_size(const py::handle& v, const char* what) {
                                      "like \"1GiB\""));
 }
 
-Tier to_tier(const std::string& name) {
+Tier to_tier(const py::handle& v) {
+  const std::string name = to_text(v, "tier");
   auto t = tier_from_name(name);
   if (!t) throw StatusError(invalid_argument("unknown tier '" + name +
                                              "' (expected 'device', 'host' or 'nvme')"));
@@ -269,6 +343,129 @@ py::dict info_dict(const ObjectInfo& i) {
   return d;
 }
 
+/// Attempts a get makes before giving up when every one finds the object overwritten with
+/// another dtype or shape (see GetOp). A writer would have to replace the object between
+/// the stat and the read of each of them.
+constexpr int kMaxGetAttempts = 64;
+
+/// One Store.get / get_async: stat the object, allocate an array of its dtype and shape,
+/// read into it. The store's get checks the destination against the object's current desc
+/// under its own lock, so an overwrite with another dtype/shape between the stat and the
+/// read fails the read with InvalidArgument ("the object is int32[11], the destination is
+/// int32[10]") and never lands half of one version in the array. As the desc came from the
+/// store itself, such an InvalidArgument can only mean a concurrent overwrite: the op then
+/// re-stats, reallocates and reads again (up to kMaxGetAttempts; then Unavailable naming
+/// the key). So a get returns one version of the object whole, old or new.
+///
+/// Retries run in the store future's completion callback (on a store worker thread, no
+/// GIL): stat is a map lookup under the store's mutex and get only queues work, so the
+/// callback does not block. `store` is borrowed: the caller keeps the Store alive until
+/// `done` is ready (PyStore::get holds a shared_ptr while it waits; GetFutureImpl holds
+/// one and the PyFuture's destructor waits).
+struct GetOp : std::enable_shared_from_this<GetOp> {
+  Store* store = nullptr;
+  std::string key;
+  TensorDesc desc;
+  std::unique_ptr<AlignedBuffer> buf;
+  int attempts = 0;
+  Status last_mismatch;
+  Promise<void> done;
+
+  static std::shared_ptr<GetOp> start(const std::shared_ptr<Store>& store, std::string key) {
+    auto op = std::make_shared<GetOp>();
+    op->store = store.get();
+    op->key = std::move(key);
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = op->prepare();
+      if (st.ok()) op->read();
+    }
+    if (!st.ok()) {
+      // Before any read: raise at once (get_async("nope") raises NotFound like get).
+      op->done.set_error(st);
+      check(st);
+    }
+    return op;
+  }
+
+  /// Stats `key` and allocates a buffer of its size. NotFound; DataLoss for a damaged row
+  /// (its shape may be unallocatable: the store's own message, before allocating);
+  /// ResourceExhausted when the memory cannot be allocated.
+  Status prepare() {
+    auto info = store->stat(key);
+    if (!info.ok()) return info.status();
+    if (!info->damage.empty())
+      return data_loss("store " + store->options().path + ": " + info->damage);
+    desc = TensorDesc{info->dtype, info->shape};
+    try {
+      buf = std::make_unique<AlignedBuffer>(desc.nbytes());
+    } catch (const StatusError& e) {
+      return e.status();
+    }
+    ++attempts;
+    return Status::OK();
+  }
+
+  void read() {
+    Future<void> f = store->get(key, buf->data(), desc);
+    f.on_ready([self = shared_from_this()](const Result<void>& r) { self->on_read(r.status()); });
+  }
+
+  void on_read(Status st) {
+    if (st.code() == StatusCode::kInvalidArgument) {  // overwritten with another desc
+      last_mismatch = st;
+      if (attempts >= kMaxGetAttempts) {
+        done.set_error(unavailable(
+            "get '" + key + "': the object was overwritten with another dtype or shape "
+            "during each of " + std::to_string(attempts) + " reads (last: " +
+            st.message() + "); retry, or order the get after the writer's put"));
+        return;
+      }
+      if (Status p = prepare(); !p.ok()) {
+        done.set_error(p);  // e.g. NotFound: deleted meanwhile
+        return;
+      }
+      read();
+      return;
+    }
+    if (st.ok()) {
+      done.set_value();
+    } else {
+      done.set_error(st);
+    }
+  }
+
+  /// Moves the buffer into a numpy array (call once, with the GIL, after `done` is OK).
+  /// GetOp holds no Python object: its last reference may go on a store worker thread.
+  py::object array() {
+    py::object owner = py::cast(std::move(buf));
+    py::tuple shape(desc.shape.size());
+    for (size_t i = 0; i < desc.shape.size(); ++i) shape[i] = py::int_(desc.shape[i]);
+    return numpy()
+        .attr("frombuffer")(owner, "dtype"_a = numpy_dtype_name(desc.dtype))
+        .attr("reshape")(shape);
+  }
+};
+
+/// The Python future of a get_async: its value is the GetOp's array.
+struct GetFutureImpl : PyFuture::Impl {
+  GetFutureImpl(std::shared_ptr<GetOp> op, std::shared_ptr<Store> store)
+      : op(std::move(op)), store(std::move(store)), f(this->op->done.future()) {}
+  bool ready() const override { return f.ready(); }
+  void wait() const override { f.wait(); }
+  bool wait_for(std::chrono::microseconds d) const override { return f.wait_for(d); }
+  Status status() const override { return f.result().status(); }
+  py::object value() const override {  // with the GIL (PyFuture::result)
+    if (!arr) arr = op->array();
+    return arr;
+  }
+  std::shared_ptr<GetOp> op;
+  mutable py::object arr;
+  std::shared_ptr<Store> store;  // keeps the store alive while the op may still use it
+  Future<void> f;
+};
+
 /// Upper bound of Store.open(workers=...) (StoreOptions::worker_threads, the threads that
 /// run store operations): far more than the I/O can use, and far below the ~100k threads
 /// at which thread creation fails with EAGAIN.
@@ -284,7 +481,7 @@ class PyStore {
     }
   }
 
-  static std::unique_ptr<PyStore> open(const std::string& path, std::vector<std::string> nvme,
+  static std::unique_ptr<PyStore> open(py::handle path_arg, py::handle nvme,
                                        py::object host_budget, py::object nvme_budget,
                                        py::object device_budget, py::object chunk_size,
                                        py::object staging, std::optional<bool> verify,
@@ -292,9 +489,13 @@ class PyStore {
                                        bool create, std::optional<int> workers,
                                        std::optional<int> numa_node,
                                        std::optional<int> device_id) {
+    const std::string path = to_path(path_arg, "path");
     StoreOptions o = check(StoreOptions::from_env());
     o.path = path;
-    o.nvme_dirs = std::move(nvme);
+    if (!py::isinstance<py::list>(nvme) && !py::isinstance<py::tuple>(nvme))
+      throw StatusError(invalid_argument("nvme must be a list of directories, got " +
+                                         type_name(nvme)));
+    for (auto d : nvme) o.nvme_dirs.push_back(to_path(d, "nvme directory"));
     if (!host_budget.is_none()) o.host_budget_bytes = to_size(host_budget, "host_budget");
     if (!nvme_budget.is_none()) o.nvme_budget_bytes = to_size(nvme_budget, "nvme_budget");
     if (!device_budget.is_none()) o.device_budget_bytes = to_size(device_budget, "device_budget");
@@ -354,9 +555,10 @@ class PyStore {
     check(st);
   }
 
-  PyFuture put_async(const std::string& key, py::handle array, const std::string& tier,
-                     bool overwrite, bool pin, std::optional<std::string> dtype) {
-    TensorRef r = view_tensor(array, false, dtype);
+  PyFuture put_async(py::handle key_arg, py::handle array, py::handle tier, bool overwrite,
+                     bool pin, py::handle dtype) {
+    const std::string key = to_text(key_arg, "key");
+    TensorRef r = view_tensor(array, false, to_dtype_arg(dtype));
     PutOptions po;
     po.tier = to_tier(tier);
     po.overwrite = overwrite;
@@ -371,9 +573,10 @@ class PyStore {
     return make_future(std::move(f), py::none(), std::move(keep));
   }
 
-  void put(const std::string& key, py::handle array, const std::string& tier, bool overwrite,
-           bool pin, std::optional<std::string> dtype) {
-    TensorRef r = view_tensor(array, false, dtype);
+  void put(py::handle key_arg, py::handle array, py::handle tier, bool overwrite, bool pin,
+           py::handle dtype) {
+    const std::string key = to_text(key_arg, "key");
+    TensorRef r = view_tensor(array, false, to_dtype_arg(dtype));
     PutOptions po;
     po.tier = to_tier(tier);
     po.overwrite = overwrite;
@@ -386,44 +589,32 @@ class PyStore {
     check(st);
   }
 
-  /// Starts reading `key` into a new aligned numpy array; returns (array, future-of-void).
-  std::pair<py::object, Future<void>> start_get(const std::string& key) {
-    ObjectInfo info = check(s().stat(key));
-    // A damaged row's shape may be unallocatable (e.g. one whose size overflows): fail with
-    // the store's own DataLoss (same message as its reads) before allocating.
-    if (!info.damage.empty()) check(data_loss("store " + s().options().path + ": " + info.damage));
-    TensorDesc desc{info.dtype, info.shape};
-    void* data = nullptr;
-    py::object arr = new_aligned_array(desc, &data);
-    Future<void> f;
-    {
-      py::gil_scoped_release nogil;
-      f = s().get(key, data, desc);
-    }
-    return {arr, std::move(f)};
-  }
-
-  py::object get(const std::string& key) {
-    auto [arr, f] = start_get(key);
+  /// Reads object `key` into a new aligned numpy array of its dtype and shape (GIL
+  /// released while waiting). Atomic with respect to concurrent overwrites: the array holds
+  /// one version whole (see GetOp).
+  py::object get(py::handle key_arg) {
+    auto op = GetOp::start(shared(), to_text(key_arg, "key"));
     Status st;
     {
       py::gil_scoped_release nogil;
-      st = f.result().status();
+      st = op->done.future().result().status();
     }
     check(st);
-    return arr;
+    return op->array();
   }
 
-  PyFuture get_async(const std::string& key) {
-    auto [arr, f] = start_get(key);
-    return make_future(std::move(f), arr);
+  /// As get(); the future's result is the array.
+  PyFuture get_async(py::handle key_arg) {
+    auto store = shared();
+    auto op = GetOp::start(store, to_text(key_arg, "key"));
+    return PyFuture(std::make_unique<GetFutureImpl>(op, store), py::none(), {});
   }
 
   /// Reads `key` into `out` with no copy. `out` must have the object's dtype and shape
   /// (the Python layer converts other dtypes).
-  PyFuture get_into_async(const std::string& key, py::handle out,
-                          std::optional<std::string> dtype) {
-    TensorRef r = view_tensor(out, true, dtype);
+  PyFuture get_into_async(py::handle key_arg, py::handle out, py::handle dtype) {
+    const std::string key = to_text(key_arg, "key");
+    TensorRef r = view_tensor(out, true, to_dtype_arg(dtype));
     Future<void> f;
     {
       py::gil_scoped_release nogil;
@@ -434,8 +625,9 @@ class PyStore {
     return make_future(std::move(f), py::reinterpret_borrow<py::object>(out), std::move(keep));
   }
 
-  void get_into(const std::string& key, py::handle out, std::optional<std::string> dtype) {
-    TensorRef r = view_tensor(out, true, dtype);
+  void get_into(py::handle key_arg, py::handle out, py::handle dtype) {
+    const std::string key = to_text(key_arg, "key");
+    TensorRef r = view_tensor(out, true, to_dtype_arg(dtype));
     Status st;
     {
       py::gil_scoped_release nogil;
@@ -444,7 +636,10 @@ class PyStore {
     check(st);
   }
 
-  py::object read_range(const std::string& key, uint64_t offset, uint64_t nbytes) {
+  py::object read_range(py::handle key_arg, py::handle offset_arg, py::handle nbytes_arg) {
+    const std::string key = to_text(key_arg, "key");
+    const uint64_t offset = to_u64(offset_arg, "offset");
+    const uint64_t nbytes = to_u64(nbytes_arg, "nbytes");
     void* data = nullptr;
     py::object arr = new_aligned_array(TensorDesc::bytes(nbytes), &data);
     Status st;
@@ -456,7 +651,9 @@ class PyStore {
     return arr;
   }
 
-  void write_range(const std::string& key, uint64_t offset, py::handle src) {
+  void write_range(py::handle key_arg, py::handle offset_arg, py::handle src) {
+    const std::string key = to_text(key_arg, "key");
+    const uint64_t offset = to_u64(offset_arg, "offset");
     TensorRef r = view_tensor(src, false, std::nullopt);
     Status st;
     {
@@ -476,9 +673,10 @@ class PyStore {
     check(st);
   }
 
-  py::dict stat(const std::string& key) { return info_dict(check(s().stat(key))); }
+  py::dict stat(py::handle key) { return info_dict(check(s().stat(to_text(key, "key")))); }
 
-  py::list list(const std::string& prefix) {
+  py::list list(py::handle prefix_arg) {
+    const std::string prefix = to_text(prefix_arg, "prefix");
     std::vector<ObjectInfo> v;
     {
       py::gil_scoped_release nogil;
@@ -489,7 +687,8 @@ class PyStore {
     return out;
   }
 
-  py::list keys(const std::string& prefix) {
+  py::list keys(py::handle prefix_arg) {
+    const std::string prefix = to_text(prefix_arg, "prefix");
     std::vector<ObjectInfo> v;
     {
       py::gil_scoped_release nogil;
@@ -812,7 +1011,7 @@ PYBIND11_MODULE(_strata, m) {
       .def("exception", &PyFuture::exception);
 
   py::class_<PyStore>(m, "_Store")
-      .def_static("open", &PyStore::open, "path"_a, "nvme"_a = std::vector<std::string>{},
+      .def_static("open", &PyStore::open, "path"_a, "nvme"_a = py::list(),
                   "host_budget"_a = py::none(), "nvme_budget"_a = py::none(),
                   "device_budget"_a = py::none(), "chunk_size"_a = py::none(),
                   "staging"_a = py::none(), "verify"_a = py::none(), "durability"_a = "put",
@@ -833,51 +1032,64 @@ PYBIND11_MODULE(_strata, m) {
       .def("stat", &PyStore::stat, "key"_a)
       .def("list", &PyStore::list, "prefix"_a = "")
       .def("keys", &PyStore::keys, "prefix"_a = "")
-      .def("contains", [](PyStore& s, const std::string& k) { return s.s().contains(k); })
+      .def("contains", [](PyStore& s, py::handle k) { return s.s().contains(to_text(k, "key")); })
       .def("usage", &PyStore::usage)
       .def("chunk_bytes", [](PyStore& s) { return s.s().chunk_bytes(); })
       .def("has_device", [](PyStore& s) { return s.s().has_device(); })
-      .def("delete", [](PyStore& s, const std::string& k) {
-        s.blocking([&](Store& st) { return st.remove_sync(k); });
+      .def("delete", [](PyStore& s, py::handle k) {
+        const std::string key = to_text(k, "key");
+        s.blocking([&](Store& st) { return st.remove_sync(key); });
       }, "key"_a)
-      .def("delete_async", [](PyStore& s, const std::string& k) {
-        py::gil_scoped_release nogil;
-        return make_future(s.s().remove(k));
+      .def("delete_async", [](PyStore& s, py::handle k) {
+        const std::string key = to_text(k, "key");
+        Future<void> f;
+        {
+          py::gil_scoped_release nogil;
+          f = s.s().remove(key);
+        }
+        return make_future(std::move(f));
       }, "key"_a)
-      .def("move", [](PyStore& s, const std::string& k, const std::string& t) {
+      .def("move", [](PyStore& s, py::handle k, py::handle t) {
+        const std::string key = to_text(k, "key");
         Tier tier = to_tier(t);
-        s.blocking([&](Store& st) { return st.move_sync(k, tier); });
+        s.blocking([&](Store& st) { return st.move_sync(key, tier); });
       }, "key"_a, "tier"_a)
-      .def("move_async", [](PyStore& s, const std::string& k, const std::string& t) {
+      .def("move_async", [](PyStore& s, py::handle k, py::handle t) {
+        const std::string key = to_text(k, "key");
         Tier tier = to_tier(t);
         Future<void> f;
         {
           py::gil_scoped_release nogil;
-          f = s.s().move(k, tier);
+          f = s.s().move(key, tier);
         }
         return make_future(std::move(f));
       }, "key"_a, "tier"_a)
-      .def("prefetch", [](PyStore& s, const std::string& k, const std::string& t) {
+      .def("prefetch", [](PyStore& s, py::handle k, py::handle t) {
+        const std::string key = to_text(k, "key");
         Tier tier = to_tier(t);
-        s.blocking([&](Store& st) { return st.prefetch_sync(k, tier); });
+        s.blocking([&](Store& st) { return st.prefetch_sync(key, tier); });
       }, "key"_a, "tier"_a = "host")
-      .def("prefetch_async", [](PyStore& s, const std::string& k, const std::string& t) {
+      .def("prefetch_async", [](PyStore& s, py::handle k, py::handle t) {
+        const std::string key = to_text(k, "key");
         Tier tier = to_tier(t);
         Future<void> f;
         {
           py::gil_scoped_release nogil;
-          f = s.s().prefetch(k, tier);
+          f = s.s().prefetch(key, tier);
         }
         return make_future(std::move(f));
       }, "key"_a, "tier"_a = "host")
-      .def("evict", [](PyStore& s, const std::string& k) {
-        s.blocking([&](Store& st) { return st.evict_sync(k); });
+      .def("evict", [](PyStore& s, py::handle k) {
+        const std::string key = to_text(k, "key");
+        s.blocking([&](Store& st) { return st.evict_sync(key); });
       }, "key"_a)
-      .def("pin", [](PyStore& s, const std::string& k) {
-        s.blocking([&](Store& st) { return st.pin_sync(k); });
+      .def("pin", [](PyStore& s, py::handle k) {
+        const std::string key = to_text(k, "key");
+        s.blocking([&](Store& st) { return st.pin_sync(key); });
       }, "key"_a)
-      .def("unpin", [](PyStore& s, const std::string& k) {
-        s.blocking([&](Store& st) { return st.unpin_sync(k); });
+      .def("unpin", [](PyStore& s, py::handle k) {
+        const std::string key = to_text(k, "key");
+        s.blocking([&](Store& st) { return st.unpin_sync(key); });
       }, "key"_a)
       .def("flush", [](PyStore& s) { s.blocking([&](Store& st) { return st.flush_sync(); }); })
       .def("flush_async", [](PyStore& s) {
@@ -891,12 +1103,13 @@ PYBIND11_MODULE(_strata, m) {
 
   py::class_<PyOptimizer>(m, "_OffloadedOptimizer")
       .def_static("create", [](PyStore& store, const std::string& name, const py::dict& hp,
-                               bool resume, const std::string& key_prefix,
-                               uint64_t sub_group_numel, int num_buffers,
+                               bool resume, py::handle key_prefix,
+                               py::handle sub_group_numel, int num_buffers,
                                py::object pinned_budget, py::object host_budget,
                                const std::string& default_placement, int num_threads,
                                bool verify_on_open, const std::string& arithmetic) {
-        return PyOptimizer::make(store, name, hp, resume, key_prefix, sub_group_numel,
+        return PyOptimizer::make(store, name, hp, resume, to_text(key_prefix, "key_prefix"),
+                                 to_u64(sub_group_numel, "sub_group_numel"),
                                  num_buffers, pinned_budget, host_budget, default_placement,
                                  num_threads, verify_on_open, arithmetic);
       }, "store"_a, "optimizer"_a = "adamw", "hyperparams"_a = py::dict(), "resume"_a = false,
@@ -915,7 +1128,11 @@ PYBIND11_MODULE(_strata, m) {
       .def("set_hyperparams", [](PyOptimizer& o, int g, const py::dict& hp) {
         check(o.o().set_hyperparams(g, to_hyperparams(hp)));
       })
-      .def("add_param", &PyOptimizer::add_param, "name"_a, "numel"_a, "init"_a = py::none(),
+      .def("add_param", [](PyOptimizer& o, py::handle name, py::handle numel, py::object init,
+                           int group, const std::string& placement) {
+        return o.add_param(to_text(name, "name"), to_u64(numel, "numel"), std::move(init), group,
+                           placement);
+      }, "name"_a, "numel"_a, "init"_a = py::none(),
            "group"_a = 0, "placement"_a = "auto")
       .def("num_params", [](PyOptimizer& o) { return o.o().num_params(); })
       .def("param_info", &PyOptimizer::param_info)
@@ -929,22 +1146,24 @@ PYBIND11_MODULE(_strata, m) {
            "skip_if_nonfinite"_a = true)
       .def("step_async", &PyOptimizer::step_async, "max_grad_norm"_a = 0.0,
            "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
-      .def("read_param", [](PyOptimizer& o, uint32_t h, py::object out, uint64_t off,
-                            uint64_t count) { return o.read(h, -1, out, off, count); },
+      .def("read_param", [](PyOptimizer& o, uint32_t h, py::object out, py::handle off,
+                            py::handle count) {
+        return o.read(h, -1, out, to_u64(off, "offset"), to_u64(count, "count"));
+      },
            "param"_a, "out"_a = py::none(), "offset"_a = 0, "count"_a = optimizer::kToEnd)
-      .def("write_param", [](PyOptimizer& o, uint32_t h, py::handle src, uint64_t off) {
-        o.write(h, -1, src, off);
+      .def("write_param", [](PyOptimizer& o, uint32_t h, py::handle src, py::handle off) {
+        o.write(h, -1, src, to_u64(off, "offset"));
       }, "param"_a, "src"_a, "offset"_a = 0)
       .def("read_state", [](PyOptimizer& o, uint32_t h, int stream, py::object out,
-                            uint64_t off, uint64_t count) {
+                            py::handle off, py::handle count) {
         if (stream < 0) throw StatusError(out_of_range("state stream must be >= 0"));
-        return o.read(h, stream, out, off, count);
+        return o.read(h, stream, out, to_u64(off, "offset"), to_u64(count, "count"));
       }, "param"_a, "stream"_a, "out"_a = py::none(), "offset"_a = 0,
          "count"_a = optimizer::kToEnd)
       .def("write_state", [](PyOptimizer& o, uint32_t h, int stream, py::handle src,
-                             uint64_t off) {
+                             py::handle off) {
         if (stream < 0) throw StatusError(out_of_range("state stream must be >= 0"));
-        o.write(h, stream, src, off);
+        o.write(h, stream, src, to_u64(off, "offset"));
       }, "param"_a, "stream"_a, "src"_a, "offset"_a = 0)
       .def("step_count", [](PyOptimizer& o, uint32_t h) { return check(o.o().step_count(h)); })
       .def("set_step_count", [](PyOptimizer& o, uint32_t h, int64_t s) {

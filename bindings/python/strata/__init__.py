@@ -187,13 +187,21 @@ class Store:
         come back as uint16 bits; see :meth:`get_tensor`). The array's memory is 4096-byte
         aligned, so NVMe reads land in it directly.
 
+        Atomic with respect to concurrent ``put(..., overwrite=True)`` of the same key: the
+        array holds one version whole, the old or the new, even when the new one has another
+        dtype or shape (the read is retried with the new dtype and shape, up to 64 times).
+
         :raises NotFoundError: (KeyError) no such key.
+        :raises InvalidArgumentError: (ValueError) ``key`` is not a str or not valid UTF-8
+            (e.g. holds a lone surrogate such as ``"a\\udc80"``).
         :raises DataLossError: (OSError) a checksum mismatch.
+        :raises UnavailableError: 64 reads in a row each found the object overwritten with
+            another dtype or shape.
         """
         return self._s.get(key)
 
     def get_async(self, key: str) -> Future:
-        """As :meth:`get`; the future's result is the array."""
+        """As :meth:`get` (also atomic); the future's result is the array."""
         return self._s.get_async(key)
 
     def get_tensor(self, key: str) -> Any:
@@ -204,19 +212,25 @@ class Store:
             return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(arr)
 
-    def get_into(self, key: str, out: Any) -> Any:
+    def get_into(self, key: str, out: Any, *, cast: bool = False) -> Any:
         """Reads object ``key`` into ``out`` (numpy array or torch tensor of the object's
-        shape) and returns ``out``. When ``out`` has the object's dtype the bytes land in
-        ``out``'s memory with no intermediate copy (also for CUDA tensors); otherwise the
-        object is read and converted (like ``out[...] = value``).
+        shape and dtype) and returns ``out``. The bytes land in ``out``'s memory with no
+        intermediate copy (also for CUDA tensors). A bf16 object may be read into a numpy
+        uint16 or int16 array (its bits, as :meth:`get` returns them).
 
+        :param cast: allow an ``out`` of another dtype: the object is read into a temporary
+            array and converted like ``out[...] = value`` (numpy ``casting="unsafe"``, torch
+            ``copy_``), which may lose precision or range (e.g. fp32 -> int32 truncates).
+            Without it a dtype mismatch is an error, never a silent conversion.
         :raises NotFoundError: (KeyError) no such key.
-        :raises InvalidArgumentError: (ValueError) shape mismatch, read-only or
-            non-contiguous ``out``, unsupported dtype.
+        :raises InvalidArgumentError: (ValueError) dtype mismatch without ``cast=True``
+            (message: ``get_into 'k': the object is fp32, the destination is int32 ...``),
+            shape mismatch, read-only or non-contiguous ``out``, unsupported dtype, a key
+            that is not a str / not valid UTF-8.
         :raises DataLossError: (OSError) a checksum mismatch, or the object's catalog row
             is damaged (:attr:`ObjectInfo.damage`; checked first).
         """
-        override = self._plan_get_into(key, out)
+        override = self._plan_get_into(key, out, cast, "get_into")
         if override is not False:
             self._s.get_into(key, out, override)
             return out
@@ -224,18 +238,14 @@ class Store:
         return out
 
     def get_into_async(self, key: str, out: Any) -> Future:
-        """As :meth:`get_into` (zero-copy case) returning a Future whose result is ``out``.
-        ``out`` must have the object's dtype. Do not touch ``out`` until the future is done.
+        """As :meth:`get_into` returning a Future whose result is ``out``. ``out`` must have
+        the object's dtype (no ``cast``: conversion is not asynchronous; use ``get_into``).
+        Do not touch ``out`` until the future is done.
         """
-        override = self._plan_get_into(key, out)
-        if override is False:
-            info = self.stat(key)
-            raise InvalidArgumentError(
-                f"get_into_async of '{key}' needs an output of the object's dtype "
-                f"{info.dtype}, got {_dtype_of(out)} (use get_into to convert)")
+        override = self._plan_get_into(key, out, False, "get_into_async")
         return self._s.get_into_async(key, out, override)
 
-    def _plan_get_into(self, key: str, out: Any):
+    def _plan_get_into(self, key: str, out: Any, cast: bool, what: str):
         """None/"bf16": read directly (with that dtype override); False: convert."""
         info = self._s.stat(key)
         if info["damage"]:  # DataLoss (the store's message) before any shape/dtype check
@@ -245,27 +255,37 @@ class Store:
             return None
         if odt in ("uint16", "int16") and info["dtype"] == "bf16" and not _is_torch(out):
             return "bf16"  # numpy carries bf16 as 16-bit integers
-        if odt is None or odt == "uint16":
-            raise InvalidArgumentError(f"unsupported output dtype {getattr(out, 'dtype', type(out))}"
-                                       f" for object '{key}' ({info['dtype']})")
+        if odt is None:
+            raise InvalidArgumentError(f"{what} '{key}': unsupported destination dtype "
+                                       f"{getattr(out, 'dtype', type(out).__name__)} (the "
+                                       f"object is {info['dtype']})")
+        if not cast:
+            hint = (" (pass cast=True to convert)" if what == "get_into"
+                    else " (use get_into(..., cast=True) to convert)")
+            raise InvalidArgumentError(f"{what} '{key}': the object is {info['dtype']}, the "
+                                       f"destination is {odt}{hint}")
         return False
 
     def _convert_into(self, key: str, out: Any) -> None:
         info = self._s.stat(key)
         shape = tuple(info["shape"])
         if tuple(out.shape) != shape:
-            raise InvalidArgumentError(f"output shape {tuple(out.shape)} does not match object "
-                                       f"'{key}' shape {shape}")
-        src = self._s.get(key)
+            raise InvalidArgumentError(f"get_into '{key}': the object has shape {shape}, the "
+                                       f"destination {tuple(out.shape)}")
+        src = self._s.get(key)  # one whole version (a concurrent overwrite may change it)
+        if tuple(src.shape) != tuple(out.shape):
+            raise InvalidArgumentError(f"get_into '{key}': the object has shape "
+                                       f"{tuple(src.shape)}, the destination {tuple(out.shape)}")
+        bf16 = src.dtype == np.uint16  # strata has no uint16: these are bf16 bits
         if _is_torch(out):
             import torch
-            if info["dtype"] == "bf16":
+            if bf16:
                 t = torch.from_numpy(src.view(np.int16)).view(torch.bfloat16)
             else:
                 t = torch.from_numpy(src)
             out.copy_(t)
             return
-        if info["dtype"] == "bf16":
+        if bf16:
             src = _bf16_to_f32(src)
         np.copyto(out, src, casting="unsafe")
 
@@ -351,12 +371,16 @@ class Store:
 
     def read_range(self, key: str, offset: int, nbytes: int) -> np.ndarray:
         """Bytes [offset, offset+nbytes) of ``key`` as a uint8 array.
-        :raises OutOfRangeError: (ValueError) past the end."""
+        :raises OutOfRangeError: (ValueError) past the end.
+        :raises InvalidArgumentError: (ValueError) ``offset`` or ``nbytes`` not an int >= 0,
+            ``key`` not a str / not valid UTF-8 (the message names the argument)."""
         return self._s.read_range(key, offset, nbytes)
 
     def write_range(self, key: str, offset: int, src: Any) -> None:
         """Overwrites bytes of ``key`` from ``src`` (any contiguous array); durable at the
-        next flush. :raises OutOfRangeError: (ValueError) past the end."""
+        next flush. :raises OutOfRangeError: (ValueError) past the end.
+        :raises InvalidArgumentError: (ValueError) ``offset`` not an int >= 0, ``key`` not a
+            str / not valid UTF-8."""
         self._s.write_range(key, offset, src)
 
     def __repr__(self) -> str:
