@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #ifdef STRATA_HAVE_CUDA
@@ -49,6 +51,127 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+/// Text form of a key (or of a message holding keys) for a terminal: the bytes of valid,
+/// printable UTF-8 as they are; `\` as `\\`; tab, newline, carriage return as `\t`, `\n`,
+/// `\r`; other C0 controls (NUL included) and DEL as `\xNN`; C1 controls (U+0080-U+009F)
+/// as `\u00NN`; bytes that are not valid UTF-8 as `\xNN`. So a key holding NUL prints whole
+/// ("a\x00b", where printf("%s") would stop at the NUL) and no key can move the cursor or
+/// recolor the terminal. unescape_key() inverts it.
+std::string escape_key(std::string_view k) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(k.size());
+  auto byte_escape = [&](unsigned char c) {
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(k.data());
+  const size_t n = k.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c == '\\') {
+        out += "\\\\";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c < 0x20 || c == 0x7f) {
+        byte_escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence (RFC 3629): lead byte, continuation bytes, no overlongs, no
+    // surrogates, at most U+10FFFF.
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t j = 1; ok && j < len; ++j) {
+      if ((p[i + j] & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (p[i + j] & 0x3F);
+    }
+    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok) {
+      byte_escape(c);
+      ++i;
+      continue;
+    }
+    if (cp <= 0x9F) {  // C1 control
+      out += "\\u00";
+      out += hex[cp >> 4];
+      out += hex[cp & 15];
+    } else {
+      out.append(k.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
+}
+
+/// Inverse of escape_key(): `\\`, `\t`, `\n`, `\r`, `\xNN`, `\u00NN`; nullopt when `t`
+/// holds another backslash sequence (so it is not an escaped key).
+std::optional<std::string> unescape_key(std::string_view t) {
+  auto hexval = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] != '\\') {
+      out += t[i];
+      continue;
+    }
+    if (++i >= t.size()) return std::nullopt;
+    const char e = t[i];
+    if (e == '\\') {
+      out += '\\';
+    } else if (e == 't') {
+      out += '\t';
+    } else if (e == 'n') {
+      out += '\n';
+    } else if (e == 'r') {
+      out += '\r';
+    } else if (e == 'x' && i + 2 < t.size() && hexval(t[i + 1]) >= 0 &&
+               hexval(t[i + 2]) >= 0) {
+      out += static_cast<char>(hexval(t[i + 1]) * 16 + hexval(t[i + 2]));
+      i += 2;
+    } else if (e == 'u' && i + 4 < t.size() && t[i + 1] == '0' && t[i + 2] == '0' &&
+               hexval(t[i + 3]) >= 8 && hexval(t[i + 4]) >= 0) {  // U+0080-U+00FF
+      const unsigned cp = hexval(t[i + 3]) * 16 + hexval(t[i + 4]);
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+      i += 4;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+/// The key a KEY argument names: the argument itself when the store has it, otherwise the
+/// argument read as escape_key()'s output (what `ls` prints, e.g. "a\x00b" for a key with a
+/// NUL, which no command line can carry) when the store has that key.
+std::string resolve_key(Store& s, const std::string& arg) {
+  if (s.contains(arg) || arg.find('\\') == std::string::npos) return arg;
+  auto k = unescape_key(arg);
+  return k && s.contains(*k) ? *k : arg;
+}
+
 StoreOptions inspect_options(const std::string& dir, bool read_only) {
   StoreOptions o;
   o.path = dir;
@@ -75,10 +198,16 @@ int run_ls(const StoreArgs& a) {
   if (a.json) {
     nlohmann::json j = nlohmann::json::array();
     for (auto& i : *l) {
-      j.push_back({{"key", i.key}, {"dtype", dtype_name(i.dtype)}, {"shape", i.shape},
-                   {"nbytes", i.nbytes}, {"chunks", i.num_chunks}, {"damage", i.damage}});
+      // "key" is the key as a JSON string (NUL and other controls as \u00NN escapes); a key
+      // that is not valid UTF-8 has U+FFFD in place of each bad byte there, and its exact
+      // bytes in "key_escaped" (the text `ls` prints: escape_key()).
+      j.push_back({{"key", i.key}, {"key_escaped", escape_key(i.key)},
+                   {"dtype", dtype_name(i.dtype)}, {"shape", i.shape}, {"nbytes", i.nbytes},
+                   {"chunks", i.num_chunks}, {"damage", i.damage}});
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
     return 0;
   }
   // A damaged catalog row (ObjectInfo::damage) is listed with "DAMAGED: <reason>" after its
@@ -88,12 +217,12 @@ int run_ls(const StoreArgs& a) {
   for (auto& i : *l) {
     std::printf("%-12s %-10s %-20s %s", format_bytes(i.nbytes).c_str(),
                 std::string(dtype_name(i.dtype)).c_str(), shape_text(i.shape).c_str(),
-                i.key.c_str());
+                escape_key(i.key).c_str());
     if (i.damage.empty()) {
       std::printf("\n");
       total += i.nbytes;
     } else {
-      std::printf("  DAMAGED: %s\n", i.damage.c_str());
+      std::printf("  DAMAGED: %s\n", escape_key(i.damage).c_str());
       ++damaged;
     }
   }
@@ -107,18 +236,18 @@ int run_stat(const StoreArgs& a) {
   auto s = Store::open(inspect_options(a.dir, true));
   if (!s.ok()) return report_error(s.status());
   int rc = 0;
-  for (auto& k : a.keys) {
-    auto i = (*s)->stat(k);
+  for (auto& arg : a.keys) {
+    auto i = (*s)->stat(resolve_key(**s, arg));
     if (!i.ok()) {
       rc = report_error(i.status());
       continue;
     }
     std::printf("key:    %s\ndtype:  %s\nshape:  %s\nbytes:  %llu (%s)\nchunks: %u of at most %s\n",
-                i->key.c_str(), std::string(dtype_name(i->dtype)).c_str(),
+                escape_key(i->key).c_str(), std::string(dtype_name(i->dtype)).c_str(),
                 shape_text(i->shape).c_str(), static_cast<unsigned long long>(i->nbytes),
                 format_bytes(i->nbytes).c_str(), i->num_chunks,
                 format_bytes((*s)->chunk_bytes()).c_str());
-    if (!i->damage.empty()) std::printf("damage: %s\n", i->damage.c_str());
+    if (!i->damage.empty()) std::printf("damage: %s\n", escape_key(i->damage).c_str());
   }
   std::printf("nvme directories:");
   for (auto& d : (*s)->options().nvme_dirs) std::printf(" %s", d.c_str());
@@ -144,8 +273,8 @@ int run_rm(const StoreArgs& a) {
   auto s = Store::open(inspect_options(a.dir, false));
   if (!s.ok()) return report_error(s.status());
   int rc = 0;
-  for (auto& k : a.keys) {
-    Status st = (*s)->remove_sync(k);
+  for (auto& arg : a.keys) {
+    Status st = (*s)->remove_sync(resolve_key(**s, arg));
     if (!st.ok()) rc = report_error(st);
   }
   Status st = (*s)->close();
@@ -191,6 +320,15 @@ int run_bench_store(const BenchStoreArgs& a) {
   if (a.count == 0 || a.rounds == 0 || size == 0) {
     return report_error(invalid_argument("--count, --rounds and --object-size must be > 0"));
   }
+  // An empty --path would put the benchmark store at /strata-bench-store (the root of the
+  // file system) and remove_all it afterwards.
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    if (a.paths[i].empty()) {
+      return report_error(invalid_argument(
+          "--path must name a directory, got an empty string (--path #" +
+          std::to_string(i + 1) + ")"));
+    }
+  }
   auto eo = IoEngineOptions::from_env();
   if (!eo.ok()) return report_error(eo.status());
   auto engine = IoEngine::create(*eo);
@@ -199,6 +337,17 @@ int run_bench_store(const BenchStoreArgs& a) {
   // Fresh store under <path0>/strata-bench-store, data striped over every --path.
   std::vector<std::string> dirs;
   for (auto& p : a.paths) dirs.push_back(p + "/strata-bench-store");
+  // Removes the benchmark directories on every return below (success or error) unless
+  // --keep. Declared before the store and the raw file, so it runs after they are closed.
+  struct RemoveDirs {
+    const std::vector<std::string>& dirs;
+    bool keep;
+    ~RemoveDirs() {
+      if (keep) return;
+      std::error_code e;
+      for (auto& d : dirs) fs::remove_all(d, e);
+    }
+  } remove_dirs{dirs, a.keep};
   std::error_code ec;
   fs::remove_all(dirs[0], ec);
   for (auto& d : dirs) {
@@ -333,10 +482,7 @@ int run_bench_store(const BenchStoreArgs& a) {
   const double put = median(put_g), get = median(get_g), ew = median(ew_g), er = median(er_g);
   const double put_ratio = median(put_r), get_ratio = median(get_r);
   raw->reset();
-  (void)s->close();
-  if (!a.keep) {
-    for (auto& d : dirs) fs::remove_all(d, ec);
-  }
+  (void)s->close();  // the directories go when remove_dirs is destroyed (unless --keep)
   if (a.json) {
     nlohmann::json j;
     j["object_bytes"] = size;
@@ -490,7 +636,12 @@ void register_store_commands(Registry& r) {
     auto args = std::make_shared<StoreArgs>();
     auto* sub = store.add_subcommand(s.name, s.help);
     sub->add_option("DIR", args->dir, "store directory")->required();
-    if (s.keys) sub->add_option("KEY", args->keys, "object keys")->required();
+    if (s.keys) {
+      sub->add_option("KEY", args->keys,
+                      "object keys; a key `ls` prints escaped (e.g. a\\x00b for one holding a "
+                      "NUL byte) may be given in that form")
+          ->required();
+    }
     if (std::string(s.name) == "ls") {
       sub->add_option("--prefix", args->prefix, "only keys starting with this");
       sub->add_flag("--json", args->json, "print a JSON array");

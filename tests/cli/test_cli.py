@@ -216,3 +216,77 @@ def test_bad_numbers_are_clean_errors(disk_dir, args, needle):
     assert p.returncode not in (0, -8, -11, -6), p.returncode  # no success, SIGFPE, SIGSEGV, SIGABRT
     assert p.returncode > 0
     assert needle in p.stderr + p.stdout
+
+
+# ---- issue 3: bench store with an empty --path, leftovers after errors, odd keys ---------
+
+def test_bench_store_refuses_an_empty_path(disk_dir):
+    root_before = os.path.exists("/strata-bench-store")
+    for args in (["--path", ""], ["--path", disk_dir, "--path", ""]):
+        p = run("bench", "store", *args, "--object-size", "4KiB", "--count", "1",
+                "--rounds", "1", check=False)
+        assert p.returncode == 1
+        n = 1 if len(args) == 2 else 2
+        assert p.stderr == ("strata: error: InvalidArgument: --path must name a directory, "
+                            f"got an empty string (--path #{n})\n")
+        assert p.stdout == ""
+    assert os.path.exists("/strata-bench-store") == root_before
+    assert os.listdir(disk_dir) == []  # refused before anything was created
+
+
+def test_bench_store_leaves_nothing_behind(disk_dir):
+    # An error after the store was created (16 TiB objects: the raw file's preallocation
+    # or the buffer fails) removes <path>/strata-bench-store, as does a run that succeeds.
+    p = run("bench", "store", "--path", disk_dir, "--object-size", "16TiB", "--count", "1",
+            "--rounds", "1", "--chunk-size", "1MiB", check=False)
+    assert p.returncode == 1
+    assert p.stderr.startswith("strata: error: ")
+    assert os.listdir(disk_dir) == []
+    j = run_json("bench", "store", "--path", disk_dir, "--object-size", "64KiB", "--count", "2",
+                 "--rounds", "1", "--chunk-size", "1MiB")
+    assert j["object_bytes"] == 65536 and j["count"] == 2
+    assert os.listdir(disk_dir) == []
+    # --keep keeps it after an error too.
+    p = run("bench", "store", "--path", disk_dir, "--object-size", "16TiB", "--count", "1",
+            "--rounds", "1", "--chunk-size", "1MiB", "--keep", check=False)
+    assert p.returncode == 1
+    assert os.listdir(disk_dir) == ["strata-bench-store"]
+
+
+def test_store_ls_and_stat_escape_unprintable_keys(disk_dir):
+    """Keys holding NUL, control characters, a backslash or bytes that are not UTF-8 (renamed
+    in the SQLite catalog, which stores keys as blobs) print whole and escaped."""
+    import sqlite3
+    run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "6",
+        "--rounds", "1", "--chunk-size", "1MiB", "--keep", "--json")
+    store = os.path.join(disk_dir, "strata-bench-store")
+    keys = [b"a\x00b", b"esc\x1b[31m", b"nl\nx\ty", b"back\\slash", b"bad\xffutf8",
+            "c1\u0085ключ".encode()]
+    db = sqlite3.connect(os.path.join(store, "catalog.db"))
+    for i, k in enumerate(keys):
+        for table in ("objects", "chunks"):
+            db.execute(f"UPDATE {table} SET key=? WHERE key=CAST(? AS BLOB)", (k, f"bench/{i}"))
+    db.commit()
+    db.close()
+    escaped = {b"a\x00b": "a\\x00b", b"esc\x1b[31m": "esc\\x1b[31m", b"nl\nx\ty": "nl\\nx\\ty",
+               b"back\\slash": "back\\\\slash", b"bad\xffutf8": "bad\\xffutf8",
+               "c1\u0085ключ".encode(): "c1\\u0085ключ"}
+    order = sorted(keys)  # the store lists keys bytewise
+    p = run("store", "ls", store)
+    lines = p.stdout.splitlines()
+    assert [ln.split(None, 4)[4] for ln in lines[:-1]] == [escaped[k] for k in order]
+    assert lines[-1] == "6 objects, 24.00 KiB"
+    ls = run_json("store", "ls", store)
+    assert [o["key_escaped"] for o in ls] == [escaped[k] for k in order]
+    assert [o["key"] for o in ls] == [k.decode("utf-8", "replace") for k in order]
+    assert ls[order.index(b"a\x00b")]["key"] == "a\x00b"  # JSON "a\u0000b", not cut short
+    # stat and rm take the escaped form (no command line can carry a NUL byte).
+    p = run("store", "stat", store, "a\\x00b", "back\\\\slash", "back\\slash")
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("key:")] == [
+        "key:    a\\x00b", "key:    back\\\\slash", "key:    back\\\\slash"]
+    run("store", "rm", store, "a\\x00b", "bad\\xffutf8")
+    assert [o["key_escaped"] for o in run_json("store", "ls", store)] == [
+        escaped[k] for k in order if k not in (b"a\x00b", b"bad\xffutf8")]
+    p = run("store", "stat", store, "a\\x00b", check=False)
+    assert p.returncode == 1
+    assert "NotFound" in p.stderr
