@@ -691,7 +691,7 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   auto r = open_or_die(o);
   ASSERT_TRUE(r);
   EXPECT_FALSE(r->contains("o0"));
-  for (const std::string k : {std::string("o1"), std::string("again")}) {
+  for (const std::string& k : {std::string("o1"), std::string("again")}) {
     std::vector<uint8_t> out(obj.size());
     ASSERT_OK(r->get_bytes_sync(k, out.data(), out.size()));
     EXPECT_EQ(out, obj) << k;
