@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -45,6 +47,50 @@ __all__ = ["OffloadAdam", "OffloadAdamW"]
 
 _GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: parameter dtypes the optimizers accept (fp32 masters hold them exactly)
+_PARAM_DTYPES = _GRAD_DTYPES
+#: torch param_group keys and their strata hyperparameter names
+_HP_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+
+
+def _check_hyperparams(group: Dict[str, Any], where: str = "") -> None:
+    """torch.optim.Adam's range checks (and strata's, optimizer/src/optimizers.cpp) of one
+    group's hyperparameters; ValueError naming the value (prefixed by ``where``)."""
+    lr, eps, wd, betas = group["lr"], group["eps"], group["weight_decay"], group["betas"]
+    if not 0.0 <= lr:
+        raise ValueError(f"{where}Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"{where}Invalid epsilon value: {eps}")
+    if len(betas) != 2:
+        raise ValueError(f"{where}betas must be a pair, got {betas!r}")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"{where}Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"{where}Invalid beta parameter at index 1: {betas[1]}")
+    if not 0.0 <= wd:
+        raise ValueError(f"{where}Invalid weight_decay value: {wd}")
+
+
+def _check_count(name: str, value: Any) -> int:
+    """``value`` as an int >= 0, else ValueError naming the argument."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int >= 0, got {type(value).__name__} "
+                         f"{value!r}") from None
+    if v < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {v}")
+    return v
+
+
+def _numel(t: Any) -> int:
+    return t.numel() if torch.is_tensor(t) else int(np.asarray(t).size)
+
+
+def _step_value(step: Any) -> float:
+    return float(step.item() if torch.is_tensor(step) else step)
 
 
 class _OffloadAdamBase(torch.optim.Optimizer):
@@ -63,8 +109,11 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                  num_threads: int = 0, resume: bool = False, arithmetic: str = "simd"):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim).
+            Parameters must be fp32, fp16 or bf16 (CPU or CUDA); float64 (which fp32 masters
+            would silently round) and complex parameters are refused.
         :param lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam/AdamW
-            (weight_decay default: 0 for Adam, 1e-2 for AdamW).
+            (weight_decay default: 0 for Adam, 1e-2 for AdamW). With ``resume=True`` the
+            checkpoint's values win (see ``resume``).
         :param store: a :class:`strata.Store` to keep the state in (the optimizer does not
             close it). Default: a store opened at ``path``.
         :param path: directory of the store when ``store`` is None. Default: a new
@@ -78,61 +127,64 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             pipeline is one chunk of each stream by default).
         :param key_prefix: prefix of the optimizer's keys in the store.
         :param max_grad_norm: > 0 clips gradients by their global L2 norm first, like
-            ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``.
-        :param sub_group_numel, num_buffers, num_threads: pipeline settings (0 = auto).
+            ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``; 0 = no clipping.
+        :param sub_group_numel, num_buffers, num_threads: pipeline settings, ints >= 0
+            (0 = auto).
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
-        :param resume: reopen the optimizer checkpointed under ``key_prefix`` in the store
-            (masters are copied into the model's parameters).
-        :raises ValueError: a hyperparameter out of range (as torch).
+        :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
+            at ``path`` (which must then be given; the store is opened without create, so a
+            missing store or checkpoint creates nothing). The model's parameters must be
+            given in the checkpoint's order and param groups: the same number of groups and
+            of parameters (zero-size ones included), each with its checkpointed element
+            count. Masters are copied into the parameters, and like
+            ``torch.optim.Optimizer.load_state_dict`` the checkpoint's hyperparameters
+            (lr, betas, eps, weight_decay, amsgrad, maximize) replace the constructor's in
+            ``param_groups`` -- a UserWarning names each constructor value that differs.
+            Edit ``param_groups`` afterwards to change them (taken at the next step).
+        :raises ValueError: a hyperparameter or pipeline setting out of range (as torch;
+            naming the argument), an unsupported parameter dtype (naming the parameter index
+            and dtype), ``resume`` without ``store``/``path``, or a checkpoint whose groups,
+            parameter count or sizes differ from the model's.
+        :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
+            under ``key_prefix``.
+        :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
+            ``chunk_size=0``). On any error nothing is left behind: a temporary directory
+            this constructor made is removed and a store it opened is closed.
         """
+        # What close() needs, first: close() must work on a half-constructed object.
+        self._opt = None
+        self.store = None
+        self._owns_store = False
+        self._owned_dir: Optional[str] = None
+        self._closed = False
+        self._ready = False  # set at the end of __init__; add_param_group registers after
         if weight_decay is None:
             weight_decay = self._DEFAULT_WEIGHT_DECAY
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        _check_hyperparams(dict(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay))
         if tier not in ("nvme", "host", "auto"):
             raise ValueError(f"tier must be 'nvme', 'host' or 'auto', got {tier!r}")
+        sub_group_numel = _check_count("sub_group_numel", sub_group_numel)
+        num_buffers = _check_count("num_buffers", num_buffers)
+        num_threads = _check_count("num_threads", num_threads)
+        if not float(max_grad_norm) >= 0.0:
+            raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got "
+                             f"{max_grad_norm!r}")
+        if resume and store is None and path is None:
+            raise ValueError("resume=True needs the store or path of the checkpoint")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize)
-        self._opt = None
-        super().__init__(params, defaults)
+        super().__init__(params, defaults)  # checks the parameters' dtypes
+        for gi, group in enumerate(self.param_groups):
+            _check_hyperparams(group, f"param group {gi}: ")
 
         self.max_grad_norm = float(max_grad_norm)
         self.tier = tier
-        self._owned_dir: Optional[str] = None
-        self._owns_store = store is None
-        if store is None:
-            if path is None:
-                base = os.environ.get("STRATA_DIR", "/var/tmp/strata")
-                os.makedirs(base, exist_ok=True)
-                path = self._owned_dir = tempfile.mkdtemp(prefix="optim-", dir=base)
-            store = _strata.Store.open(path, host_budget="64MiB", staging="64MiB",
-                                       chunk_size=chunk_size)
-        self.store = store
-        common = dict(key_prefix=key_prefix, sub_group_numel=sub_group_numel,
-                      num_buffers=num_buffers, pinned_budget=pinned_budget,
-                      host_budget=host_budget, num_threads=num_threads,
-                      arithmetic=arithmetic)
         self._key_prefix = key_prefix
         #: parameter index -> checkpointed step count of a zero-size parameter (resume only)
         self._saved_empty_steps: Dict[int, int] = {}
-        if resume:
-            self._opt = _strata.OffloadedOptimizer.resume(store, self._RULE, **common)
-            self._saved_empty_steps = self._read_empty_steps()
-        else:
-            self._opt = _strata.OffloadedOptimizer.create(
-                store, self._RULE, self._hyperparams(self.param_groups[0]),
-                default_placement=tier, **common)
-        self._resume = resume
+        self._resuming = resume  # True while __init__ registers the checkpoint's parameters
         self._params: List[torch.nn.Parameter] = []
         #: id(param) -> strata handle; None for zero-size parameters, which strata does not
         #: hold (an object of 0 bytes has nothing to update) but which stay in param_groups
@@ -140,6 +192,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self._handle: Dict[int, Optional[int]] = {}
         #: id(param) -> steps taken by a zero-size parameter (torch counts them too)
         self._empty_steps: Dict[int, int] = {}
+        #: per group: the hyperparameters strata holds (what _sync_hyperparams compares to)
         self._pushed: List[Dict[str, float]] = []
         self._pinned: Dict[Tuple[int, str], torch.Tensor] = {}
         #: cumulative bytes moved, by tier and direction
@@ -148,8 +201,36 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                                                 host_to_device=0)
         #: stats of the last step (dict from strata: bytes_read, bytes_written, grad_norm, ...)
         self.last_step: Dict[str, Any] = {}
-        for gi, group in enumerate(self.param_groups):
-            self._register_group(gi, group)
+        try:
+            if store is None:
+                self._owns_store = True
+                if path is None:
+                    base = os.environ.get("STRATA_DIR", "/var/tmp/strata")
+                    os.makedirs(base, exist_ok=True)
+                    path = self._owned_dir = tempfile.mkdtemp(prefix="optim-", dir=base)
+                # resume: never create a store (a missing one is NotFound, nothing is made)
+                store = _strata.Store.open(path, host_budget="64MiB", staging="64MiB",
+                                           chunk_size=chunk_size, create=not resume)
+            self.store = store
+            common = dict(key_prefix=key_prefix, sub_group_numel=sub_group_numel,
+                          num_buffers=num_buffers, pinned_budget=pinned_budget,
+                          host_budget=host_budget, num_threads=num_threads,
+                          arithmetic=arithmetic)
+            if resume:
+                self._opt = _strata.OffloadedOptimizer.resume(store, self._RULE, **common)
+                self._saved_empty_steps = self._read_empty_steps()
+                self._check_checkpoint_layout()
+            else:
+                self._opt = _strata.OffloadedOptimizer.create(
+                    store, self._RULE, self._hyperparams(self.param_groups[0]),
+                    default_placement=tier, **common)
+            for gi, group in enumerate(self.param_groups):
+                self._register_group(gi, group)
+        except BaseException:
+            self.close()
+            raise
+        self._resuming = False
+        self._ready = True
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -161,35 +242,125 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 "amsgrad": float(bool(group["amsgrad"])),
                 "maximize": float(bool(group.get("maximize", False)))}
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _strata.FailedPreconditionError(f"{type(self).__name__} is closed")
+
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """As torch.optim.Optimizer.add_param_group; the group's parameters must be fp32,
+        fp16 or bf16 and its hyperparameters in range (ValueError naming the parameter index
+        and dtype, or the value, before anything is added). Added after construction (also
+        after a resume), its parameters start fresh: masters from their current values."""
+        if self._ready:
+            self._check_open()
+        if isinstance(param_group, dict) and "params" in param_group:
+            params = param_group["params"]
+            if torch.is_tensor(params):
+                params = [params]
+            elif not isinstance(params, set):  # torch raises TypeError for sets
+                params = list(params)
+                base = sum(len(g["params"]) for g in self.param_groups)
+                for j, p in enumerate(params):
+                    if torch.is_tensor(p) and p.dtype not in _PARAM_DTYPES:
+                        raise ValueError(
+                            f"parameter {base + j} has dtype {p.dtype}; strata offloaded "
+                            "optimizers support torch.float32, torch.float16 and "
+                            "torch.bfloat16 parameters (fp32 masters would round float64; "
+                            "complex is not supported)")
+                    if torch.is_tensor(p) and p.is_sparse:
+                        raise ValueError(f"parameter {base + j} is sparse; strata offloaded "
+                                         "optimizers do not support sparse parameters")
+            param_group = dict(param_group, params=params)
+            if self._ready:
+                merged = {**self.defaults, **param_group}
+                where = f"param group {len(self.param_groups)}: "
+                _check_hyperparams(merged, where)
+                if bool(merged["amsgrad"]) != bool(self._pushed[0]["amsgrad"]):
+                    raise ValueError(f"{where}amsgrad={bool(merged['amsgrad'])}, but this "
+                                     f"optimizer's state streams were made with amsgrad="
+                                     f"{bool(self._pushed[0]['amsgrad'])}")
         super().add_param_group(param_group)
-        if self._opt is not None:  # after __init__: register the new group at once
+        if self._ready:  # after __init__: register the new group at once
             self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
 
+    def _check_checkpoint_layout(self) -> None:
+        """resume: the model's groups and parameter count must be the checkpoint's."""
+        n_groups = self._opt.num_param_groups()
+        if len(self.param_groups) != n_groups:
+            raise ValueError(
+                f"the checkpoint under '{self._key_prefix}' has {n_groups} param group(s), "
+                f"the optimizer was given {len(self.param_groups)}; give the parameters in "
+                "the checkpoint's groups")
+        params = [p for g in self.param_groups for p in g["params"]]
+        has_empty_rows = self._empty_steps_key in self.store
+        if has_empty_rows:
+            held, given = self._opt.num_params() + len(self._saved_empty_steps), len(params)
+        else:  # a checkpoint without zero-size counts: compare the non-empty parameters
+            held, given = self._opt.num_params(), sum(1 for p in params if p.numel() > 0)
+        if held != given:
+            raise ValueError(f"the checkpoint under '{self._key_prefix}' holds {held} "
+                             f"parameters, the model gives {given}")
+        # every parameter before any master is copied into the model
+        i = 0
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                name, i = f"p{i}", i + 1
+                if p.numel() == 0:
+                    if has_empty_rows and i - 1 not in self._saved_empty_steps:
+                        n = self._opt.param_info(self._opt.find_param(name))["numel"]
+                        raise ValueError(f"checkpointed parameter {name} has {n} elements, "
+                                         "the model's has 0")
+                    continue
+                if int(name[1:]) in self._saved_empty_steps:
+                    raise ValueError(f"checkpointed parameter {name} has 0 elements, the "
+                                     f"model's has {p.numel()}")
+                info = self._opt.param_info(self._opt.find_param(name))
+                if info["numel"] != p.numel():
+                    raise ValueError(f"checkpointed parameter {name} has {info['numel']} "
+                                     f"elements, the model's has {p.numel()}")
+                if info["group"] != gi:
+                    raise ValueError(f"checkpointed parameter {name} is in param group "
+                                     f"{info['group']}, the model gives it in group {gi}")
+
+    def _adopt_checkpoint_hyperparams(self, gi: int, group: Dict[str, Any]) -> None:
+        """resume: group ``gi`` takes strata's (the checkpoint's) hyperparameters, warning
+        about each constructor value that differs."""
+        ck = self._opt.hyperparams(gi)
+        adopted = {"lr": ck["lr"], "betas": (ck["beta1"], ck["beta2"]), "eps": ck["eps"],
+                   "weight_decay": ck["weight_decay"], "amsgrad": bool(ck["amsgrad"]),
+                   "maximize": bool(ck["maximize"])}
+        given = self._hyperparams(group)
+        diffs = []
+        for k in _HP_KEYS:
+            if k == "betas":
+                same = (given["beta1"], given["beta2"]) == adopted["betas"]
+            else:
+                same = given[k] == float(adopted[k])
+            if not same:
+                diffs.append(f"{k}={adopted[k]!r} (constructor: {group[k]!r})")
+        group.update(adopted)
+        if diffs:
+            warnings.warn(f"{type(self).__name__}(resume=True): param group {gi} takes the "
+                          f"checkpoint's " + ", ".join(diffs) + "; set param_groups to "
+                          "change them", UserWarning, stacklevel=4)
+
     def _register_group(self, gi: int, group: Dict[str, Any]) -> None:
+        if self._resuming:
+            self._adopt_checkpoint_hyperparams(gi, group)
         hp = self._hyperparams(group)
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
         self._pushed.append(hp)
         for p in group["params"]:
-            if p.is_sparse:
-                raise ValueError("strata offloaded optimizers do not support sparse parameters")
             name = f"p{len(self._params)}"
             if p.numel() == 0:
                 self._empty_steps[id(p)] = self._saved_empty_steps.pop(len(self._params), 0)
                 self._params.append(p)
                 self._handle[id(p)] = None
                 continue
-            if self._resume:
-                if len(self._params) in self._saved_empty_steps:
-                    raise ValueError(f"checkpointed parameter {name} has 0 elements, the "
-                                     f"model's has {p.numel()}")
+            if self._resuming:  # checked by _check_checkpoint_layout
                 h = self._opt.find_param(name)
-                info = self._opt.param_info(h)
-                if info["numel"] != p.numel():
-                    raise ValueError(f"checkpointed parameter {name} has {info['numel']} "
-                                     f"elements, the model's has {p.numel()}")
                 self._copy_master_to_param(h, p)
             else:
                 init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
@@ -220,6 +391,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         Returns the closure's loss (as torch optimizers do); strata's step statistics are in
         ``self.last_step``. A step whose gradients hold inf/NaN is skipped entirely
         (``last_step["skipped"]``), as mixed-precision loss scalers expect."""
+        self._check_open()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -317,6 +489,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         The step counts of zero-size parameters (which strata does not hold) are written
         first, as the int64 object ``<key_prefix>torch/empty_steps`` of shape (n, 2): rows
         (parameter index, step count), n = number of zero-size parameters (may be 0)."""
+        self._check_open()
         rows = [(i, self._empty_steps[id(p)]) for i, p in enumerate(self._params)
                 if self._handle[id(p)] is None]
         self.store.put(self._empty_steps_key, np.array(rows, dtype=np.int64).reshape(-1, 2),
@@ -339,6 +512,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) as fp32 CPU
         tensors shaped like parameter i; for fp16/bf16 parameters also ``master_param``
         (the fp32 master). It loads into torch.optim.Adam/AdamW and back."""
+        self._check_open()
         state: Dict[int, Dict[str, Any]] = {}
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
         for i, p in enumerate(self._params):
@@ -367,7 +541,21 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch.optim.Adam/AdamW (same groups and
         parameter sizes). Masters come from ``master_param`` when present, else from the
-        model's current parameters."""
+        model's current parameters; a parameter without a state entry restarts (zero
+        moments, step 0). The saved groups' hyperparameters replace ``param_groups``'.
+
+        Atomic with respect to validation: everything is checked before anything is
+        written, so a refused state dict leaves the optimizer exactly as it was.
+
+        :raises ValueError: a different number of groups or of parameters in a group; a
+            hyperparameter out of range (naming the group); ``amsgrad`` other than this
+            optimizer's (strata's state streams are fixed at creation); a state entry
+            without ``step`` or with a step that is not an integer >= 0; a state tensor
+            (exp_avg, exp_avg_sq, max_exp_avg_sq, master_param) whose element count is not
+            the parameter's (naming the parameter index, the state and both sizes).
+        :raises strata.FailedPreconditionError: the optimizer is closed.
+        """
+        self._check_open()
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -375,18 +563,54 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             if len(ours["params"]) != len(saved["params"]):
                 raise ValueError("loaded state dict contains a parameter group that doesn't "
                                  "match the size of optimizer's group")
+        # ---- validate everything first (nothing is written before this block ends) ----
+        new_groups = []
+        for gi, (ours, saved) in enumerate(zip(self.param_groups, groups)):
+            merged = {k: v for k, v in ours.items() if k != "params"}
+            merged.update({k: v for k, v in saved.items() if k != "params"})
+            where = f"loaded param group {gi}: "
+            _check_hyperparams(merged, where)
+            if bool(merged["amsgrad"]) != bool(self._pushed[gi]["amsgrad"]):
+                raise ValueError(f"{where}amsgrad={bool(merged['amsgrad'])}, but this "
+                                 f"optimizer's state streams were made with amsgrad="
+                                 f"{bool(self._pushed[gi]['amsgrad'])}")
+            new_groups.append(merged)
         saved_ids = list(itertools.chain.from_iterable(g["params"] for g in groups))
-        for ours, saved in zip(self.param_groups, groups):
-            for k, v in saved.items():
-                if k != "params":
-                    ours[k] = v
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
+        for sid, p in zip(saved_ids, self._params):
+            st = state_dict["state"].get(sid)
+            if st is None:
+                continue
+            if "step" not in st:
+                raise ValueError(f"loaded state of parameter {sid} has no 'step'")
+            step = _step_value(st["step"])
+            if not (math.isfinite(step) and step >= 0 and step == int(step)):
+                raise ValueError(f"loaded state of parameter {sid}: step {step} is not an "
+                                 "integer >= 0")
+            for name in names + ["master_param"]:
+                if name in st and _numel(st[name]) != p.numel():
+                    raise ValueError(f"loaded state of parameter {sid}: '{name}' has "
+                                     f"{_numel(st[name])} elements, the parameter has "
+                                     f"{p.numel()}")
+        # ---- hyperparameters (undone if strata refuses one), then the tensors ----
+        old_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        for ours, merged in zip(self.param_groups, new_groups):
+            ours.update(merged)
+        try:
+            self._sync_hyperparams()
+        except BaseException:
+            for ours, old in zip(self.param_groups, old_groups):
+                for k in list(ours):
+                    if k != "params" and k not in old:
+                        del ours[k]
+                ours.update(old)
+            self._sync_hyperparams()
+            raise
         for sid, p in zip(saved_ids, self._params):
             h = self._handle[id(p)]
             st = state_dict["state"].get(sid)
             if h is None:  # zero-size: only the step count
-                step = (st or {}).get("step", 0)
-                self._empty_steps[id(p)] = int(step.item() if torch.is_tensor(step) else step)
+                self._empty_steps[id(p)] = int(_step_value((st or {}).get("step", 0)))
                 continue
             master = (st or {}).get("master_param", p.detach())
             self._opt.write_param(h, _as_f32_numpy(master))
@@ -399,25 +623,27 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             for k, name in enumerate(names):
                 if name in st:
                     self._opt.write_state(h, k, _as_f32_numpy(st[name]))
-                else:  # e.g. max_exp_avg_sq when the saved run had amsgrad off
+                else:  # absent (e.g. a torch state dict before its first step)
                     self._opt.write_state(h, k, np.zeros(p.numel(), dtype=np.float32))
-            step = st["step"]
-            self._opt.set_step_count(h, int(step.item() if torch.is_tensor(step) else step))
-        self._sync_hyperparams()
+            self._opt.set_step_count(h, int(_step_value(st["step"])))
 
     # ---- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
         """Releases the optimizer (no checkpoint), closes a store it opened, removes its
-        temporary directory."""
-        if self._opt is not None:
-            self._opt._o.close()
-            self._opt = None
-        if self._owns_store and self.store is not None and not self.store.closed:
-            self.store.close()
-        if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
-            self._owned_dir = None
+        temporary directory. Idempotent, and safe on an object whose constructor failed.
+        Afterwards step/checkpoint/state_dict/load_state_dict/add_param_group raise
+        strata.FailedPreconditionError ("OffloadAdam is closed")."""
+        self._closed = True
+        opt, self._opt = getattr(self, "_opt", None), None
+        if opt is not None:
+            opt._o.close()
+        store = getattr(self, "store", None)
+        if getattr(self, "_owns_store", False) and store is not None and not store.closed:
+            store.close()
+        owned, self._owned_dir = getattr(self, "_owned_dir", None), None
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
 
     def __del__(self):
         try:
