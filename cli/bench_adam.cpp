@@ -5,6 +5,9 @@
 // streams as the optimizer (param, grad and each state read; param and each state written),
 // the same size, threads and tiling, with no arithmetic. Kernel and probe steps alternate,
 // and each figure is the median of its steps, so machine noise hits both alike.
+//
+// Memory: numel x (4 B param + the gradient's element size + 4 B per optimizer state), e.g.
+// 14 B/param for Adam with an fp16 gradient; refused (ResourceExhausted) beyond MemAvailable.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_limits.hpp"
 #include "command.hpp"
 #include "strata/collectives/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
@@ -121,8 +125,21 @@ int run_bench_adam(const BenchAdamArgs& a) {
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
 
+  if (a.numel == 0) return report_error(invalid_argument("--numel must be >= 1, got 0"));
   const size_t n = a.numel;
   const size_t gsize = dtype_size(*gt);
+  {
+    const uint64_t per_param = 4 + gsize + 4 * static_cast<uint64_t>(rule.num_states());
+    auto need = checked_mul(n, per_param,
+                            "--numel " + std::to_string(n) + " needs " +
+                                std::to_string(per_param) + " bytes per parameter");
+    if (!need.ok()) return report_error(need.status());
+    if (Status st = check_memory(*need, "bench adam --numel " + std::to_string(n) + " (" +
+                                            std::to_string(per_param) + " B/param)");
+        !st.ok()) {
+      return report_error(st);
+    }
+  }
   HostBuffer pbuf(n * 4), gbuf(n * gsize);
   std::vector<std::unique_ptr<HostBuffer>> sbufs;
   for (int k = 0; k < rule.num_states(); ++k) sbufs.push_back(std::make_unique<HostBuffer>(n * 4));
@@ -225,7 +242,10 @@ void register_bench_adam(Registry& r) {
   auto args = std::make_shared<BenchAdamArgs>();
   CLI::App* sub = bench.add_subcommand(
       "adam", "CPU optimizer step throughput vs. a streaming kernel of the same shape");
-  sub->add_option("--numel", args->numel, "parameters (elements)")->capture_default_str();
+  non_negative(sub->add_option("--numel", args->numel,
+                               "parameters (elements, >= 1; memory: 4 B + gradient + 4 B per "
+                               "state, each)"))
+      ->capture_default_str();
   sub->add_option("--threads", args->threads, "worker threads (0 = one per core)")
       ->capture_default_str();
   sub->add_option("--numa-node", args->numa_node, "NUMA node to bind to (-1 = none)")

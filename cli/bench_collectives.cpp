@@ -1,7 +1,10 @@
 // `strata bench allgather --nproc N --bytes S [--backend gloo|nccl] [--iters K] [--json]`
 //
 // Times all-gather the way nccl-tests does: S ("bytes") is the total gathered size, each of
-// the N ranks contributes S/N; algbw = S / time and busbw = algbw * (N-1)/N
+// the N ranks contributes floor(S/N) bytes (an all-gather moves equal shares), so the bytes
+// measured are N x floor(S/N): the output's "bytes" (and the text) give that figure, and
+// "bytes_requested" the S asked for, and the text says when they differ;
+// algbw = bytes / time and busbw = algbw * (N-1)/N
 // (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md#allgather).
 // The time of an iteration is the slowest rank's; the reported time is the median over
 // iterations. Beside it, the same run measures a single-thread memcpy of one rank's share
@@ -154,6 +157,7 @@ Result<nlohmann::json> run_rank(const AllgatherArgs& a, uint64_t total_bytes) {
   j["backend"] = std::string(backend_name(backend));
   j["nproc"] = n;
   j["bytes"] = gathered;
+  j["bytes_requested"] = total_bytes;
   j["bytes_per_rank"] = share;
   j["iters"] = a.iters;
   j["seconds"] = sec;
@@ -173,6 +177,14 @@ void print_human(const nlohmann::json& j) {
               static_cast<unsigned long long>(j["bytes"].get<uint64_t>()),
               format_bytes(j["bytes"].get<uint64_t>()).c_str(),
               format_bytes(j["bytes_per_rank"].get<uint64_t>()).c_str(), j["iters"].get<int>());
+  const uint64_t requested = j.value("bytes_requested", j["bytes"].get<uint64_t>());
+  if (requested != j["bytes"].get<uint64_t>()) {
+    std::printf("  note: --bytes %llu is not a multiple of nproc %d: measured %llu bytes "
+                "(%d x %llu per rank)\n",
+                static_cast<unsigned long long>(requested), j["nproc"].get<int>(),
+                static_cast<unsigned long long>(j["bytes"].get<uint64_t>()), j["nproc"].get<int>(),
+                static_cast<unsigned long long>(j["bytes_per_rank"].get<uint64_t>()));
+  }
   std::printf("  time (median of slowest rank) %.3f ms   [min %.3f, max %.3f]\n",
               j["seconds"].get<double>() * 1e3, j["seconds_min"].get<double>() * 1e3,
               j["seconds_max"].get<double>() * 1e3);
@@ -228,11 +240,14 @@ void register_bench_allgather(Registry& r) {
   auto* cmd = bench.add_subcommand("allgather", "All-gather bandwidth (nccl-tests' algbw/busbw)");
   auto a = std::make_shared<AllgatherArgs>();
   cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
-  cmd->add_option("--bytes", a->bytes_text, "Total gathered size (e.g. 64MiB); each rank sends 1/N");
+  cmd->add_option("--bytes", a->bytes_text,
+                  "Total gathered size S (e.g. 64MiB); each rank sends floor(S/N) bytes, so "
+                  "N x floor(S/N) bytes are measured and reported as bytes (bytes_requested: S)");
   cmd->add_option("--backend", a->backend, "gloo (host memory) or nccl (GPU memory)");
   cmd->add_option("--iters", a->iters, "Timed iterations")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->check(CLI::Range(0, 1000000));
-  cmd->add_option("--master-port", a->master_port, "MASTER_PORT for the launched ranks (default: free)");
+  non_negative(cmd->add_option("--master-port", a->master_port,
+                               "MASTER_PORT for the launched ranks (default: free)"));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_flag("--from-env", a->from_env,
                 "Be one rank of a job started by torchrun / strata launch (reads RANK etc.)");

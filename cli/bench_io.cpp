@@ -12,8 +12,15 @@
 // they are missing or short (untimed) and drops them from the page cache. The figure is
 // bytes / wall time of the timed loop; GB/s means 1e9 bytes per second, like fio's "GB/s".
 // The bench/io_vs_fio.sh script compares it with fio on the same files.
+//
+// Before it starts, the run is refused (InvalidArgument) when two --path entries are the
+// same directory, and (ResourceExhausted) when a file system lacks the space the files
+// need beyond what they already hold. The files are kept after a successful run (a later
+// read reuses them); after a failed one, a file the run created is removed and a file that
+// existed is truncated back to its former size, unless --keep.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_limits.hpp"
 #include "command.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/io_engine.hpp"
@@ -48,7 +56,56 @@ struct BenchIoArgs {
   std::string stripe_unit;  // default: block size (when a multiple of 4096), else 1 MiB
   std::string file_name = "strata-bench-io.dat";
   bool buffered = false;
+  bool keep = false;
   bool json = false;
+};
+
+/// Undoes what a failed run did to the benchmark files: removes the files it created and
+/// truncates the ones that existed back to their former size (unless --keep). A successful
+/// run calls succeeded() and the files stay.
+class FileGuard {
+ public:
+  FileGuard(const std::vector<std::string>& paths, const std::string& name, bool keep)
+      : keep_(keep) {
+    for (const auto& p : paths) {
+      Entry e;
+      e.path = p + "/" + name;
+      struct stat st;
+      e.existed = ::lstat(e.path.c_str(), &st) == 0;
+      e.size = e.existed ? static_cast<uint64_t>(st.st_size) : 0;
+      e.allocated = e.existed ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+      entries_.push_back(e);
+    }
+  }
+  ~FileGuard() {
+    if (keep_ || ok_) return;
+    for (const auto& e : entries_) {
+      if (!e.existed) {
+        (void)::unlink(e.path.c_str());
+      } else {
+        struct stat st;
+        if (::lstat(e.path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+            static_cast<uint64_t>(st.st_size) > e.size) {
+          (void)::truncate(e.path.c_str(), static_cast<off_t>(e.size));
+        }
+      }
+    }
+  }
+  FileGuard(const FileGuard&) = delete;
+  FileGuard& operator=(const FileGuard&) = delete;
+  void succeeded() { ok_ = true; }
+  /// Bytes file `j` holds on disk now (0 when it does not exist).
+  uint64_t allocated(size_t j) const { return entries_[j].allocated; }
+
+ private:
+  struct Entry {
+    std::string path;
+    bool existed = false;
+    uint64_t size = 0, allocated = 0;
+  };
+  std::vector<Entry> entries_;
+  bool keep_;
+  bool ok_ = false;
 };
 
 /// The benchmark's I/O memory: a PinnedPool buffer (huge pages, registered with the engine),
@@ -217,6 +274,31 @@ int run_bench_io(const BenchIoArgs& a) {
                                          "' must be a plain file name inside each --path"));
   }
   if (req == 0) return report_error(invalid_argument("--request-size must be > 0"));
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    if (a.paths[i].empty()) {
+      return report_error(invalid_argument("--path must name a directory, got an empty string "
+                                           "(--path #" + std::to_string(i + 1) + ")"));
+    }
+  }
+  if (Status st = check_distinct_dirs(a.paths, "--path"); !st.ok()) return report_error(st);
+  if (unit == 0 || unit % 4096 != 0) {
+    return report_error(invalid_argument("--stripe-unit " + std::to_string(unit) +
+                                         " must be a positive multiple of 4096"));
+  }
+  // Free space: each file grows to its share of --size; what it already holds is reused.
+  const uint64_t k = a.paths.size();
+  FileGuard guard(a.paths, a.file_name, a.keep);
+  {
+    std::vector<DiskNeed> needs;
+    for (uint64_t j = 0; j < k; ++j) {
+      const uint64_t want = striped_file_bytes(size, unit, k, j);
+      const uint64_t have = guard.allocated(j);
+      needs.push_back({"--path #" + std::to_string(j + 1), a.paths[j], want > have ? want - have : 0});
+    }
+    if (Status st = check_free_space(needs, "bench io --size " + a.size); !st.ok()) {
+      return report_error(st);
+    }
+  }
   // Requests outstanding: 2 x queue_depth x block_size bytes of them (at least 2 requests).
   const uint32_t slots = static_cast<uint32_t>(
       std::max<uint64_t>(2, (2 * static_cast<uint64_t>(a.queue_depth) * bs + req - 1) / req));
@@ -240,7 +322,6 @@ int run_bench_io(const BenchIoArgs& a) {
 
   auto file = StripedFile::open(*engine, a.paths, a.file_name, OpenMode::kReadWrite, unit);
   if (!file.ok()) return report_error(file.status());
-  const uint64_t k = a.paths.size();
   const bool progress = stderr_is_tty() && !a.json;
 
   if (!write) {
@@ -296,6 +377,7 @@ int run_bench_io(const BenchIoArgs& a) {
                 res.seconds);
     for (const auto& f : (*file)->files()) std::printf("  file: %s\n", f->path().c_str());
   }
+  guard.succeeded();
   return 0;
 }
 
@@ -305,23 +387,29 @@ void register_bench_io(Registry& r) {
   auto* sub = bench.add_subcommand(
       "io", "Sequential read/write bandwidth through the I/O engine (fio-like; one file per --path, "
             "striped when several)");
-  sub->add_option("--path", args->paths, "directory for the benchmark file (repeat to stripe)")
+  sub->add_option("--path", args->paths,
+                  "directory for the benchmark file (repeat to stripe over distinct directories; "
+                  "each file system must have room for its files' share of --size)")
       ->required();
   sub->add_option("--size", args->size, "total bytes (suffixes KiB, MiB, GiB, K, M, G)")
       ->capture_default_str();
   sub->add_option("--block-size", args->block_size, "bytes per request")->capture_default_str();
-  sub->add_option("--queue-depth", args->queue_depth, "requests in flight")->capture_default_str();
+  non_negative(sub->add_option("--queue-depth", args->queue_depth, "requests in flight"))
+      ->capture_default_str();
   sub->add_option("--op", args->op, "read or write")->capture_default_str();
   sub->add_option("--engine", args->engine, "uring or threads")->capture_default_str();
-  sub->add_option("--workers", args->workers, "io_uring worker threads (one ring each)")
+  non_negative(sub->add_option("--workers", args->workers, "io_uring worker threads (one ring each)"))
       ->capture_default_str();
   sub->add_option("--request-size", args->request_size,
                   "bytes per engine request, split into block-size transfers (default: "
                   "queue depth x block size / 4)");
   sub->add_option("--stripe-unit", args->stripe_unit,
                   "stripe unit over several paths (default: the block size)");
-  sub->add_option("--file-name", args->file_name, "file name inside each path (kept afterwards)")
+  sub->add_option("--file-name", args->file_name,
+                  "file name inside each path (kept after a successful run; after a failure a "
+                  "file the run created is removed, one that existed is truncated back)")
       ->capture_default_str();
+  sub->add_flag("--keep", args->keep, "keep the files as they are even after a failure");
   sub->add_flag("--buffered", args->buffered, "buffered I/O instead of O_DIRECT");
   sub->add_flag("--json", args->json, "print one JSON object");
   sub->callback([args] { Registry::set_exit_code(run_bench_io(*args)); });

@@ -18,6 +18,14 @@
 //
 // Without --from-env the command re-executes itself through the local launcher with N
 // ranks (as `strata bench allgather` does); with --from-env it is one rank.
+//
+// Memory per rank (partitioned_rank_memory): 2 x S (the gathered object and the expected
+// bytes it is verified against) + N x ceil(S/N) (the all-gather buffer of the gather-only
+// variant) + 2 x ceil(S/N) (its send buffer and the read-only variant's buffer) +
+// (3 + 2N) x piece (fetch_partitioned's read and staging buffers), about (3 + 2/N) x S. Before
+// launching, the run is refused (ResourceExhausted) when N times that exceeds MemAvailable;
+// a rank that cannot allocate a buffer returns ResourceExhausted naming it.
+// --piece-bytes must be a positive multiple of 4096 (it becomes the store's chunk size).
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,8 +36,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
+#include "bench_limits.hpp"
 #include "command.hpp"
 #include "launch_ranks.hpp"
 #include "strata/base/units.hpp"
@@ -65,15 +75,34 @@ inline uint8_t pattern(uint64_t i) {
   return static_cast<uint8_t>((i * 0x9E3779B1u) >> 13) ^ static_cast<uint8_t>(i >> 20);
 }
 
+// 4096-aligned host memory; allocate() reports a failed allocation.
 struct Aligned {
   uint8_t* p = nullptr;
-  explicit Aligned(size_t n) {
-    p = static_cast<uint8_t*>(std::aligned_alloc(4096, align_up(std::max<size_t>(n, 1), 4096)));
-  }
+  Aligned() = default;
   ~Aligned() { std::free(p); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
+  Status allocate(uint64_t n, const char* what) {
+    const uint64_t len = align_up(std::max<uint64_t>(n, 1), 4096);
+    p = static_cast<uint8_t*>(std::aligned_alloc(4096, len));
+    if (p == nullptr) {
+      return resource_exhausted(std::string("allocating ") + what + " (" + std::to_string(len) +
+                                    " bytes) failed",
+                                ENOMEM);
+    }
+    return Status::OK();
+  }
 };
+
+// Bytes one rank allocates for an object of `total` bytes over `n` ranks with pieces of
+// `piece` bytes (see the file comment); nullopt when that overflows 64 bits.
+std::optional<uint64_t> partitioned_rank_memory(uint64_t total, uint64_t n, uint64_t piece) {
+  const unsigned __int128 c = (static_cast<unsigned __int128>(total) + n - 1) / n;
+  const unsigned __int128 need = 2 * static_cast<unsigned __int128>(total) + n * c + 2 * c +
+                                 (3 + 2 * static_cast<unsigned __int128>(n)) * piece;
+  if (need > UINT64_MAX) return std::nullopt;
+  return static_cast<uint64_t>(need);
+}
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
@@ -96,7 +125,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   so.staging_bytes = std::min<uint64_t>(so.staging_bytes, 64ull << 20);
   // Pieces are whole store chunks (read_range verifies whole chunks): a new store gets
   // chunks of one piece; an existing one keeps its chunk size and the piece is rounded up.
-  so.chunk_bytes = align_up(std::max<uint64_t>(piece, 4096), 4096);
+  so.chunk_bytes = piece;  // a positive multiple of 4096 (checked by run_partitioned)
   STRATA_ASSIGN_OR_RETURN(auto store, Store::open(so));
 
   const TensorDesc desc = TensorDesc::bytes(total);
@@ -108,14 +137,20 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
 
   // Put this rank's slice.
   {
-    Aligned slice(own);
+    Aligned slice;
+    STRATA_RETURN_IF_ERROR(slice.allocate(own, "the rank's slice"));
     for (uint64_t i = 0; i < own; ++i) slice.p[i] = pattern(begin + i);
     PartitionOptions po;
     po.put.overwrite = true;
     STRATA_RETURN_IF_ERROR(put_partitioned_slice(*store, c, key, slice.p, desc, po).result().status());
   }
 
-  Aligned dst(total), want(total), rbuf(cbytes), sendb(cbytes), gbuf(cbytes * n);
+  Aligned dst, want, rbuf, sendb, gbuf;
+  STRATA_RETURN_IF_ERROR(dst.allocate(total, "the gathered object"));
+  STRATA_RETURN_IF_ERROR(want.allocate(total, "the expected object"));
+  STRATA_RETURN_IF_ERROR(rbuf.allocate(cbytes, "the read buffer"));
+  STRATA_RETURN_IF_ERROR(sendb.allocate(cbytes, "the all-gather send buffer"));
+  STRATA_RETURN_IF_ERROR(gbuf.allocate(cbytes * n, "the all-gather buffer"));
   std::memset(sendb.p, 0, cbytes);
   std::memset(dst.p, 0, total);
   for (uint64_t i = 0; i < total; ++i) want.p[i] = pattern(i);
@@ -230,11 +265,22 @@ int run_partitioned(const PartArgs& a) {
   if (!total.ok()) return report_error(total.status().with_context("--bytes"));
   auto piece = parse_size(a.piece_text);
   if (!piece.ok()) return report_error(piece.status().with_context("--piece-bytes"));
+  if (*piece == 0 || *piece % 4096 != 0) {
+    return report_error(invalid_argument("--piece-bytes '" + a.piece_text + "' (" +
+                                         std::to_string(*piece) +
+                                         " bytes) must be a positive multiple of 4096"));
+  }
   if (a.path.empty()) return report_error(invalid_argument("--path is required"));
   if (a.iters < 1) return report_error(invalid_argument("--iters must be >= 1"));
   if (a.from_env) {
     auto env = read_distributed_env();
     if (!env.ok()) return report_error(env.status());
+    // This rank's own need (the launching command checked all ranks together).
+    auto need = partitioned_rank_memory(*total, static_cast<uint64_t>(env->world_size), *piece);
+    Status mem = need ? check_memory(*need, "rank " + std::to_string(env->rank) +
+                                                " of bench partitioned-read --bytes " + a.bytes_text)
+                      : invalid_argument("--bytes " + a.bytes_text + ": the memory need overflows 64 bits");
+    if (!mem.ok()) return report_error(mem);
     auto j = run_rank(a, *total, *piece);
     if (!j.ok()) return report_error(j.status());
     if (env->rank == 0) {
@@ -249,6 +295,19 @@ int run_partitioned(const PartArgs& a) {
     return (*j)["verified"].get<bool>() ? 0 : 1;
   }
   if (*total == 0) return report_error(invalid_argument("--bytes must be > 0"));
+  {
+    const uint64_t n = static_cast<uint64_t>(a.nproc);
+    auto per_rank = partitioned_rank_memory(*total, n, *piece);
+    if (!per_rank || *per_rank > UINT64_MAX / n) {
+      return report_error(
+          invalid_argument("--bytes " + a.bytes_text + ": the memory need overflows 64 bits"));
+    }
+    Status mem = check_memory(*per_rank * n, "bench partitioned-read --nproc " +
+                                                 std::to_string(a.nproc) + " --bytes " +
+                                                 a.bytes_text + " (" + std::to_string(*per_rank) +
+                                                 " bytes per rank)");
+    if (!mem.ok()) return report_error(mem);
+  }
   std::vector<std::string> args = {"bench", "partitioned-read", "--from-env", "--bytes",
                                    a.bytes_text, "--path", a.path, "--piece-bytes", a.piece_text,
                                    "--iters", std::to_string(a.iters)};
@@ -275,12 +334,17 @@ void register_bench_partitioned(Registry& r) {
       "Bandwidth-centric partitioned read: each rank reads its slice, all-gather assembles it");
   auto a = std::make_shared<PartArgs>();
   cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
-  cmd->add_option("--bytes", a->bytes_text, "Object size S (e.g. 256MiB); each rank stores S/N");
+  cmd->add_option("--bytes", a->bytes_text,
+                  "Object size S (e.g. 256MiB); each rank stores S/N. Memory: each rank holds "
+                  "2 x S + (N + 2) x ceil(S/N) + (3 + 2N) x piece bytes (about (3 + 2/N) x S); refused "
+                  "when N ranks need more than MemAvailable");
   cmd->add_option("--path", a->path, "Directory; rank r uses DIR/rank<r> as its store")->required();
-  cmd->add_option("--piece-bytes", a->piece_text, "Pipeline piece per rank (default 8MiB)");
+  cmd->add_option("--piece-bytes", a->piece_text,
+                  "Pipeline piece per rank, a positive multiple of 4096 (default 8MiB)");
   cmd->add_option("--iters", a->iters, "Timed iterations of each variant (default 5)")
       ->check(CLI::Range(1, 1000000));
-  cmd->add_option("--master-port", a->master_port, "MASTER_PORT for the launched ranks (default: free)");
+  non_negative(cmd->add_option("--master-port", a->master_port,
+                               "MASTER_PORT for the launched ranks (default: free)"));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
   cmd->add_flag("--from-env", a->from_env,

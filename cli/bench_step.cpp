@@ -11,6 +11,11 @@
 // The model is cut into tensors of at most --tensor-numel parameters (a model has many
 // tensors); they share one synthetic gradient buffer (read-only), so the DRAM the run needs
 // is the pinned pipeline buffers plus one tensor's gradient, whatever --params is.
+//
+// Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32), spread over the
+// --path directories, and the I/O probe file 2 x region (region = min(12 x params rounded up
+// to the chunk size, 2 GiB)); the run is refused (ResourceExhausted, naming the path, the
+// bytes needed and available) when a file system has less room, before anything is written.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_limits.hpp"
 #include "command.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/offload.hpp"
@@ -121,6 +127,34 @@ int run_bench_step(const BenchStepArgs& a) {
   if (a.params == 0 || a.steps < 1 || a.tensor_numel == 0) {
     return report_error(invalid_argument("--params, --steps and --tensor-numel must be >= 1"));
   }
+  if (chunk == 0 || chunk % 4096 != 0) {
+    return report_error(invalid_argument("--chunk-size '" + a.chunk_size +
+                                         "' must be a positive multiple of 4096"));
+  }
+  // Sizes: 12 B/param of state on disk (param, m, v in fp32); the gradient of the largest
+  // tensor in DRAM.
+  auto bytes_per_step_r = checked_mul(a.params, 12, "--params " + std::to_string(a.params) +
+                                                        " needs 12 bytes of state each");
+  if (!bytes_per_step_r.ok()) return report_error(bytes_per_step_r.status());
+  const uint64_t bytes_per_step = *bytes_per_step_r;
+  const uint64_t grad_numel = std::min(a.params, a.tensor_numel);
+  auto grad_bytes = checked_mul(grad_numel, sizeof(float), "--tensor-numel gradient bytes");
+  if (!grad_bytes.ok()) return report_error(grad_bytes.status());
+  if (Status st = check_memory(*grad_bytes, "bench step (the gradient of a tensor of " +
+                                                std::to_string(grad_numel) + " fp32 parameters)");
+      !st.ok()) {
+    return report_error(st);
+  }
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    if (a.paths[i].empty()) {
+      return report_error(invalid_argument("--path must name a directory, got an empty string "
+                                           "(--path #" + std::to_string(i + 1) + ")"));
+    }
+  }
+  if (Status st = check_distinct_dirs(a.paths, "--path"); !st.ok()) return report_error(st);
+  // The I/O probe's file: a read region and a write region of `region` bytes each.
+  const uint64_t region =
+      std::min<uint64_t>(align_up(std::min<uint64_t>(bytes_per_step, 2ull << 30), chunk), 2ull << 30);
   // DRAM: the store keeps only the small checkpoint record in its host tier and streams
   // unaligned pieces through its staging buffers; the rest of the budget is the pipeline's.
   const uint64_t store_host = 8ull << 20, store_staging = 32ull << 20;
@@ -133,9 +167,28 @@ int run_bench_step(const BenchStepArgs& a) {
 
   std::vector<std::string> dirs;
   for (const auto& p : a.paths) dirs.push_back(p + "/strata-bench-step");
+  {
+    // Free space, after removing what an earlier --keep run left: the state and the probe
+    // file are striped over the directories, at most one chunk more per directory.
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+    const uint64_t ndirs = a.paths.size();
+    const uint64_t total = bytes_per_step + 2 * region;
+    const uint64_t per_dir =
+        total < bytes_per_step ? UINT64_MAX : total / ndirs + (total % ndirs ? 1 : 0) + chunk;
+    std::vector<DiskNeed> needs;
+    for (size_t i = 0; i < ndirs; ++i) {
+      needs.push_back({"--path #" + std::to_string(i + 1), a.paths[i], per_dir});
+    }
+    if (Status st = check_free_space(needs, "bench step --params " + std::to_string(a.params));
+        !st.ok()) {
+      return report_error(st);
+    }
+  }
   for (const auto& d : dirs) {
     std::error_code ec;
-    std::filesystem::remove_all(d, ec);
     std::filesystem::create_directories(d, ec);
     if (ec) return report_error(errno_status(ec.value(), "creating " + d));
   }
@@ -179,8 +232,7 @@ int run_bench_step(const BenchStepArgs& a) {
   const uint64_t sg = optimizer->sub_group_numel();
 
   // Tensors (zeros: created without DRAM proportional to their size) and one gradient.
-  const uint64_t ntensors = (a.params + a.tensor_numel - 1) / a.tensor_numel;
-  const uint64_t grad_numel = std::min(a.params, a.tensor_numel);
+  const uint64_t ntensors = (a.params - 1) / a.tensor_numel + 1;
   std::vector<float> grad(grad_numel);
   for (uint64_t i = 0; i < grad_numel; ++i) {
     grad[i] = 1e-3f * static_cast<float>(static_cast<int64_t>(i % 2001) - 1000) / 1000.0f;
@@ -199,12 +251,10 @@ int run_bench_step(const BenchStepArgs& a) {
   }
   if (progress) std::fprintf(stderr, "\n");
   const double setup_seconds = secs(t_setup);
-  const uint64_t bytes_per_step = a.params * 12;
 
   // Limits: the I/O engine alone (probe file over the same directories) and the kernel
   // alone (sub-group buffers in memory).
   auto engine = store->engine();
-  const uint64_t region = std::min<uint64_t>(align_up(bytes_per_step, chunk), 2ull << 30);
   auto file_r = StripedFile::open(engine, dirs, "io_probe.dat", OpenMode::kTruncate, chunk);
   if (!file_r.ok()) return report_error(file_r.status());
   auto file = *file_r;
@@ -279,9 +329,16 @@ int run_bench_step(const BenchStepArgs& a) {
   if (Status st = optimizer->checkpoint(); !st.ok()) return report_error(st);
   const double checkpoint_seconds = secs(t_ckpt);
 
-  // A sanity check that the steps did something: w0[0] moved away from 0.
+  // A sanity check that the steps did something: w0[0] (offset 0, one element) moved away
+  // from 0. Its gradient is -1e-3 at every step, so each Adam step adds lr x |g| / (|g| + eps)
+  // = 1e-4 x 0.99999 (Kingma & Ba, Algorithm 1, with m_hat = g and v_hat = g^2).
   float w0 = 0.0f;
-  if (Status st = optimizer->read_param(0, &w0, 1, 1); !st.ok()) return report_error(st);
+  if (Status st = optimizer->read_param(0, &w0, 0, 1); !st.ok()) return report_error(st);
+  if (!(w0 > 0.0f)) {
+    return report_error(internal_error("w0[0] is " + std::to_string(w0) + " after " +
+                                       std::to_string(a.steps) +
+                                       " Adam steps with gradient -1e-3; expected > 0"));
+  }
 
   const double step_s = median(step_runs);
   const double io_s = median(io_runs);
@@ -321,7 +378,7 @@ int run_bench_step(const BenchStepArgs& a) {
     j["setup_seconds"] = setup_seconds;
     j["checkpoint_seconds"] = checkpoint_seconds;
     j["peak_rss_bytes"] = rss;
-    j["w0_1"] = w0;
+    j["w0_0"] = w0;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, %d buffers\n",
@@ -346,17 +403,22 @@ void register_bench_step(Registry& r) {
   auto args = std::make_shared<BenchStepArgs>();
   CLI::App* sub = bench.add_subcommand(
       "step", "offloaded Adam step with state on NVMe vs. I/O alone and compute alone");
-  sub->add_option("--params", args->params, "fp32 parameters")->capture_default_str();
-  sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe)")->required();
+  non_negative(sub->add_option("--params", args->params,
+                               "fp32 parameters (disk: 12 B each plus the I/O probe file of up "
+                               "to 4 GiB, checked before the run)"))
+      ->capture_default_str();
+  sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
+      ->required();
   sub->add_option("--host-budget", args->host_budget,
                   "DRAM for buffers: pipeline + store (size, e.g. 1GiB)")
       ->capture_default_str();
-  sub->add_option("--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)")
+  non_negative(sub->add_option("--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)"))
       ->capture_default_str();
   sub->add_option("--buffers", args->buffers, "pipeline buffer slots (1..16)")->capture_default_str();
   sub->add_option("--steps", args->steps, "timed steps (median reported)")->capture_default_str();
   sub->add_option("--chunk-size", args->chunk_size, "store chunk size")->capture_default_str();
-  sub->add_option("--tensor-numel", args->tensor_numel, "largest tensor (the model is cut into tensors)")
+  non_negative(sub->add_option("--tensor-numel", args->tensor_numel,
+                               "largest tensor (the model is cut into tensors)"))
       ->capture_default_str();
   sub->add_option("--threads", args->threads, "kernel threads (0 = one per core)")->capture_default_str();
   sub->add_flag("--keep", args->keep, "keep the store directories");

@@ -42,6 +42,29 @@ int report_error(const Status& status);
 /// CLI11 validator/transformer for byte sizes with suffixes (KiB, MiB, GiB, K, M, G).
 uint64_t parse_size_or_throw(const std::string& text, const std::string& option);
 
+/// An option value refused by a strata validator (see non_negative()). It carries the
+/// Status to report: main() prints it as "strata: error: <status>" and exits 1, like the
+/// checks the commands make themselves, instead of CLI11's "<name>: <message>" form.
+class OptionStatusError : public CLI::ParseError {
+ public:
+  explicit OptionStatusError(Status status)
+      : CLI::ParseError(status.to_string(), CLI::ExitCodes::ValidationError),
+        status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+/// Makes `opt`, bound to an unsigned integer, refuse a value whose first non-blank character
+/// is '-'. CLI11 2.1 converts unsigned options with strtoull, which wraps "-5" to 2^64 - 5
+/// instead of failing. Apply it to every option bound to an unsigned type.
+/// \returns opt (for chaining).
+/// \error parsing then throws OptionStatusError holding InvalidArgument
+///     "<name> must be a non-negative integer, got '<value>'" (name: the option's first long
+///     name, e.g. "--params").
+CLI::Option* non_negative(CLI::Option* opt);
+
 /// True when stdout/stderr is a terminal (progress lines are shown only then).
 bool stderr_is_tty();
 

@@ -1,4 +1,5 @@
 // `strata launch --nproc N [--master-port P] [--master-addr A] -- PROGRAM ARGS...`
+// (-n N and --nproc-per-node N, torchrun's name, are aliases of --nproc N)
 // Starts N local ranks with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
 // WORLD_SIZE, LOCAL_RANK), prefixes their output lines with "[rank R] ", and when one rank
 // fails stops the others (SIGTERM, then SIGKILL) and exits non-zero naming it.
@@ -16,9 +17,10 @@ void register_launch(Registry& r) {
   auto opt = std::make_shared<LaunchOptions>();
   auto grace_ms = std::make_shared<int>(3000);
   auto timeout_s = std::make_shared<double>(0);
-  cmd->add_option("--nproc,--nproc-per-node", opt->nproc, "Number of processes")->required()
+  cmd->add_option("-n,--nproc,--nproc-per-node", opt->nproc, "Number of processes (-n as mpirun)")
+      ->required()
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--master-port", opt->master_port, "MASTER_PORT (default: a free port)");
+  non_negative(cmd->add_option("--master-port", opt->master_port, "MASTER_PORT (default: a free port)"));
   cmd->add_option("--master-addr", opt->master_addr, "MASTER_ADDR (default 127.0.0.1)");
   cmd->add_option("--kill-grace-ms", *grace_ms, "Milliseconds between SIGTERM and SIGKILL")
       ->check(CLI::NonNegativeNumber);

@@ -42,6 +42,21 @@ uint64_t parse_size_or_throw(const std::string& text, const std::string& option)
   return *r;
 }
 
+CLI::Option* non_negative(CLI::Option* opt) {
+  const std::string name = opt->get_name();
+  opt->check(CLI::Validator(
+      [name](std::string& value) -> std::string {
+        const size_t i = value.find_first_not_of(" \t\n\v\f\r");
+        if (i != std::string::npos && value[i] == '-') {
+          throw OptionStatusError(invalid_argument(name + " must be a non-negative integer, got '" +
+                                                   value + "'"));
+        }
+        return {};
+      },
+      ""));
+  return opt;
+}
+
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
 
 }  // namespace strata::cli
@@ -54,6 +69,8 @@ int main(int argc, char** argv) {
   for (auto r : strata::cli::registrars()) r(registry);
   try {
     app.parse(argc, argv);
+  } catch (const strata::cli::OptionStatusError& e) {
+    return strata::cli::report_error(e.status());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

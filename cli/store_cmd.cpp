@@ -658,8 +658,8 @@ void register_store_commands(Registry& r) {
   bs->add_option("--path", ba->paths, "NVMe directory (repeat to stripe)")->required();
   bs->add_option("--object-size", ba->object_size, "bytes per object (suffixes KiB, MiB, GiB)")
       ->capture_default_str();
-  bs->add_option("--count", ba->count, "objects per round")->capture_default_str();
-  bs->add_option("--rounds", ba->rounds, "alternating rounds")->capture_default_str();
+  non_negative(bs->add_option("--count", ba->count, "objects per round"))->capture_default_str();
+  non_negative(bs->add_option("--rounds", ba->rounds, "alternating rounds"))->capture_default_str();
   bs->add_option("--chunk-size", ba->chunk_size, "store chunk size")->capture_default_str();
   bs->add_flag("--keep", ba->keep, "keep the store and the raw file afterwards");
   bs->add_flag("--json", ba->json, "print one JSON object");
@@ -670,7 +670,7 @@ void register_store_commands(Registry& r) {
       "device", "Pinned host<->device copy bandwidth and NVMe->device through the store (GPU only)");
   bd->add_option("--path", da->path, "NVMe directory for the store part (optional)");
   bd->add_option("--size", da->size, "bytes per transfer")->capture_default_str();
-  bd->add_option("--rounds", da->rounds, "rounds (medians)")->capture_default_str();
+  non_negative(bd->add_option("--rounds", da->rounds, "rounds (medians)"))->capture_default_str();
   bd->add_flag("--json", da->json, "print one JSON object");
   bd->callback([da] { Registry::set_exit_code(run_bench_device(*da)); });
 }

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -78,6 +79,68 @@ bool is_loopback(const std::string& host) {
 
 bool looks_like_timeout(const std::string& msg) {
   return msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
+}
+
+std::string rank_list(const std::vector<int>& v) {
+  std::string s = v.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// describe_failure() (communicator.cpp) says "every rank is still connected to the store"
+// whenever the rendezvous server reports no lost rank. But the server only knows the ranks
+// that have connected to it: a rank that never started, or exited before creating its
+// communicator, is neither connected nor lost. So on a timeout, claim connectivity only for
+// what is known: rank 0 (which hosts the server) lists the ranks the server sees connected
+// and names the others; every rank names the peers that have not published their Gloo
+// address. `all_joined`: every rank passed this communicator's start-up barrier (each was
+// connected then), as is the case for a collective.
+Status describe_gloo_failure(Bootstrap& boot, std::string_view what, const std::string& detail,
+                             bool timed_out, bool all_joined) {
+  Status s = describe_failure(*boot.client, boot.env.rank, what, detail, timed_out,
+                              boot.options.timeout);
+  // Other outcomes (a lost rank named, rank 0 unreachable) are accurate as they are.
+  if (s.code() != StatusCode::kDeadlineExceeded) return s;
+  const int n = boot.env.world_size, self = boot.env.rank;
+  std::string msg = "rank " + std::to_string(self) + ": " + std::string(what) +
+                    " failed: no answer from a peer within " +
+                    std::to_string(boot.options.timeout.count()) + " ms (";
+  std::vector<int> unpublished;  // peers whose Gloo address is not in the store
+  if (!all_joined) {
+    for (int i = 0; i < n; ++i) {
+      if (i == self) continue;
+      auto has = boot.client->check({boot.prefix + "gloo/" + std::to_string(i)});
+      if (has.ok() && !*has) unpublished.push_back(i);
+    }
+    if (!unpublished.empty()) {
+      msg += rank_list(unpublished) + (unpublished.size() == 1 ? " has" : " have") +
+             " not published a Gloo address: not started, exited before creating its "
+             "communicator, or hung before it; ";
+    }
+  }
+  if (boot.server) {
+    const std::vector<int> connected = boot.server->connected_ranks();
+    std::vector<int> others;
+    for (int i = 0; i < n; ++i) {
+      if (std::find(connected.begin(), connected.end(), i) == connected.end()) others.push_back(i);
+    }
+    msg += "the rendezvous server sees " + (connected.empty() ? "no rank" : rank_list(connected)) +
+           " connected";
+    if (!others.empty()) {
+      msg += "; " + rank_list(others) + (others.size() == 1 ? " is" : " are") +
+             " not connected to it";
+    }
+  } else {
+    msg += "the rendezvous server has lost none of the ranks that connected to it";
+  }
+  if (all_joined) {
+    msg += "; all " + std::to_string(n) +
+           " ranks joined this communicator: a peer is hung or issued a different collective";
+  } else if (unpublished.empty()) {
+    msg += "; every peer published its Gloo address: a peer is hung or unreachable at it";
+  }
+  msg += "); transport error: " + detail;
+  return deadline_exceeded(std::move(msg));
 }
 
 // Gloo's ReduceScatterHalvingDoubling keeps element counts and byte sizes in `int`.
@@ -224,8 +287,8 @@ class GlooCommunicator final : public Communicator {
       } catch (const std::exception& e) {
         detail = e.what();
       }
-      broken_ = describe_failure(*boot_->client, rank(), label, detail, looks_like_timeout(detail),
-                                 options().timeout);
+      broken_ = describe_gloo_failure(*boot_, label, detail, looks_like_timeout(detail),
+                                      /*all_joined=*/true);
       return broken_;
     });
   }
@@ -267,11 +330,10 @@ Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boo
   } catch (const std::exception& e) {
     std::string msg = e.what();
     std::string where = attr.iface.empty() ? "host '" + attr.hostname + "'" : "interface '" + attr.iface + "'";
-    Status s = describe_failure(*boot->client, env.rank, "Gloo rendezvous on " + where, msg,
-                                msg.find("DeadlineExceeded") != std::string::npos ||
-                                    looks_like_timeout(msg),
-                                opt.timeout);
-    return s;
+    return describe_gloo_failure(*boot, "Gloo rendezvous on " + where, msg,
+                                 msg.find("DeadlineExceeded") != std::string::npos ||
+                                     looks_like_timeout(msg),
+                                 /*all_joined=*/false);
   }
   // Every rank connected: agree on it before the first collective, so a rank that fails
   // later is reported as a collective failure rather than a rendezvous one.

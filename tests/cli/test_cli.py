@@ -1,6 +1,7 @@
 """End-to-end tests of the `strata` tool: each command runs for real on small sizes and its
 JSON output is checked field by field."""
 import json
+import re
 import os
 import subprocess
 
@@ -290,3 +291,229 @@ def test_store_ls_and_stat_escape_unprintable_keys(disk_dir):
     p = run("store", "stat", store, "a\\x00b", check=False)
     assert p.returncode == 1
     assert "NotFound" in p.stderr
+
+
+# ---- benchmark hardening: wrapped negatives, overflow, memory/disk limits, odd options ----
+
+
+def meminfo_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable")
+
+
+NEG = "strata: error: InvalidArgument: {} must be a non-negative integer, got '{}'\n"
+
+
+@pytest.mark.parametrize("args, flag, value", [
+    (["bench", "step", "--params", "-5", "--path", "{d}"], "--params", "-5"),
+    (["bench", "step", "--params=-5", "--path", "{d}"], "--params", "-5"),
+    (["bench", "step", "--sub-group", "-1", "--path", "{d}"], "--sub-group", "-1"),
+    (["bench", "step", "--tensor-numel", "-3", "--path", "{d}"], "--tensor-numel", "-3"),
+    (["bench", "adam", "--numel", "-5"], "--numel", "-5"),
+    (["bench", "adam", "--numel", " -5"], "--numel", " -5"),
+    (["bench", "io", "--path", "{d}", "--op", "write", "--queue-depth", "-1"], "--queue-depth", "-1"),
+    (["bench", "io", "--path", "{d}", "--op", "write", "--workers", "-2"], "--workers", "-2"),
+    (["bench", "allgather", "--master-port", "-1"], "--master-port", "-1"),
+    (["bench", "partitioned-read", "--path", "{d}", "--master-port", "-7"], "--master-port", "-7"),
+    (["bench", "store", "--path", "{d}", "--count", "-2"], "--count", "-2"),
+    (["bench", "store", "--path", "{d}", "--rounds", "-1"], "--rounds", "-1"),
+    (["bench", "device", "--rounds", "-4"], "--rounds", "-4"),
+    (["launch", "--master-port", "-1", "-n", "1", "--", "/bin/true"], "--master-port", "-1"),
+])
+def test_negative_values_of_unsigned_options_are_refused(disk_dir, args, flag, value):
+    # CLI11 converts unsigned options with strtoull, which wraps "-5" to 2^64 - 5.
+    p = run(*[a.replace("{d}", disk_dir) for a in args], check=False, timeout=30)
+    assert (p.returncode, p.stderr, p.stdout) == (1, NEG.format(flag, value), "")
+    assert os.listdir(disk_dir) == []
+
+
+def test_sizes_that_overflow_64_bits_are_invalid_arguments(disk_dir):
+    p = run("bench", "step", "--params", "2000000000000000000", "--path", disk_dir, check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        "strata: error: InvalidArgument: --params 2000000000000000000 needs 12 bytes of state "
+        "each: 2000000000000000000 x 12 overflows 64 bits\n"))
+    p = run("bench", "adam", "--numel", str(2**62), "--threads", "1", check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        f"strata: error: InvalidArgument: --numel {2**62} needs 16 bytes per parameter: "
+        f"{2**62} x 16 overflows 64 bits\n"))
+    assert os.listdir(disk_dir) == []
+
+
+def test_bench_adam_refuses_zero_params_and_more_than_memory():
+    p = run("bench", "adam", "--numel", "0", check=False)
+    assert (p.returncode, p.stderr) == (1, "strata: error: InvalidArgument: --numel must be >= 1, got 0\n")
+    n = 2**56  # 16 B/param for Adam with fp32 gradients: 2^60 bytes
+    p = run("bench", "adam", "--numel", str(n), "--threads", "1", check=False)
+    assert p.returncode == 1
+    m = re.fullmatch(
+        rf"strata: error: ResourceExhausted: bench adam --numel {n} \(16 B/param\) needs "
+        rf"{16 * n} bytes \(\d+\.\d\d GiB\) of memory, but only (\d+) bytes \(\d+\.\d\d GiB\) "
+        r"are available \(MemAvailable\)\n", p.stderr)
+    assert m, p.stderr
+    assert abs(int(m[1]) - meminfo_available()) < 2**30
+
+
+def test_bench_step_with_one_param(disk_dir):
+    j = run_json("bench", "step", "--params", "1", "--path", disk_dir, "--host-budget", "64MiB",
+                 "--steps", "2", "--chunk-size", "1MiB", timeout=30)
+    assert (j["params"], j["tensors"], j["steps"]) == (1, 1, 2)
+    assert (j["bytes_read"], j["bytes_written"]) == (12, 12)
+    # w0[0]: gradient -1e-3 at each step; each Adam step adds lr |g| / (|g| + eps).
+    assert j["w0_0"] == pytest.approx(2 * 1e-4 * 1e-3 / (1e-3 + 1e-8), rel=1e-6)
+    assert os.listdir(disk_dir) == []
+
+
+def _free(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_bench_step_and_io_refuse_to_fill_the_disk(disk_dir):
+    params = 100000000000000
+    p = run("bench", "step", "--params", str(params), "--path", disk_dir, check=False)
+    need = 12 * params + 2 * 2**31 + 64 * 2**20  # state + probe file + one chunk
+    m = re.fullmatch(
+        rf"strata: error: ResourceExhausted: bench step --params {params} needs {need} bytes "
+        rf"\(\d+\.\d\d GiB\) on the file system of --path #1 '{re.escape(disk_dir)}', which has "
+        r"(\d+) bytes \(\d+\.\d\d GiB\) available\n", p.stderr)
+    assert p.returncode == 1 and m, p.stderr
+    assert abs(int(m[1]) - _free(disk_dir)) < 2**30
+    assert os.listdir(disk_dir) == []
+
+    a, b = os.path.join(disk_dir, "a"), os.path.join(disk_dir, "b")
+    os.mkdir(a)
+    os.mkdir(b)
+    p = run("bench", "io", "--size", "100TiB", "--op", "write", "--path", a, "--path", b,
+            check=False)
+    m = re.fullmatch(
+        rf"strata: error: ResourceExhausted: bench io --size 100TiB needs {100 * 2**40} bytes "
+        rf"\(102400.00 GiB\) on the file system of --path #1 '{re.escape(a)}' and --path #2 "
+        rf"'{re.escape(b)}', which has (\d+) bytes \(\d+\.\d\d GiB\) available\n", p.stderr)
+    assert p.returncode == 1 and m, p.stderr
+    assert os.listdir(a) == [] and os.listdir(b) == []
+
+
+def _fsize_limit(nbytes):
+    import resource
+    import signal
+
+    def f():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return f
+
+
+def test_bench_io_removes_its_file_after_a_failure(disk_dir):
+    # RLIMIT_FSIZE makes writes past 256 KiB fail with EFBIG, as a full disk would.
+    f = os.path.join(disk_dir, "strata-bench-io.dat")
+    args = [STRATA, "bench", "io", "--path", disk_dir, "--size", "1MiB", "--block-size", "64KiB"]
+    p = subprocess.run(args + ["--op", "write"], capture_output=True, text=True, timeout=30,
+                       preexec_fn=_fsize_limit(256 * 1024))
+    assert p.returncode == 1
+    assert re.fullmatch(rf"strata: error: IoError: write of '{re.escape(f)}' at offset \d+, "
+                        r"length 65536 \(errno 27: File too large\)\n", p.stderr), p.stderr
+    assert os.listdir(disk_dir) == []
+    # A file that existed is truncated back to its size (the read's layout grew it).
+    with open(f, "wb") as fh:
+        fh.truncate(65536)
+    p = subprocess.run(args + ["--op", "read"], capture_output=True, text=True, timeout=30,
+                       preexec_fn=_fsize_limit(256 * 1024))
+    assert p.returncode == 1
+    assert "laying out the read file: write of" in p.stderr
+    assert os.path.getsize(f) == 65536
+    os.unlink(f)
+    # --keep keeps the partial file.
+    p = subprocess.run(args + ["--op", "write", "--keep"], capture_output=True, text=True,
+                       timeout=30, preexec_fn=_fsize_limit(256 * 1024))
+    assert p.returncode == 1
+    assert os.listdir(disk_dir) == ["strata-bench-io.dat"]
+    assert os.path.getsize(f) == 256 * 1024
+
+
+def test_bench_io_refuses_a_directory_given_twice(disk_dir):
+    a = os.path.join(disk_dir, "a")
+    os.mkdir(a)
+    os.symlink(a, os.path.join(disk_dir, "link"))
+    for second, how in ((a + "/", f"({a})"), (os.path.join(disk_dir, "a", "..", "a"), f"({a})"),
+                        (os.path.join(disk_dir, "link"), f"({a})")):
+        p = run("bench", "io", "--path", a, "--path", second, "--size", "1MiB", "--op", "write",
+                check=False)
+        assert (p.returncode, p.stderr) == (1, (
+            f"strata: error: InvalidArgument: --path #1 '{a}' and --path #2 '{second}' are the "
+            f"same directory {how}: each directory may be listed once\n"))
+    assert os.listdir(a) == []
+    p = run("bench", "step", "--params", "10", "--path", a, "--path", a, check=False)
+    assert p.stderr == (f"strata: error: InvalidArgument: --path #1 '{a}' and --path #2 '{a}' are "
+                        f"the same directory ({a}): each directory may be listed once\n")
+
+
+def test_bench_partitioned_read_refuses_more_than_memory(disk_dir):
+    s, n, piece = 4096 * 2**40, 2, 8 * 2**20  # 4096 TiB over 2 ranks
+    c = (s + n - 1) // n
+    per_rank = 2 * s + n * c + 2 * c + (3 + 2 * n) * piece
+    p = run("bench", "partitioned-read", "--nproc", n, "--bytes", "4096TiB", "--path", disk_dir,
+            check=False)
+    m = re.fullmatch(
+        rf"strata: error: ResourceExhausted: bench partitioned-read --nproc 2 --bytes 4096TiB "
+        rf"\({per_rank} bytes per rank\) needs {n * per_rank} bytes \(\d+\.\d\d GiB\) of memory, "
+        r"but only (\d+) bytes \(\d+\.\d\d GiB\) are available \(MemAvailable\)\n", p.stderr)
+    assert p.returncode == 1 and m, p.stderr
+    assert os.listdir(disk_dir) == []
+    h = run("bench", "partitioned-read", "--help").stdout
+    assert "2 x S + (N + 2) x ceil(S/N) + (3 + 2N) x piece bytes" in h
+    assert "MemAvailable" in h
+
+
+@pytest.mark.parametrize("piece, nbytes", [("0", 0), ("3", 3), ("6KiB", 6144)])
+def test_bench_partitioned_read_piece_must_be_a_multiple_of_4096(disk_dir, piece, nbytes):
+    p = run("bench", "partitioned-read", "--nproc", "2", "--bytes", "1MiB", "--path", disk_dir,
+            "--piece-bytes", piece, check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        f"strata: error: InvalidArgument: --piece-bytes '{piece}' ({nbytes} bytes) must be a "
+        "positive multiple of 4096\n"))
+
+
+def test_bench_allgather_reports_the_bytes_measured():
+    j = run_json("bench", "allgather", "--nproc", "3", "--bytes", "1000001", "--iters", "1",
+                 "--warmup", "0", timeout=60)
+    assert (j["bytes"], j["bytes_requested"], j["bytes_per_rank"]) == (999999, 1000001, 333333)
+    assert j["algbw_gbps"] == pytest.approx(999999 / j["seconds"] / 1e9, rel=1e-6)
+    assert j["verified"] is True
+    p = run("bench", "allgather", "--nproc", "3", "--bytes", "1000001", "--iters", "1",
+            "--warmup", "0", timeout=60)
+    assert ("  note: --bytes 1000001 is not a multiple of nproc 3: measured 999999 bytes "
+            "(3 x 333333 per rank)\n") in p.stdout
+    p = run("bench", "allgather", "--nproc", "2", "--bytes", "4KiB", "--iters", "1", timeout=60)
+    assert "note:" not in p.stdout
+    assert "N x floor(S/N) bytes are measured" in run("bench", "allgather", "--help").stdout
+
+
+def test_launch_n_is_an_alias_of_nproc():
+    for flag in ("-n", "--nproc", "--nproc-per-node"):
+        p = run("launch", flag, "2", "--", "/bin/sh", "-c", 'echo "r=$RANK w=$WORLD_SIZE"')
+        assert sorted(l for l in p.stdout.splitlines()) == [
+            "[rank 0] r=0 w=2", "[rank 1] r=1 w=2"]
+
+
+def test_gloo_timeout_names_the_rank_that_never_joined():
+    # Rank 1 exits before creating its communicator: it never connected to the rendezvous
+    # server, so rank 0 must not claim that every rank is connected.
+    env = dict(os.environ, STRATA_COLL_TIMEOUT_MS="1000")
+    p = subprocess.run(
+        [STRATA, "launch", "-n", "2", "--", "/bin/sh", "-c",
+         f'if [ "$RANK" = 1 ]; then exit 0; fi; exec "{STRATA}" bench allgather --from-env '
+         "--bytes 4KiB --iters 1"], capture_output=True, text=True, timeout=30, env=env)
+    assert p.returncode == 1
+    lines = p.stderr.splitlines()
+    head = ("[rank 0] strata: error: DeadlineExceeded: rank 0: Gloo rendezvous on host "
+            "'127.0.0.1' failed: no answer from a peer within 1000 ms (rank 1 has not published a "
+            "Gloo address: not started, exited before creating its communicator, or hung before "
+            "it; the rendezvous server sees rank 0 connected; rank 1 is not connected to it); "
+            "transport error: DeadlineExceeded: rank 0: timed out after 1000 ms waiting for "
+            "key(s) ['strata/comm0/gloo/1'] in the rendezvous store at 127.0.0.1:")
+    assert lines[0].startswith(head), p.stderr
+    assert "still connected" not in p.stderr
+    assert lines[1:] == ["strata launch: rank 0 exited with status 1; the other ranks were stopped"]
