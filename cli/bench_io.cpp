@@ -302,7 +302,16 @@ int run_bench_io(const BenchIoArgs& a) {
   // Requests outstanding: 2 x queue_depth x block_size bytes of them (at least 2 requests).
   const uint32_t slots = static_cast<uint32_t>(
       std::max<uint64_t>(2, (2 * static_cast<uint64_t>(a.queue_depth) * bs + req - 1) / req));
-  const uint64_t mem_bytes = static_cast<uint64_t>(slots) * req;
+  auto mem_bytes_r = checked_mul(slots, req, "bench io buffer: " + std::to_string(slots) +
+                                                 " requests outstanding of --request-size");
+  if (!mem_bytes_r.ok()) return report_error(mem_bytes_r.status());
+  const uint64_t mem_bytes = *mem_bytes_r;
+  if (Status st = check_memory(mem_bytes, "bench io (" + std::to_string(slots) +
+                                              " requests of " + std::to_string(req) +
+                                              " bytes outstanding)");
+      !st.ok()) {
+    return report_error(st);
+  }
   const bool write = a.op == "write";
 
   IoEngineOptions eo;

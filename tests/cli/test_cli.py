@@ -339,6 +339,11 @@ def test_sizes_that_overflow_64_bits_are_invalid_arguments(disk_dir):
     assert (p.returncode, p.stderr) == (1, (
         f"strata: error: InvalidArgument: --numel {2**62} needs 16 bytes per parameter: "
         f"{2**62} x 16 overflows 64 bits\n"))
+    p = run("bench", "io", "--path", disk_dir, "--size", "1MiB", "--op", "write",
+            "--request-size", "16000000TiB", check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        "strata: error: InvalidArgument: bench io buffer: 2 requests outstanding of "
+        "--request-size: 2 x 17592186044416000000 overflows 64 bits\n"))
     assert os.listdir(disk_dir) == []
 
 
