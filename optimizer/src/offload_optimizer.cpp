@@ -263,6 +263,11 @@ struct OffloadedOptimizer::Impl {
     auto slot_bytes = [&](uint64_t n) { return S * align_up(n * 4, kAlign); };
     if (opts.sub_group_numel > 0) {
       sg = opts.sub_group_numel;
+      if (sg > (~uint64_t{0} / 4 - kAlign) / (B * S)) {  // B * S * 4 * sg would overflow
+        return invalid_argument("OffloadOptions.sub_group_numel " + std::to_string(sg) +
+                                " is too large: " + std::to_string(B) + " buffers x " +
+                                std::to_string(S) + " streams x 4 bytes overflow 64 bits");
+      }
       if (opts.pinned_budget_bytes > 0 && B * slot_bytes(sg) > opts.pinned_budget_bytes) {
         return invalid_argument("OffloadOptions: " + std::to_string(B) + " buffers of sub_group_numel " +
                                 std::to_string(sg) + " need " + format_bytes(B * slot_bytes(sg)) +

@@ -409,6 +409,14 @@ TEST(OffloadPipeline, OptionErrors) {
   tight.pinned_budget_bytes = 1 << 20;
   EXPECT_EQ(OffloadedOptimizer::create(store, adam_factory(), {}, tight).status().code(),
             StatusCode::kInvalidArgument);
+  OffloadOptions huge;  // 2^62 elements: the pinned size would overflow 64 bits
+  huge.sub_group_numel = 1ull << 62;
+  auto h = OffloadedOptimizer::create(store, adam_factory(), {}, huge);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("OffloadOptions.sub_group_numel 4611686018427387904 is too large"),
+            std::string::npos)
+      << h.status().to_string();
   // Auto sub-group shrinks to the budget: 4 buffers x 3 streams within 96 KiB -> 8 KiB/stream.
   OffloadOptions fit;
   fit.pinned_budget_bytes = 96 << 10;
