@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "strata/base/units.hpp"
+#include "strata/store/io_engine.hpp"
 
 namespace strata::cli {
 
@@ -91,46 +92,8 @@ Status check_free_space(const std::vector<DiskNeed>& needs, const std::string& w
 }
 
 Status check_distinct_dirs(const std::vector<std::string>& paths, const std::string& option) {
-  namespace fs = std::filesystem;
-  struct Dir {
-    std::string canon;
-    bool exists = false;
-    dev_t dev = 0;
-    ino_t ino = 0;
-  };
-  std::vector<Dir> dirs;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    Dir d;
-    if (!paths[i].empty()) {
-      std::error_code ec;
-      fs::path abs = fs::absolute(paths[i], ec);
-      fs::path c = ec ? fs::path(paths[i]) : fs::weakly_canonical(abs, ec);
-      d.canon = (ec ? abs : c).lexically_normal().string();
-      while (d.canon.size() > 1 && d.canon.back() == '/') d.canon.pop_back();
-      struct stat st;
-      if (::stat(paths[i].c_str(), &st) == 0) {
-        d.exists = true;
-        d.dev = st.st_dev;
-        d.ino = st.st_ino;
-      }
-    }
-    for (size_t j = 0; j < dirs.size() && !paths[i].empty(); ++j) {
-      if (paths[j].empty()) continue;
-      const bool same_path = dirs[j].canon == d.canon;
-      const bool same_inode =
-          d.exists && dirs[j].exists && dirs[j].dev == d.dev && dirs[j].ino == d.ino;
-      if (!same_path && !same_inode) continue;
-      const std::string how = same_path ? "(" + d.canon + ")"
-                                        : "(device " + std::to_string(d.dev) + " inode " +
-                                              std::to_string(d.ino) + ")";
-      return invalid_argument(option + " #" + std::to_string(j + 1) + " '" + paths[j] + "' and " +
-                              option + " #" + std::to_string(i + 1) + " '" + paths[i] +
-                              "' are the same directory " + how +
-                              ": each directory may be listed once");
-    }
-    dirs.push_back(d);
-  }
-  return Status::OK();
+  return check_distinct_directories(
+      paths, [&](size_t i) { return option + " #" + std::to_string(i + 1); });
 }
 
 Result<uint64_t> checked_mul(uint64_t a, uint64_t b, const std::string& what) {

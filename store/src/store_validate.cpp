@@ -15,6 +15,7 @@
 
 #include "strata/base/logging.hpp"
 #include "strata/base/units.hpp"
+#include "strata/store/io_engine.hpp"
 
 namespace strata::store_detail {
 
@@ -172,43 +173,13 @@ Status check_path(std::string_view what, std::string_view path) {
 
 Status check_store_paths(const StoreOptions& o) {
   STRATA_RETURN_IF_ERROR(check_path("StoreOptions.path", o.path));
-  struct Dir {
-    std::string canon;
-    bool exists = false;
-    dev_t dev = 0;
-    ino_t ino = 0;
-  };
-  std::vector<Dir> dirs;
   for (size_t i = 0; i < o.nvme_dirs.size(); ++i) {
-    std::string what = "StoreOptions.nvme_dirs[" + std::to_string(i) + "]";
-    STRATA_RETURN_IF_ERROR(check_path(what, o.nvme_dirs[i]));
-    Dir d;
-    std::error_code ec;
-    std::string abs = normalize(o.nvme_dirs[i]);
-    fs::path c = fs::weakly_canonical(abs, ec);
-    d.canon = ec ? abs : normalize(c.string());
-    struct stat st;
-    if (::stat(abs.c_str(), &st) == 0) {
-      d.exists = true;
-      d.dev = st.st_dev;
-      d.ino = st.st_ino;
-    }
-    for (size_t j = 0; j < dirs.size(); ++j) {
-      bool same_path = dirs[j].canon == d.canon;
-      bool same_inode = d.exists && dirs[j].exists && dirs[j].dev == d.dev && dirs[j].ino == d.ino;
-      if (same_path || same_inode) {
-        std::string how = same_path ? "(" + d.canon + ")"
-                                    : "(device " + std::to_string(d.dev) + " inode " +
-                                          std::to_string(d.ino) + ")";
-        return invalid_argument("StoreOptions.nvme_dirs[" + std::to_string(j) + "] '" +
-                                o.nvme_dirs[j] + "' and nvme_dirs[" + std::to_string(i) + "] '" +
-                                o.nvme_dirs[i] + "' are the same directory " + how +
-                                ": each directory may be listed once");
-      }
-    }
-    dirs.push_back(d);
+    STRATA_RETURN_IF_ERROR(
+        check_path("StoreOptions.nvme_dirs[" + std::to_string(i) + "]", o.nvme_dirs[i]));
   }
-  return Status::OK();
+  return check_distinct_directories(o.nvme_dirs, [](size_t i) {
+    return "StoreOptions.nvme_dirs[" + std::to_string(i) + "]";
+  });
 }
 
 bool inside_root(const std::string& root, const std::string& dir) {

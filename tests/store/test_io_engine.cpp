@@ -2,6 +2,8 @@
 // memory, registered buffers, striping over 1, 2 and 3 directories, both engines.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cstring>
 #include <tuple>
 
@@ -280,6 +282,16 @@ TEST(StripedFile, RejectsBadArguments) {
   auto missing = StripedFile::open(e, {dir.path(), dir.path() + "/nope"}, "x", OpenMode::kTruncate);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find(dir.path() + "/nope"), std::string::npos);
+  // One directory twice (here spelled with a trailing "/."): two stripes in one file.
+  auto twice = StripedFile::open(e, {dir.path(), dir.path() + "/."}, "x", OpenMode::kTruncate);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(twice.status().message(),
+            "StripedFile::open('x'): directory #1 '" + dir.path() +
+                "' and StripedFile::open('x'): directory #2 '" + dir.path() +
+                "/.' are the same directory (" +
+                std::filesystem::weakly_canonical(dir.path()).string() +
+                "): each directory may be listed once");
 }
 
 }  // namespace

@@ -219,21 +219,21 @@ TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
-            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("d") +
+            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and StoreOptions.nvme_dirs[1] '" + d.sub("d") +
                 "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   EXPECT_FALSE(fs::exists(d.sub("root")));  // rejected before anything is created
   o.nvme_dirs = {d.sub("e"), d.sub("d"), d.sub("./d/")};
   r = Store::open(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
-            "StoreOptions.nvme_dirs[1] '" + d.sub("d") + "' and nvme_dirs[2] '" + d.sub("./d/") +
+            "StoreOptions.nvme_dirs[1] '" + d.sub("d") + "' and StoreOptions.nvme_dirs[2] '" + d.sub("./d/") +
                 "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   o.nvme_dirs = {d.sub("d"), d.sub("link")};
   r = Store::open(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
-            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("link") +
+            "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and StoreOptions.nvme_dirs[1] '" + d.sub("link") +
                 "' are the same directory (" + d.sub("d") + "): each directory may be listed once");
   // A bind mount: different paths, same inode.
   fs::create_directories(d.sub("bind"));
@@ -248,7 +248,7 @@ TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
     r = Store::open(o);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().message(),
-              "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and nvme_dirs[1] '" + d.sub("bind") +
+              "StoreOptions.nvme_dirs[0] '" + d.sub("d") + "' and StoreOptions.nvme_dirs[1] '" + d.sub("bind") +
                   "' are the same directory (device " + std::to_string(st.st_dev) + " inode " +
                   std::to_string(st.st_ino) + "): each directory may be listed once");
   }

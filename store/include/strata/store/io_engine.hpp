@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,13 +103,26 @@ class IoEngine {
   virtual void drain() = 0;
 };
 
+/// OK when no directory appears twice in `dirs`: two entries are the same when their
+/// normalized canonical paths are equal, or when both exist with the same st_dev and st_ino
+/// (bind mounts, symlinks). Striping over one directory twice would put two stripes in one
+/// file (or one device) and double-count its bandwidth. Empty entries are skipped (callers
+/// check emptiness with their own message).
+/// \param label names entry i in the message, e.g. "StoreOptions.nvme_dirs[0]", "--path #1".
+/// \error InvalidArgument "<label(j)> '<a>' and <label(i)> '<b>' are the same directory
+///     (<canonical path> | device D inode I): each directory may be listed once".
+/// Thread-safety: none needed (stat() only).
+Status check_distinct_directories(const std::vector<std::string>& dirs,
+                                  const std::function<std::string(size_t)>& label);
+
 /// One logical extent striped RAID-0 over files in several directories (one per device):
 /// stripe unit u, k files; logical byte x lives in file (x / u) % k at offset
 /// (x / u / k) * u + x % u. Reads and writes drive all files in parallel.
 class StripedFile {
  public:
   /// Opens (or creates) `name` inside each of `dirs`.
-  /// \error InvalidArgument if dirs is empty or stripe_unit is 0 or not a multiple of 4096;
+  /// \error InvalidArgument if dirs is empty, names one directory twice
+  ///     (check_distinct_directories), or stripe_unit is 0 or not a multiple of 4096;
   ///     NotFound naming a missing directory.
   static Result<std::shared_ptr<StripedFile>> open(std::shared_ptr<IoEngine> engine,
                                                    const std::vector<std::string>& dirs,
