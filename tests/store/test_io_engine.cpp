@@ -2,9 +2,8 @@
 // memory, registered buffers, striping over 1, 2 and 3 directories, both engines.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include <cstring>
+#include <filesystem>
 #include <tuple>
 
 #include "store/test_io_util.hpp"
