@@ -111,8 +111,14 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
       Stmt s;
       if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) !=
           SQLITE_OK) {
-        return data_loss("catalog " + path + " is not a strata catalog: " +
-                         sqlite3_errmsg(c->db_));
+        // Only a file that is not (or no longer) a strata catalog is DataLoss; an I/O
+        // error or a full file system while mapping the WAL index is reported as such.
+        const int prim = sqlite3_extended_errcode(c->db_) & 0xff;
+        if (prim == SQLITE_ERROR || prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT) {
+          return data_loss("catalog " + path + " is not a strata catalog: " +
+                           sqlite3_errmsg(c->db_));
+        }
+        return c->error("open (read only)");
       }
       return Status::OK();
     };

@@ -537,7 +537,7 @@ class StoreImpl final : public Store {
   int lock_fd_ = -1;
   std::mutex refresh_mu_;        // read-only opens: one catalog reader at a time
   std::string ballast_path_;     // <root>/catalog.ballast ("" when read-only)
-  bool ballast_missing_ = false;  // committer thread (and open) only
+  std::atomic<bool> ballast_missing_{false};  // written by the committer thread (and open)
   bool read_only_ = false;
   bool has_device_ = false;
   uint64_t device_budget_ = 0;
@@ -658,12 +658,18 @@ Status StoreImpl::init(StoreOptions options) {
   if (fresh && !opts_.recreate_catalog) {
     STRATA_RETURN_IF_ERROR(store_detail::check_orphaned_data(cat_path, root, opts_.nvme_dirs));
   }
-  STRATA_ASSIGN_OR_RETURN(catalog_, catalog::Catalog::open(cat_path, opts_.create, read_only_));
   if (!read_only_) {
+    // On a (nearly) full file system SQLite cannot even open the catalog in WAL mode:
+    // release the ballast first. It is recreated below once the data files are trimmed.
     ballast_path_ = root + "/catalog.ballast";
     ballast_missing_ = !fs::exists(ballast_path_, ec);
-    restore_ballast();  // best effort: a store on a full file system still opens
+    struct statvfs vfs;
+    if (!ballast_missing_ && ::statvfs(root.c_str(), &vfs) == 0 &&
+        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < 2 * kBallastBytes) {
+      release_ballast();
+    }
   }
+  STRATA_ASSIGN_OR_RETURN(catalog_, catalog::Catalog::open(cat_path, opts_.create, read_only_));
 
   // Store identity and layout: recorded at creation, checked at reopen.
   STRATA_ASSIGN_OR_RETURN(auto uuid, catalog_->get_meta("store_uuid"));
@@ -712,6 +718,13 @@ Status StoreImpl::init(StoreOptions options) {
     }
     if (dirs_.empty() || !rest.empty()) {
       return data_loss("catalog " + cat_path + ": nvme_dirs record is malformed ('" + *nd + "')");
+    }
+    // A directory listed twice would give two directory slots one data file (and trimming
+    // one slot's file to its extents would cut the other's).
+    if (Status dup = check_distinct_directories(
+            dirs_, [](size_t i) { return "nvme_dirs[" + std::to_string(i) + "]"; });
+        !dup.ok()) {
+      return data_loss("catalog " + cat_path + ": nvme_dirs record is damaged: " + dup.message());
     }
     if (!opts_.nvme_dirs.empty() && want != dirs_) {
       std::string rec;
@@ -784,7 +797,10 @@ Status StoreImpl::init(StoreOptions options) {
   next_dir_ = static_cast<uint32_t>(rows.size());
   // Space preallocated past the last committed extent (growth slack of a process that
   // crashed, or an older version of strata) goes back to the file system.
-  if (!read_only_) trim_data_files();
+  if (!read_only_) {
+    trim_data_files();
+    restore_ballast();  // best effort: a store on a full file system still opens
+  }
 
   // Pinned memory: host tier and staging buffers.
   piece_bytes_ = std::max<uint64_t>(
@@ -1125,7 +1141,6 @@ void StoreImpl::committer_loop() {
       if (st.code() == StatusCode::kResourceExhausted && release_ballast()) {
         st = catalog_->apply(all);
       }
-      if (st.ok()) restore_ballast();
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -1136,6 +1151,10 @@ void StoreImpl::committer_loop() {
     for (auto& r : batch) {
       r->on_done = nullptr;  // drop captured versions (and their extents) before waking waiters
       r->ops.clear();
+    }
+    if (st.ok() && ballast_missing_.load()) {
+      trim_data_files();  // removes may have freed the end of a data file
+      restore_ballast();
     }
     if (!st.ok()) {
       // The data may be durable but no row names it: mark everything dirty again so a
@@ -1164,6 +1183,16 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
     const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     const uint64_t need = end - cur;
     step = avail > need ? std::min(step, (avail - need) / 4) : 0;
+    // While the catalog ballast is released (the file system filled up), keep its room
+    // free for the catalog: data may not take it, or nothing could commit again.
+    if (ballast_missing_.load() && !ballast_path_.empty() && avail < need + kBallastBytes) {
+      return Status(StatusCode::kResourceExhausted,
+                    "data file " + files_[dir]->path() + ": growing by " + format_bytes(need) +
+                        " would leave less than " + format_bytes(kBallastBytes) +
+                        " free for the catalog (" + format_bytes(avail) +
+                        " available on its file system)",
+                    ENOSPC);
+    }
   }
   uint64_t want = std::max(end, align_down(cur + step, kAlign));
   int rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));

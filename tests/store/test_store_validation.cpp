@@ -647,6 +647,31 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   EXPECT_EQ(out, y);
 }
 
+TEST(StoreValidation, DirectoryRecordListingOneDirectoryTwiceIsDataLossAndTouchesNothing) {
+  // Was: a writable open succeeded and trimmed the shared data file to 0 bytes.
+  TempDir d;
+  auto a = pattern(400000, 9);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  }
+  const std::string data = data_file_in(d.path());
+  const auto size = fs::file_size(data);
+  catalog_exec(d.path(), "UPDATE meta SET value=char(46,10,46,10) WHERE name='nvme_dirs'");
+  for (bool ro : {true, false}) {
+    auto o = small_options(d.path());
+    o.read_only = ro;
+    auto r = Store::open(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("nvme_dirs record is damaged: nvme_dirs[0] '"),
+              std::string::npos)
+        << r.status().to_string();
+  }
+  EXPECT_EQ(fs::file_size(data), size);
+}
+
 TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   // Fill a small file system holding the whole store (catalog and data) with puts until
   // one fails; removing an object must still commit (the catalog needs room for its WAL),
@@ -700,6 +725,61 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_TRUE(v->errors.empty());
   EXPECT_EQ(v->objects, static_cast<uint64_t>(n));  // o1..o(n-1) and "again"
+}
+
+TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
+  // Close a store, fill its file system to the last byte, reopen it (SQLite needs room to
+  // open the catalog in WAL mode), and remove objects; a put that would grow the data file
+  // into the released ballast's room must not take it: removes keep committing.
+  TempDir d;
+  std::string mnt = d.sub("small");
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=40m") != 0) {
+    GTEST_SKIP() << "cannot mount a 40 MiB tmpfs (" << std::strerror(errno) << ")";
+  }
+  struct Unmount {
+    std::string p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } um{mnt};
+  auto o = small_options(mnt);
+  auto obj = pattern(4u << 20, 31);
+  {
+    auto s = open_or_die(o);
+    ASSERT_TRUE(s);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_OK(s->put_sync("o" + std::to_string(i), obj.data(), TensorDesc::bytes(obj.size())));
+    }
+    ASSERT_OK(s->close());
+  }
+  {
+    std::ofstream f(mnt + "/filler", std::ios::binary);
+    std::vector<char> junk(4096, 'x');
+    while (f.write(junk.data(), junk.size())) {
+    }
+  }
+  auto s = open_or_die(o);  // was: IoError "PRAGMA journal_mode=WAL;: disk I/O error"
+  ASSERT_TRUE(s);
+  ASSERT_OK(s->remove_sync("o0"));
+  // 6 MiB: 4 chunks fit the hole o0 left, 2 need the data file to grow: no room.
+  auto big = pattern(6u << 20, 32);
+  Status st = s->put_sync("big", big.data(), TensorDesc::bytes(big.size()));
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  ASSERT_OK(s->remove_sync("o1"));
+  ASSERT_OK(s->remove_sync("o2"));
+  ASSERT_OK(s->put_sync("small", obj.data(), TensorDesc::bytes(1u << 20)));  // freed extents
+  ASSERT_OK(s->close());
+  s.reset();
+  fs::remove(mnt + "/filler");
+  auto r = open_or_die(o);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->list().size(), 2u);  // o3, small
+  auto v = r->verify();
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->errors.empty());
+  std::vector<uint8_t> out(obj.size());
+  ASSERT_OK(r->get_bytes_sync("o3", out.data(), out.size()));
+  EXPECT_EQ(out, obj);
+  EXPECT_TRUE(fs::exists(mnt + "/catalog.ballast"));  // recreated once there was room
 }
 
 TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
