@@ -349,6 +349,7 @@ struct Obj {
 
   bool live = true;         // installed in objects_
   std::string damage;       // non-empty: the catalog row is damaged (reads fail, DataLoss)
+  uint64_t row_hash = 0;    // XXH3 of the catalog row it was loaded from (0: not loaded)
   LayoutPtr current;        // NVMe copy (null: none)
   bool on_host = false;     // memory copy in host (buffer empty when nbytes == 0)
   PinnedBuffer host;
@@ -423,6 +424,7 @@ class StoreImpl final : public Store {
   Result<ObjectInfo> stat(const std::string& key) const override;
   std::vector<ObjectInfo> list(std::string_view prefix) const override;
   bool contains(const std::string& key) const override {
+    if (read_only_) (void)const_cast<StoreImpl*>(this)->refresh_key(key, find(key));  // see stat()
     std::lock_guard<std::mutex> lk(mu_);
     return objects_.count(key) != 0;
   }
@@ -960,6 +962,23 @@ ObjPtr StoreImpl::obj_from_row(const catalog::ObjectRow& r, const std::vector<bo
     l->push_back(ChunkRef{std::move(e), c.nbytes, c.checksum});
   }
   o->current = l;
+  // Identity of the row as committed (read-only refresh compares rows, not layouts: a
+  // layout without the chunks the overlap check refused still names the same row).
+  std::string raw;
+  auto add = [&raw](uint64_t v) { raw.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  add(static_cast<uint64_t>(r.dtype));
+  add(r.shape.size());
+  for (int64_t x : r.shape) add(static_cast<uint64_t>(x));
+  add(r.nbytes);
+  add(r.first_dir);
+  for (const auto& c : r.chunks) {
+    add(c.dir);
+    add(c.offset);
+    add(c.nbytes);
+    add(c.checksum);
+  }
+  raw += r.damage;
+  o->row_hash = xxh3_64(raw.data(), raw.size()) | 1;  // never 0
   return o;
 }
 
@@ -976,16 +995,7 @@ Result<bool> StoreImpl::refresh_key(const std::string& key, const ObjPtr& seen) 
     return true;
   }
   ObjPtr o = obj_from_row(*row, {}, false);
-  if (seen && seen->desc.dtype == o->desc.dtype && seen->desc.shape == o->desc.shape &&
-      seen->nbytes == o->nbytes && seen->current && seen->current->size() == o->current->size()) {
-    bool same = true;
-    for (size_t j = 0; same && j < o->current->size(); ++j) {
-      const ChunkRef &a = (*seen->current)[j], &b = (*o->current)[j];
-      same = a.ext->dir == b.ext->dir && a.ext->offset == b.ext->offset &&
-             a.nbytes == b.nbytes && a.checksum == b.checksum;
-    }
-    if (same) return false;
-  }
+  if (seen && seen->row_hash == o->row_hash) return false;  // the same committed row
   for (const auto& c : *o->current) {
     if (c.ext->dir >= files_.size() || !files_[c.ext->dir]) {
       o->damage = "object '" + key + "' has a chunk in directory " +
@@ -2087,6 +2097,10 @@ ObjectInfo StoreImpl::info_locked(const Obj& o) const {
 }
 
 Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
+  // Read-only open: the catalog's current row, not the one loaded at open (a writer may
+  // have replaced, removed or created the key since). Observing outside state, hence the
+  // cast: the in-memory mirror is what changes.
+  if (read_only_) (void)const_cast<StoreImpl*>(this)->refresh_key(key, find(key));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = objects_.find(key);
   if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);

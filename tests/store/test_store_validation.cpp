@@ -834,6 +834,26 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   stop = true;
   writer.join();
   EXPECT_EQ(gets, 120);
+  // Keys the writer creates, replaces and removes after the read-only open are seen as
+  // they are now by stat/contains/get.
+  auto c = pattern(5000, 41);
+  ASSERT_OK(w->put_sync("created-later", c.data(), TensorDesc::bytes(c.size())));
+  EXPECT_TRUE(r->contains("created-later"));
+  auto info = r->stat("created-later");
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->nbytes, 5000u);
+  std::vector<uint8_t> cout(c.size());
+  ASSERT_OK(r->get_bytes_sync("created-later", cout.data(), cout.size()));
+  EXPECT_EQ(cout, c);
+  PutOptions po;
+  po.overwrite = true;
+  ASSERT_OK(w->put("created-later", c.data(), TensorDesc::bytes(4000), po).result().status());
+  info = r->stat("created-later");
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->nbytes, 4000u);
+  ASSERT_OK(w->remove_sync("created-later"));
+  EXPECT_FALSE(r->contains("created-later"));
+  EXPECT_EQ(r->stat("created-later").status().code(), StatusCode::kNotFound);
   EXPECT_GT(written.load(), 2u);  // the writer did overwrite during the reads
 }
 
