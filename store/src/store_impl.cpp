@@ -136,7 +136,22 @@ constexpr uint64_t kHashPiece = 4ull << 20;
 // log to commit a batch of row changes on an otherwise full file system.
 constexpr uint64_t kBallastBytes = 4ull << 20;
 
+
 constexpr uint64_t kAlign = 4096;  // extent offset/length alignment in the data files
+
+/// The catalog's chunk_bytes record, parsed strictly: a damaged value must be an error, not
+/// an exception, a division by zero or unaligned direct I/O.
+/// \error DataLoss quoting the value.
+Result<uint64_t> parse_chunk_bytes(const std::string& v, const std::string& cat_path) {
+  uint64_t cb = 0;
+  auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), cb);
+  if (err != std::errc() || end != v.data() + v.size() || cb == 0 || cb % kAlign != 0 ||
+      cb > (1ull << 40)) {
+    return data_loss("catalog " + cat_path + ": chunk_bytes '" + v +
+                     "' is not a positive multiple of 4096 (at most 1 TiB)");
+  }
+  return cb;
+}
 
 // ---------------------------------------------------------------- worker pool
 
@@ -702,16 +717,7 @@ Status StoreImpl::init(StoreOptions options) {
     STRATA_ASSIGN_OR_RETURN(auto cb, catalog_->get_meta("chunk_bytes"));
     STRATA_ASSIGN_OR_RETURN(auto nd, catalog_->get_meta("nvme_dirs"));
     if (!cb || !nd) return data_loss("catalog " + cat_path + " lacks chunk_bytes/nvme_dirs");
-    // Parsed strictly: a damaged value must be an error, not an exception, a division by
-    // zero or unaligned direct I/O.
-    uint64_t cbv = 0;
-    auto [end, perr] = std::from_chars(cb->data(), cb->data() + cb->size(), cbv);
-    if (perr != std::errc() || end != cb->data() + cb->size() || cbv == 0 || cbv % kAlign != 0 ||
-        cbv > (1ull << 40)) {
-      return data_loss("catalog " + cat_path + ": chunk_bytes '" + *cb +
-                       "' is not a positive multiple of 4096 (at most 1 TiB)");
-    }
-    chunk_bytes_ = cbv;
+    STRATA_ASSIGN_OR_RETURN(chunk_bytes_, parse_chunk_bytes(*cb, cat_path));
     std::string rest = *nd;
     size_t pos;
     while ((pos = rest.find('\n')) != std::string::npos) {
@@ -2198,7 +2204,9 @@ Result<std::vector<ObjectInfo>> list_store(const std::string& path, std::string_
   STRATA_ASSIGN_OR_RETURN(auto rows, cat->load_all(std::string(prefix)));
   STRATA_ASSIGN_OR_RETURN(auto cb, cat->get_meta("chunk_bytes"));
   STRATA_ASSIGN_OR_RETURN(auto nd, cat->get_meta("nvme_dirs"));
-  const uint64_t chunk = cb ? std::strtoull(cb->c_str(), nullptr, 10) : 0;
+  const std::string cat_path = path + "/catalog.db";
+  if (!cb) return data_loss("catalog " + cat_path + " lacks chunk_bytes");
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk, parse_chunk_bytes(*cb, cat_path));
   const size_t ndirs = nd ? static_cast<size_t>(std::count(nd->begin(), nd->end(), '\n')) : 0;
   std::vector<ObjectInfo> out;
   for (auto& r : rows) {

@@ -545,6 +545,11 @@ TEST(StoreValidation, DamagedChunkSizeOrDirectoryRecordIsDataLoss) {
       EXPECT_NE(r.status().message().find("'" + value + "'"), std::string::npos)
           << r.status().to_string();
     }
+    if (name == "chunk_bytes") {  // `strata store ls` agrees with open (was per-row damage)
+      auto l = list_store(d.path());
+      ASSERT_FALSE(l.ok()) << value;
+      EXPECT_EQ(l.status().code(), StatusCode::kDataLoss) << l.status().to_string();
+    }
   }
 }
 
