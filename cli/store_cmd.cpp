@@ -164,11 +164,13 @@ std::optional<std::string> unescape_key(std::string_view t) {
   return out;
 }
 
-/// The key a KEY argument names: the argument itself when the store has it, otherwise the
-/// argument read as escape_key()'s output (what `ls` prints, e.g. "a\x00b" for a key with a
-/// NUL, which no command line can carry) when the store has that key.
+/// The key a KEY argument names: the argument read as escape_key()'s output (what `ls`
+/// prints, e.g. "a\x00b" for a key with a NUL, which no command line can carry) when the
+/// store has that key, otherwise the argument itself. The printed form wins, so what `ls`
+/// shows always names the key it shows: `ls` prints the literal key `a\x00b` as
+/// "a\\x00b", which reads back as that literal key.
 std::string resolve_key(Store& s, const std::string& arg) {
-  if (s.contains(arg) || arg.find('\\') == std::string::npos) return arg;
+  if (arg.find('\\') == std::string::npos) return arg;
   auto k = unescape_key(arg);
   return k && s.contains(*k) ? *k : arg;
 }
@@ -515,6 +517,10 @@ int run_bench_store(const BenchStoreArgs& a) {
     std::vector<std::string> first;
     for (uint32_t r = 0; r < a.rounds; ++r) first.push_back(r % 2 == 0 ? "store" : "engine");
     j["first_rounds"] = first;
+    // What the ratios are medians of: "pairs", or "single round" (one round: the order is
+    // not counterbalanced). With an odd round count the last round is in no pair.
+    j["ratio_basis"] = a.rounds >= 2 ? "pairs" : "single round";
+    j["unpaired_rounds"] = a.rounds >= 2 ? a.rounds % 2 : 0;
     j["put_gbps_rounds"] = put_g;
     j["get_gbps_rounds"] = get_g;
     j["engine_write_gbps_rounds"] = ew_g;
@@ -530,6 +536,13 @@ int run_bench_store(const BenchStoreArgs& a) {
                 "pairs (store first, engine first) of the geometric mean of the two rounds' "
                 "ratios; GB/s = 1e9 B/s)\n",
                 a.count, format_bytes(size).c_str(), a.rounds);
+    if (a.rounds == 1) {
+      std::printf("(one round: the ratios are that round's, the store wrote first; use an even "
+                  "--rounds for counterbalanced ratios)\n");
+    } else if (a.rounds % 2 == 1) {
+      std::printf("(round %u is in no pair and not in the ratios: use an even --rounds)\n",
+                  a.rounds);
+    }
   }
   return 0;
 }
@@ -676,7 +689,7 @@ void register_store_commands(Registry& r) {
   bs->add_option("--object-size", ba->object_size, "bytes per object (suffixes KiB, MiB, GiB)")
       ->capture_default_str();
   non_negative(bs->add_option("--count", ba->count, "objects per round"))->capture_default_str();
-  non_negative(bs->add_option("--rounds", ba->rounds, "alternating rounds"))->capture_default_str();
+  non_negative(bs->add_option("--rounds", ba->rounds, "rounds; even counts pair a store-first with an engine-first round (see docs/store.md)"))->capture_default_str();
   bs->add_option("--chunk-size", ba->chunk_size, "store chunk size")->capture_default_str();
   bs->add_flag("--keep", ba->keep, "keep the store and the raw file afterwards");
   bs->add_flag("--json", ba->json, "print one JSON object");

@@ -293,6 +293,26 @@ def test_store_ls_and_stat_escape_unprintable_keys(disk_dir):
     assert "NotFound" in p.stderr
 
 
+def test_store_rm_takes_keys_as_ls_prints_them(disk_dir):
+    """A key holding NUL and the literal text of its escaped form: each form `ls` prints
+    names the key it stands for (was: the literal key was removed for the NUL key's form)."""
+    import sqlite3
+    run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "2",
+        "--rounds", "2", "--chunk-size", "1MiB", "--keep", "--json")
+    store = os.path.join(disk_dir, "strata-bench-store")
+    db = sqlite3.connect(os.path.join(store, "catalog.db"))
+    for i, k in enumerate([b"a\x00b", b"a\\x00b"]):
+        for table in ("objects", "chunks"):
+            db.execute(f"UPDATE {table} SET key=? WHERE key=CAST(? AS BLOB)", (k, f"bench/{i}"))
+    db.commit()
+    db.close()
+    assert [o["key_escaped"] for o in run_json("store", "ls", store)] == ["a\\x00b", "a\\\\x00b"]
+    run("store", "rm", store, "a\\x00b")  # the NUL key, as ls prints it
+    assert [o["key_escaped"] for o in run_json("store", "ls", store)] == ["a\\\\x00b"]
+    run("store", "rm", store, "a\\\\x00b")  # the literal key, as ls prints it
+    assert run_json("store", "ls", store) == []
+
+
 # ---- benchmark hardening: wrapped negatives, overflow, memory/disk limits, odd options ----
 
 
