@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "command.hpp"
+#include "key_text.hpp"
 #include "strata/base/units.hpp"
 
 namespace strata::cli {
@@ -32,7 +33,8 @@ void Registry::set_exit_code(int code) { g_exit_code = code; }
 int Registry::exit_code() { return g_exit_code; }
 
 int report_error(const Status& status) {
-  std::fprintf(stderr, "strata: error: %s\n", status.to_string().c_str());
+  // Messages name keys and paths, which may hold NUL or terminal control sequences.
+  std::fprintf(stderr, "strata: error: %s\n", escape_key(status.to_string(), false).c_str());
   return 1;
 }
 

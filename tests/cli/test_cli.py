@@ -291,6 +291,12 @@ def test_store_ls_and_stat_escape_unprintable_keys(disk_dir):
     p = run("store", "stat", store, "a\\x00b", check=False)
     assert p.returncode == 1
     assert "NotFound" in p.stderr
+    # Error reports print control characters escaped (a key cannot recolor the terminal);
+    # backslashes in messages stay as they are.
+    p = run("store", "stat", store, "missing\x1b[31m\\", check=False)
+    assert p.returncode == 1
+    assert "'missing\\x1b[31m\\'" in p.stderr
+    assert "\x1b" not in p.stderr
 
 
 def test_store_rm_takes_keys_as_ls_prints_them(disk_dir):
