@@ -139,6 +139,24 @@ def test_sizes_and_usage(store):
     assert u["host_bytes"] >= 4096
 
 
+def test_keys_that_are_not_utf8_are_listed_with_surrogateescape(store_path):
+    """A key that is not valid UTF-8 (renamed in the SQLite catalog: written by another
+    program, or damaged) lists as os.fsdecode would show it, never UnicodeDecodeError."""
+    import sqlite3
+    opts = dict(host_budget="16MiB", staging="4MiB", chunk_size="1MiB", workers=1)
+    with strata.Store.open(store_path, **opts) as s:
+        s.put("k", np.arange(4, dtype=np.int32))
+    db = sqlite3.connect(f"{store_path}/catalog.db")
+    for table in ("objects", "chunks"):
+        db.execute(f"UPDATE {table} SET key=? WHERE key=CAST('k' AS BLOB)", (b"bad\xffkey",))
+    db.commit()
+    db.close()
+    with strata.Store.open(store_path, **opts) as s:
+        assert s.keys() == ["bad\udcffkey"]
+        assert [i.key for i in s.list()] == ["bad\udcffkey"]
+        assert len(s) == 1
+
+
 def test_damaged_catalog_row_is_reported_in_object_info(store_path):
     """A damaged catalog row (nbytes edited in the SQLite catalog, as tests/store does) is
     listed with ObjectInfo.damage; reading it is DataLossError; overwriting repairs it."""

@@ -326,9 +326,19 @@ PyFuture make_future(Future<void> f, py::object value = py::none(),
 
 // ---- store ------------------------------------------------------------------------------
 
+/// A store key or message as a Python str: UTF-8, with bytes that are not valid UTF-8 kept as
+/// lone surrogates ("surrogateescape", as os.fsdecode does for file names) instead of raising
+/// UnicodeDecodeError. Keys a Python program put are always valid UTF-8; others come from
+/// catalogs written elsewhere (or damaged).
+py::str text_of(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (!o) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 py::dict info_dict(const ObjectInfo& i) {
   py::dict d;
-  d["key"] = i.key;
+  d["key"] = text_of(i.key);
   d["dtype"] = std::string(dtype_name(i.dtype));
   py::tuple shape(i.shape.size());
   for (size_t k = 0; k < i.shape.size(); ++k) shape[k] = py::int_(i.shape[k]);
@@ -339,7 +349,7 @@ py::dict info_dict(const ObjectInfo& i) {
   d["dirty"] = i.dirty;
   d["pinned"] = i.pinned;
   d["num_chunks"] = i.num_chunks;
-  d["damage"] = i.damage;
+  d["damage"] = text_of(i.damage);
   return d;
 }
 
@@ -695,7 +705,7 @@ class PyStore {
       v = s().list(prefix);
     }
     py::list out;
-    for (auto& i : v) out.append(py::str(i.key));
+    for (auto& i : v) out.append(text_of(i.key));
     return out;
   }
 
