@@ -136,7 +136,6 @@ constexpr uint64_t kHashPiece = 4ull << 20;
 // log to commit a batch of row changes on an otherwise full file system.
 constexpr uint64_t kBallastBytes = 4ull << 20;
 
-
 constexpr uint64_t kAlign = 4096;  // extent offset/length alignment in the data files
 
 /// The catalog's chunk_bytes record, parsed strictly: a damaged value must be an error, not
