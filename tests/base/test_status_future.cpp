@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 
 #include "strata/base/env.hpp"
 #include "strata/base/future.hpp"
+#include "strata/base/logging.hpp"
 #include "strata/base/units.hpp"
 
 using namespace strata;
@@ -124,4 +126,10 @@ TEST(Future, WhenAllFirstErrorInOrder) {
 TEST(Future, ResultForTimesOut) {
   Promise<int> p;
   EXPECT_EQ(p.future().result_for(2ms).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(Logging, LogTextEscapesControlCharacters) {
+  using namespace std::string_literals;
+  EXPECT_EQ(strata::log_text("plain key 'a/b c' \xd0\xba"), "plain key 'a/b c' \xd0\xba");
+  EXPECT_EQ(strata::log_text("a\0b\x1b[31mc\nd\te\x7f"s), "a\\x00b\\x1b[31mc\\nd\\te\\x7f");
 }

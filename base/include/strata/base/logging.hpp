@@ -2,6 +2,7 @@
 // Level from STRATA_LOG_LEVEL (error|warn|info|debug; default warn), read once.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace strata {
@@ -12,8 +13,12 @@ enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 LogLevel log_level() noexcept;
 void set_log_level(LogLevel level) noexcept;
 
-/// Writes "strata [warn] msg\n" to stderr when `level` <= log_level(). Thread-safe.
+/// Writes "strata [warn] msg\n" to stderr when `level` <= log_level(), `msg` on one line
+/// with control characters escaped (log_text()). Thread-safe.
 void log(LogLevel level, std::string_view msg);
+/// `msg` with newline and tab as `\n`, `\t` and other C0 controls (NUL included) and DEL as
+/// `\xNN`; every other byte as it is.
+std::string log_text(std::string_view msg);
 inline void log_warn(std::string_view m) { log(LogLevel::kWarn, m); }
 inline void log_info(std::string_view m) { log(LogLevel::kInfo, m); }
 inline void log_debug(std::string_view m) { log(LogLevel::kDebug, m); }
