@@ -604,15 +604,6 @@ Result<std::string> read_lock_holder(int fd) {
   return s;
 }
 
-Status fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "open directory " + dir);
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (rc != 0) return errno_status(e, "fsync directory " + dir);
-  return Status::OK();
-}
 
 Status StoreImpl::init(StoreOptions options) {
   opts_ = std::move(options);
@@ -778,7 +769,7 @@ Status StoreImpl::init(StoreOptions options) {
       return f.status();
     }
     files_.push_back(*f);
-    if (!existed) STRATA_RETURN_IF_ERROR(fsync_dir(dirs_[i]));
+    if (!existed) STRATA_RETURN_IF_ERROR(store_detail::fsync_directory(dirs_[i]));
     if (!read_only_) {
       int fd = ::open(fpath.c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) return errno_status(errno, "open " + fpath);

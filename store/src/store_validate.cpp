@@ -33,15 +33,6 @@ std::string normalize(const std::string& p) {
   return a;
 }
 
-Status fsync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "open directory " + dir);
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (rc != 0) return errno_status(e, "fsync directory " + dir);
-  return Status::OK();
-}
 
 /// Durable replace: write `path`.tmp, fsync, rename over `path`, fsync the directory.
 Status write_file_durably(const std::string& dir, const std::string& path,
@@ -115,6 +106,16 @@ std::optional<std::string> catalog_uuid(const std::string& root) {
   return **u;
 }
 }  // namespace
+
+Status fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, "open directory " + dir);
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) return errno_status(e, "fsync directory " + dir);
+  return Status::OK();
+}
 
 std::optional<uint64_t> checked_nbytes(DType dtype, const std::vector<int64_t>& shape) {
   uint64_t n = 1;

@@ -39,6 +39,10 @@ Status check_tensor_desc(std::string_view op, const std::string& key, const Tens
 /// `path` printable in a message: NUL bytes as "\0".
 std::string printable_path(std::string_view path);
 
+/// fsync() of a directory, so that entries created or renamed in it are durable.
+/// \error errno_status naming the directory (open or fsync).
+Status fsync_directory(const std::string& dir);
+
 /// InvalidArgument naming `what` and the path when it is empty or contains a NUL byte.
 Status check_path(std::string_view what, std::string_view path);
 
