@@ -22,6 +22,7 @@ namespace {
 using testing::AlignedBuf;
 using testing::open_fd_count;
 using testing::pattern;
+using testing::ScopedMount;
 using testing::TempDir;
 
 std::shared_ptr<IoEngine> make_engine(EngineKind kind, bool direct = true,
@@ -37,26 +38,6 @@ std::shared_ptr<IoEngine> make_engine(EngineKind kind, bool direct = true,
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return r.ok() ? *r : nullptr;
 }
-
-/// A filesystem mounted on a fresh directory for the test's lifetime (needs CAP_SYS_ADMIN).
-class ScopedMount {
- public:
-  ScopedMount(const std::string& where, const char* fstype, unsigned long flags, const char* data)
-      : where_(where) {
-    ok_ = ::mount(fstype, where.c_str(), fstype, flags, data) == 0;
-    err_ = ok_ ? 0 : errno;
-  }
-  ~ScopedMount() {
-    if (ok_) ::umount2(where_.c_str(), MNT_DETACH);
-  }
-  bool ok() const { return ok_; }
-  std::string why() const { return std::string("mount failed: ") + std::strerror(err_); }
-
- private:
-  std::string where_;
-  bool ok_ = false;
-  int err_ = 0;
-};
 
 class IoErrors : public ::testing::TestWithParam<EngineKind> {};
 

@@ -3,9 +3,11 @@
 
 #include <dirent.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,26 @@
 #include <vector>
 
 namespace strata::testing {
+
+/// A filesystem mounted on an existing directory for the test's lifetime (needs CAP_SYS_ADMIN).
+class ScopedMount {
+ public:
+  ScopedMount(const std::string& where, const char* fstype, unsigned long flags, const char* data)
+      : where_(where) {
+    ok_ = ::mount(fstype, where.c_str(), fstype, flags, data) == 0;
+    err_ = ok_ ? 0 : errno;
+  }
+  ~ScopedMount() {
+    if (ok_) ::umount2(where_.c_str(), MNT_DETACH);
+  }
+  bool ok() const { return ok_; }
+  std::string why() const { return std::string("mount failed: ") + std::strerror(err_); }
+
+ private:
+  std::string where_;
+  bool ok_ = false;
+  int err_ = 0;
+};
 
 /// A fresh directory under `parent` (default /tmp, a real disk here), removed on destruction.
 class TempDir {

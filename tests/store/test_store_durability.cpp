@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <thread>
 
 #include "strata/base/units.hpp"
+#include "store/test_io_util.hpp"
 #include "test_store_util.hpp"
 
 extern char** environ;
@@ -281,15 +281,10 @@ TEST(StoreDurability, WriteRangeIsCopyOnWriteUntilFlush) {
 
 TEST(StoreDurability, NoSpaceOnDirectoryIsResourceExhaustedWithEnospc) {
   TempDir d;
-  std::string mnt = d.sub("tiny");
+  const std::string mnt = d.sub("tiny");
   fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=2m") != 0) {
-    GTEST_SKIP() << "cannot mount a 2 MiB tmpfs (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{mnt};
+  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=2m");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 2m tmpfs needs CAP_SYS_ADMIN)";
   auto o = small_options(d.sub("root"));
   o.nvme_dirs = {mnt};
   {

@@ -6,15 +6,16 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
-#include <atomic>
-#include <thread>
 #include <fstream>
+#include <thread>
 
+#include "store/test_io_util.hpp"
 #include "test_store_util.hpp"
 
 namespace strata {
@@ -585,15 +586,10 @@ TEST(StoreValidation, EmptyOrNulPathsAreInvalidArgument) {
 
 TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
   TempDir d;
-  std::string mnt = d.sub("tiny");
+  const std::string mnt = d.sub("tiny");
   fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=6m") != 0) {
-    GTEST_SKIP() << "cannot mount a 6 MiB tmpfs (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{mnt};
+  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=6m");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 6m tmpfs needs CAP_SYS_ADMIN)";
   auto o = small_options(d.sub("root"));
   o.nvme_dirs = {mnt};
   auto s = open_or_die(o);
@@ -683,15 +679,10 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   // and the freed space must take new objects. Was: every later commit failed with
   // "database or disk is full", reopen included.
   TempDir d;
-  std::string mnt = d.sub("small");
+  const std::string mnt = d.sub("small");
   fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=40m") != 0) {
-    GTEST_SKIP() << "cannot mount a 40 MiB tmpfs (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{mnt};
+  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=40m");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 40m tmpfs needs CAP_SYS_ADMIN)";
   auto o = small_options(mnt);
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
@@ -737,15 +728,10 @@ TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
   // open the catalog in WAL mode), and remove objects; a put that would grow the data file
   // into the released ballast's room must not take it: removes keep committing.
   TempDir d;
-  std::string mnt = d.sub("small");
+  const std::string mnt = d.sub("small");
   fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=40m") != 0) {
-    GTEST_SKIP() << "cannot mount a 40 MiB tmpfs (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{mnt};
+  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=40m");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 40m tmpfs needs CAP_SYS_ADMIN)";
   auto o = small_options(mnt);
   auto obj = pattern(4u << 20, 31);
   {
