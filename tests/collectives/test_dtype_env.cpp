@@ -164,40 +164,33 @@ std::unique_ptr<Communicator> world_of_one() {
 }
 }  // namespace
 
+/// SIGPIPE's handler once `before` is installed and a Gloo communicator has been created
+/// (SIG_ERR when a step fails).
+sighandler_t sigpipe_handler_after_communicator(sighandler_t before) {
+  struct sigaction act {};
+  act.sa_handler = before;
+  sigemptyset(&act.sa_mask);
+  if (::sigaction(SIGPIPE, &act, nullptr) != 0) return SIG_ERR;
+  if (!world_of_one()) return SIG_ERR;
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) != 0) return SIG_ERR;
+  return now.sa_handler;
+}
+
 TEST(GlooCommunicator, SigpipeIsIgnoredUnlessTheApplicationHandlesIt) {
   // Gloo writes with writev(): with SIGPIPE at its default action, a peer that dies
   // mid-collective would kill this process instead of failing the collective.
   struct sigaction saved {};
   ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &saved), 0);
   // 1. An application handler is kept.
-  struct sigaction mine {};
-  mine.sa_handler = count_sigpipe;
-  sigemptyset(&mine.sa_mask);
-  ASSERT_EQ(::sigaction(SIGPIPE, &mine, nullptr), 0);
-  {
-    auto c = world_of_one();
-    ASSERT_TRUE(c);
-    struct sigaction now {};
-    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
-    EXPECT_EQ(now.sa_handler, &count_sigpipe);
-    g_sigpipes = 0;
-    EXPECT_EQ(write_to_broken_pipe(), EPIPE);
-    EXPECT_EQ(g_sigpipes.load(), 1);
-  }
+  EXPECT_EQ(sigpipe_handler_after_communicator(count_sigpipe), &count_sigpipe);
+  g_sigpipes = 0;
+  EXPECT_EQ(write_to_broken_pipe(), EPIPE);
+  EXPECT_EQ(g_sigpipes.load(), 1);
   // 2. The default action (terminate) becomes "ignore": the write fails with EPIPE and the
   //    process lives on.
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  ASSERT_EQ(::sigaction(SIGPIPE, &dfl, nullptr), 0);
-  {
-    auto c = world_of_one();
-    ASSERT_TRUE(c);
-    struct sigaction now {};
-    ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &now), 0);
-    EXPECT_EQ(now.sa_handler, SIG_IGN);
-    EXPECT_EQ(write_to_broken_pipe(), EPIPE);
-  }
+  EXPECT_EQ(sigpipe_handler_after_communicator(SIG_DFL), SIG_IGN);
+  EXPECT_EQ(write_to_broken_pipe(), EPIPE);
   ::sigaction(SIGPIPE, &saved, nullptr);
 }
 
