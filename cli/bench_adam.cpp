@@ -87,12 +87,6 @@ Result<std::unique_ptr<opt::UpdateRule>> make_rule(const std::string& name) {
                           "' (expected adam, adamw, adagrad, sgd or lion)");
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 uint16_t bits16_of(float x, DType t) {
   uint32_t u;
   std::memcpy(&u, &x, 4);

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -41,17 +40,8 @@ struct AllgatherArgs {
   std::string backend = "gloo";
   int iters = 20;
   int warmup = 3;
-  bool json = false;
-  bool from_env = false;
-  std::string result_file;
-  uint16_t master_port = 0;
+  RankOptions ranks;  // --master-port, --json, --from-env, --result-file
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Device or host buffer of the communicator's memory kind.
 struct Buffer {
@@ -201,26 +191,18 @@ int run_allgather(const AllgatherArgs& a) {
   if (!total.ok()) return report_error(total.status().with_context("--bytes"));
   if (auto b = parse_backend(a.backend); !b.ok()) return report_error(b.status());
   if (a.iters < 1) return report_error(invalid_argument("--iters must be >= 1"));
-  if (a.from_env) {
+  if (a.ranks.from_env) {
     auto env = read_distributed_env();
     if (!env.ok()) return report_error(env.status());
     auto j = run_rank(a, *total);
     if (!j.ok()) return report_error(j.status());
-    if (env->rank == 0) {
-      if (!a.result_file.empty()) {
-        std::ofstream(a.result_file) << j->dump() << "\n";
-      } else if (a.json) {
-        std::printf("%s\n", j->dump().c_str());
-      } else {
-        print_human(*j);
-      }
-    }
+    emit_rank_result(a.ranks, env->rank, *j, print_human);
     return 0;
   }
   if (*total < static_cast<uint64_t>(a.nproc))
     return report_error(invalid_argument("--bytes " + a.bytes_text + " is smaller than --nproc"));
   auto run = run_self_as_ranks(
-      a.nproc, a.master_port,
+      a.nproc, a.ranks.master_port,
       {"bench", "allgather", "--from-env", "--bytes", a.bytes_text, "--backend", a.backend,
        "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup)});
   if (!run.ok()) return report_error(run.status());
@@ -228,7 +210,7 @@ int run_allgather(const AllgatherArgs& a) {
   const std::string& text = run->result;
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
-  if (a.json)
+  if (a.ranks.json)
     std::printf("%s\n", j.dump().c_str());
   else
     print_human(j);
@@ -246,12 +228,7 @@ void register_bench_allgather(Registry& r) {
   cmd->add_option("--backend", a->backend, "gloo (host memory) or nccl (GPU memory)");
   cmd->add_option("--iters", a->iters, "Timed iterations")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->check(CLI::Range(0, 1000000));
-  non_negative(cmd->add_option("--master-port", a->master_port,
-                               "MASTER_PORT for the launched ranks (default: free)"));
-  cmd->add_flag("--json", a->json, "Print one JSON object");
-  cmd->add_flag("--from-env", a->from_env,
-                "Be one rank of a job started by torchrun / strata launch (reads RANK etc.)");
-  cmd->add_option("--result-file", a->result_file, "(internal) where rank 0 writes its JSON");
+  add_rank_options(cmd, a->ranks);
   cmd->callback([a] { Registry::set_exit_code(run_allgather(*a)); });
 }
 

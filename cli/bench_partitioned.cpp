@@ -34,7 +34,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -57,18 +56,9 @@ struct PartArgs {
   std::string path;
   std::string piece_text = "8MiB";
   int iters = 5;
-  bool json = false;
-  bool from_env = false;
   bool keep = false;
-  std::string result_file;
-  uint16_t master_port = 0;
+  RankOptions ranks;  // --master-port, --json, --from-env, --result-file
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Byte i of the benchmark object (independent of N, so every rank can verify all bytes).
 inline uint8_t pattern(uint64_t i) {
@@ -272,7 +262,7 @@ int run_partitioned(const PartArgs& a) {
   }
   if (a.path.empty()) return report_error(invalid_argument("--path is required"));
   if (a.iters < 1) return report_error(invalid_argument("--iters must be >= 1"));
-  if (a.from_env) {
+  if (a.ranks.from_env) {
     auto env = read_distributed_env();
     if (!env.ok()) return report_error(env.status());
     // This rank's own need (the launching command checked all ranks together).
@@ -283,15 +273,7 @@ int run_partitioned(const PartArgs& a) {
     if (!mem.ok()) return report_error(mem);
     auto j = run_rank(a, *total, *piece);
     if (!j.ok()) return report_error(j.status());
-    if (env->rank == 0) {
-      if (!a.result_file.empty()) {
-        std::ofstream(a.result_file) << j->dump() << "\n";
-      } else if (a.json) {
-        std::printf("%s\n", j->dump().c_str());
-      } else {
-        print_human(*j);
-      }
-    }
+    emit_rank_result(a.ranks, env->rank, *j, print_human);
     return (*j)["verified"].get<bool>() ? 0 : 1;
   }
   if (*total == 0) return report_error(invalid_argument("--bytes must be > 0"));
@@ -312,7 +294,7 @@ int run_partitioned(const PartArgs& a) {
                                    a.bytes_text, "--path", a.path, "--piece-bytes", a.piece_text,
                                    "--iters", std::to_string(a.iters)};
   if (a.keep) args.push_back("--keep");
-  auto run = run_self_as_ranks(a.nproc, a.master_port, std::move(args));
+  auto run = run_self_as_ranks(a.nproc, a.ranks.master_port, std::move(args));
   if (!run.ok()) return report_error(run.status());
   const std::string& text = run->result;
   // A rank that found a mismatch exits non-zero after rank 0 wrote its (unverified) result.
@@ -320,7 +302,7 @@ int run_partitioned(const PartArgs& a) {
     return report_error(run->ranks_status.with_context("bench partitioned-read"));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
-  if (a.json)
+  if (a.ranks.json)
     std::printf("%s\n", j.dump().c_str());
   else
     print_human(j);
@@ -343,13 +325,8 @@ void register_bench_partitioned(Registry& r) {
                   "Pipeline piece per rank, a positive multiple of 4096 (default 8MiB)");
   cmd->add_option("--iters", a->iters, "Timed iterations of each variant (default 5)")
       ->check(CLI::Range(1, 1000000));
-  non_negative(cmd->add_option("--master-port", a->master_port,
-                               "MASTER_PORT for the launched ranks (default: free)"));
-  cmd->add_flag("--json", a->json, "Print one JSON object");
+  add_rank_options(cmd, a->ranks);
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
-  cmd->add_flag("--from-env", a->from_env,
-                "Be one rank of a job started by torchrun / strata launch (reads RANK etc.)");
-  cmd->add_option("--result-file", a->result_file, "(internal) where rank 0 writes its JSON");
   cmd->callback([a] { Registry::set_exit_code(run_partitioned(*a)); });
 }
 

@@ -61,13 +61,6 @@ struct BenchStepArgs {
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 uint64_t peak_rss_bytes() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);

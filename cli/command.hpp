@@ -8,6 +8,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,15 @@ int report_error(const Status& status);
 
 /// CLI11 validator/transformer for byte sizes with suffixes (KiB, MiB, GiB, K, M, G).
 uint64_t parse_size_or_throw(const std::string& text, const std::string& option);
+
+/// Median of `v` (the mean of the two middle values for an even count; 0 when empty): how
+/// every benchmark summarizes its repeated runs.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 /// An option value refused by a strata validator (see non_negative()). It carries the
 /// Status to report: main() prints it as "strata: error: <status>" and exits 1, like the

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
+#include "command.hpp"
 #include "strata/collectives/launcher.hpp"
 
 namespace strata::cli {
@@ -38,6 +40,27 @@ Result<RanksRun> run_self_as_ranks(int nproc, uint32_t master_port, std::vector<
   if (!rep.ok()) return rep.status();
   run.ranks_status = rep->status();
   return run;
+}
+
+void add_rank_options(CLI::App* cmd, RankOptions& o) {
+  non_negative(cmd->add_option("--master-port", o.master_port,
+                               "MASTER_PORT for the launched ranks (default: free)"));
+  cmd->add_flag("--json", o.json, "Print one JSON object");
+  cmd->add_flag("--from-env", o.from_env,
+                "Be one rank of a job started by torchrun / strata launch (reads RANK etc.)");
+  cmd->add_option("--result-file", o.result_file, "(internal) where rank 0 writes its JSON");
+}
+
+void emit_rank_result(const RankOptions& o, int rank, const nlohmann::json& j,
+                      const std::function<void(const nlohmann::json&)>& print_human) {
+  if (rank != 0) return;
+  if (!o.result_file.empty()) {
+    std::ofstream(o.result_file) << j.dump() << "\n";
+  } else if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    print_human(j);
+  }
 }
 
 }  // namespace strata::cli

@@ -2,13 +2,34 @@
 // multi-rank benchmarks; rank 0 writes its one-line JSON result to a file the caller reads.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "strata/base/status.hpp"
 
 namespace strata::cli {
+
+/// The options every multi-rank benchmark takes besides its own (add_rank_options()).
+struct RankOptions {
+  bool json = false;         ///< --json: print one JSON object
+  bool from_env = false;     ///< --from-env: be one rank of a job (torchrun's variables)
+  std::string result_file;   ///< --result-file (internal): where rank 0 writes its JSON
+  uint16_t master_port = 0;  ///< --master-port for the launched ranks (0: a free port)
+};
+
+/// Registers --master-port, --json, --from-env and --result-file on `cmd`, bound to `o`
+/// (which must outlive the parse).
+void add_rank_options(CLI::App* cmd, RankOptions& o);
+
+/// What rank 0 of a --from-env run prints: its result as one JSON line into --result-file
+/// when the launching command passed one, else one JSON object (--json) or `print_human(j)`.
+/// Other ranks print nothing.
+void emit_rank_result(const RankOptions& o, int rank, const nlohmann::json& j,
+                      const std::function<void(const nlohmann::json&)>& print_human);
 
 struct RanksRun {
   Status ranks_status;  ///< OK when every rank exited 0; else names the failing rank
