@@ -70,6 +70,16 @@ inline std::unique_ptr<Store> open_or_die(const StoreOptions& o) {
   return std::move(r).value();
 }
 
+/// Opens a store with `o`, puts `bytes` as `key` (uint8, one dimension) and closes it.
+inline Status put_and_close(const StoreOptions& o, const std::string& key,
+                            const std::vector<uint8_t>& bytes) {
+  auto r = Store::open(o);
+  if (!r.ok()) return r.status();
+  Status st = (*r)->put_sync(key, bytes.data(), TensorDesc::bytes(bytes.size()));
+  Status cl = (*r)->close();
+  return st.ok() ? cl : st;
+}
+
 }  // namespace strata::store_test
 
 #define ASSERT_OK(expr)                                  \

@@ -23,6 +23,7 @@ namespace {
 
 using store_test::open_or_die;
 using store_test::pattern;
+using store_test::put_and_close;
 using store_test::small_options;
 using store_test::TempDir;
 namespace fs = std::filesystem;
@@ -365,11 +366,7 @@ TEST(StoreValidation, CopyThatWouldShareAnOutsideDataFileIsRefused) {
 TEST(StoreValidation, MovedLegacyStoreWithAbsoluteDirsIsDataLossNotAnEmptyStore) {
   TempDir d;
   auto a = pattern(5000, 7);
-  {
-    auto s = open_or_die(small_options(d.sub("m")));
-    ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  }
+  ASSERT_OK(put_and_close(small_options(d.sub("m")), "a", a));
   // Catalogs written before relocatable paths recorded the root's absolute path.
   catalog_exec(d.sub("m"), "UPDATE meta SET value='" + d.sub("m") + "\n' WHERE name='nvme_dirs'");
   fs::rename(d.sub("m"), d.sub("m2"));
@@ -394,11 +391,7 @@ TEST(StoreValidation, MovedLegacyStoreWithAbsoluteDirsIsDataLossNotAnEmptyStore)
 TEST(StoreValidation, ReadOnlyFilesystem) {
   TempDir d;
   auto a = pattern(70000, 8);
-  {
-    auto s = open_or_die(small_options(d.sub("s")));
-    ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  }
+  ASSERT_OK(put_and_close(small_options(d.sub("s")), "a", a));
   const std::string ro = d.sub("ro");
   fs::create_directories(ro);
   if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
@@ -467,11 +460,7 @@ TEST(StoreValidation, ReadOnlyFilesystemWhileAWriterHoldsTheWal) {
 TEST(StoreValidation, MissingCatalogBesideDataFilesIsDataLoss) {
   TempDir d;
   auto a = pattern(5000, 9);
-  {
-    auto s = open_or_die(small_options(d.path()));
-    ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  }
+  ASSERT_OK(put_and_close(small_options(d.path()), "a", a));
   const std::string uuid = uuid_in(d.path());
   fs::remove(d.sub("catalog.db"));
   auto r = Store::open(small_options(d.path()));
@@ -494,11 +483,7 @@ TEST(StoreValidation, MissingCatalogBesideDataFilesIsDataLoss) {
 TEST(StoreValidation, MissingCatalogIsDataLossForReadOnlyOpensToo) {
   TempDir d;
   auto a = pattern(5000, 9);
-  {
-    auto s = open_or_die(small_options(d.path()));
-    ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  }
+  ASSERT_OK(put_and_close(small_options(d.path()), "a", a));
   fs::remove(d.sub("catalog.db"));
   for (bool ro : {true, false}) {
     auto o = small_options(d.path());
@@ -652,11 +637,7 @@ TEST(StoreValidation, DirectoryRecordListingOneDirectoryTwiceIsDataLossAndTouche
   // Was: a writable open succeeded and trimmed the shared data file to 0 bytes.
   TempDir d;
   auto a = pattern(400000, 9);
-  {
-    auto s = open_or_die(small_options(d.path()));
-    ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  }
+  ASSERT_OK(put_and_close(small_options(d.path()), "a", a));
   const std::string data = data_file_in(d.path());
   const auto size = fs::file_size(data);
   catalog_exec(d.path(), "UPDATE meta SET value=char(46,10,46,10) WHERE name='nvme_dirs'");
