@@ -419,6 +419,8 @@ class StoreImpl final : public Store {
   Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) override {
     return get_impl(key, dst, nbytes, nullptr);
   }
+  Future<void> get_alloc(const std::string& key,
+                         std::function<Result<void*>(const TensorDesc&)> allocate) override;
   Future<void> read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) override;
   Future<void> write_range(const std::string& key, uint64_t off, uint64_t n,
                            const void* src) override;
@@ -1835,6 +1837,26 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
       if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
       std::shared_lock<std::shared_mutex> rl(o->io);
       Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
+      lru_touch(o);
+      return st;
+    });
+  });
+}
+
+Future<void> StoreImpl::get_alloc(const std::string& key,
+                                  std::function<Result<void*>(const TensorDesc&)> allocate) {
+  return run_op(false, [=, this, allocate = std::move(allocate)]() -> Status {
+    return with_current_object(key, [&](const ObjPtr& o) -> Status {
+      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      // `o` is one version: an overwrite installs a new Obj, and this one's memory and
+      // extents stay valid while `o` is held and its io lock is shared.
+      STRATA_ASSIGN_OR_RETURN(void* dst, allocate(o->desc));
+      if (o->nbytes > 0 && dst == nullptr) {
+        return invalid_argument("get '" + key + "': the allocator returned null for " +
+                                std::to_string(o->nbytes) + " bytes");
+      }
+      std::shared_lock<std::shared_mutex> rl(o->io);
+      Status st = get_from(o, 0, o->nbytes, static_cast<uint8_t*>(dst));
       lru_touch(o);
       return st;
     });

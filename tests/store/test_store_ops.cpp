@@ -1,9 +1,11 @@
 // Store operations: put/get in each tier, errors, odd sizes and keys, ranges, tiers, pins.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "strata/base/units.hpp"
 #include "test_store_util.hpp"
@@ -317,6 +319,92 @@ TEST(StoreOps, ConcurrentAsyncPutsAndGets) {
   }
   ASSERT_OK(when_all(futs).result());
   for (int i = 0; i < k; ++i) EXPECT_EQ(out[i], data[i]) << i;
+}
+
+// get_alloc reads one version whole while another thread overwrites the key with other
+// shapes: version i is int32[10 + i % 2] filled with i, so a torn read cannot pass.
+TEST(StoreOps, GetAllocReadsOneVersionWholeUnderOverwrites) {
+  for (Tier tier : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(tier_name(tier));
+    TempDir d;
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    auto version = [](int32_t i) { return std::vector<int32_t>(10 + i % 2, i); };
+    auto desc_of = [](int32_t i) { return TensorDesc{DType::kInt32, {10 + i % 2}}; };
+    ASSERT_OK(s->put_sync("k", version(0).data(), desc_of(0), {tier}));
+    std::atomic<bool> stop{false};
+    std::atomic<int32_t> last{0};
+    Status writer_status;
+    std::thread writer([&] {
+      for (int32_t i = 1; !stop.load(); ++i) {
+        auto v = version(i);
+        PutOptions po{tier};
+        po.overwrite = true;
+        writer_status = s->put_sync("k", v.data(), desc_of(i), po);
+        if (!writer_status.ok()) return;
+        last.store(i);
+      }
+    });
+    int seen[2] = {0, 0};
+    for (int j = 0; j < 500; ++j) {
+      std::vector<int32_t> out;
+      TensorDesc got;
+      ASSERT_OK(s->get_alloc("k", [&](const TensorDesc& desc) -> Result<void*> {
+                   got = desc;
+                   out.resize(desc.numel());
+                   return static_cast<void*>(out.data());
+                 }).result());
+      ASSERT_EQ(got.dtype, DType::kInt32);
+      ASSERT_EQ(got.shape.size(), 1u);
+      ASSERT_FALSE(out.empty());
+      ASSERT_EQ(out, version(out[0])) << j;
+      ASSERT_EQ(got.shape[0], 10 + out[0] % 2);
+      ++seen[out[0] % 2];
+    }
+    stop.store(true);
+    writer.join();
+    ASSERT_OK(writer_status);
+    EXPECT_EQ(seen[0] + seen[1], 500);
+    EXPECT_GT(last.load(), 0);
+  }
+}
+
+TEST(StoreOps, GetAllocErrors) {
+  TempDir d;
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  int calls = 0;
+  auto never = [&](const TensorDesc&) -> Result<void*> {
+    ++calls;
+    return static_cast<void*>(nullptr);
+  };
+  EXPECT_EQ(s->get_alloc("absent", never).result().status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(calls, 0);
+  auto v = pattern(5000, 7);
+  ASSERT_OK(s->put_sync("k", v.data(), TensorDesc::bytes(v.size())));
+  // A null destination for a non-empty object, and an allocator's own error, are returned.
+  Status st = s->get_alloc("k", never).result().status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'k'"), std::string::npos) << st.to_string();
+  EXPECT_EQ(calls, 1);
+  st = s->get_alloc("k", [](const TensorDesc& desc) -> Result<void*> {
+          return resource_exhausted("no room for " + std::to_string(desc.nbytes()));
+        }).result().status();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(st.message(), "no room for 5000");
+  // A 0-byte object may get a null destination.
+  ASSERT_OK(s->put_sync("empty", nullptr, TensorDesc{DType::kFloat32, {0, 3}}));
+  TensorDesc got;
+  ASSERT_OK(s->get_alloc_sync("empty", [&](const TensorDesc& desc) -> Result<void*> {
+    got = desc;
+    return static_cast<void*>(nullptr);
+  }));
+  EXPECT_EQ(got.dtype, DType::kFloat32);
+  EXPECT_EQ(got.shape, (std::vector<int64_t>{0, 3}));
+  // The store is still usable.
+  std::vector<uint8_t> out(v.size());
+  ASSERT_OK(s->get_bytes_sync("k", out.data(), out.size()));
+  EXPECT_EQ(out, v);
 }
 
 TEST(StoreOps, ManySmallObjects) {

@@ -353,97 +353,39 @@ py::dict info_dict(const ObjectInfo& i) {
   return d;
 }
 
-/// Attempts a get makes before giving up when every one finds the object overwritten with
-/// another dtype or shape (see GetOp). A writer would have to replace the object between
-/// the stat and the read of each of them.
-constexpr int kMaxGetAttempts = 64;
-
-/// One Store.get / get_async: stat the object, allocate an array of its dtype and shape,
-/// read into it. The store's get checks the destination against the object's current desc
-/// under its own lock, so an overwrite with another dtype/shape between the stat and the
-/// read fails the read with InvalidArgument ("the object is int32[11], the destination is
-/// int32[10]") and never lands half of one version in the array. As the desc came from the
-/// store itself, such an InvalidArgument can only mean a concurrent overwrite: the op then
-/// re-stats, reallocates and reads again (up to kMaxGetAttempts; then Unavailable naming
-/// the key). So a get returns one version of the object whole, old or new.
-///
-/// Retries run in the store future's completion callback (on a store worker thread, no
-/// GIL): stat is a map lookup under the store's mutex and get only queues work, so the
-/// callback does not block. `store` is borrowed: the caller keeps the Store alive until
-/// `done` is ready (PyStore::get holds a shared_ptr while it waits; GetFutureImpl holds
-/// one and the PyFuture's destructor waits).
-struct GetOp : std::enable_shared_from_this<GetOp> {
-  Store* store = nullptr;
+/// One Store.get / get_async: Store::get_alloc fixes the version to read, then calls back
+/// for a buffer of that version's dtype and shape, so the array holds one version whole
+/// (old or new) even when another thread overwrites the key with another dtype or shape
+/// meanwhile. `store` is borrowed: the caller keeps the Store alive until `done` is ready
+/// (PyStore::get holds a shared_ptr while it waits; GetFutureImpl holds one and the
+/// PyFuture's destructor waits).
+struct GetOp {
   std::string key;
   TensorDesc desc;
   std::unique_ptr<AlignedBuffer> buf;
-  int attempts = 0;
-  Status last_mismatch;
-  Promise<void> done;
+  Future<void> done;
 
   static std::shared_ptr<GetOp> start(const std::shared_ptr<Store>& store, std::string key) {
     auto op = std::make_shared<GetOp>();
-    op->store = store.get();
     op->key = std::move(key);
-    Status st;
-    {
-      py::gil_scoped_release nogil;
-      st = op->prepare();
-      if (st.ok()) op->read();
-    }
-    if (!st.ok()) {
-      // Before any read: raise at once (get_async("nope") raises NotFound like get).
-      op->done.set_error(st);
-      check(st);
-    }
-    return op;
-  }
-
-  /// Stats `key` and allocates a buffer of its size. NotFound; DataLoss for a damaged row
-  /// (its shape may be unallocatable: the store's own message, before allocating);
-  /// ResourceExhausted when the memory cannot be allocated.
-  Status prepare() {
-    auto info = store->stat(key);
-    if (!info.ok()) return info.status();
+    py::gil_scoped_release nogil;
+    // A missing or damaged object raises here, before any read (get_async("nope") raises
+    // NotFound like get); the read itself does not depend on this stat.
+    auto info = store->stat(op->key);
+    if (!info.ok()) check(info.status());
     if (!info->damage.empty())
-      return data_loss("store " + store->options().path + ": " + info->damage);
-    desc = TensorDesc{info->dtype, info->shape};
-    try {
-      buf = std::make_unique<AlignedBuffer>(desc.nbytes());
-    } catch (const StatusError& e) {
-      return e.status();
-    }
-    ++attempts;
-    return Status::OK();
-  }
-
-  void read() {
-    Future<void> f = store->get(key, buf->data(), desc);
-    f.on_ready([self = shared_from_this()](const Result<void>& r) { self->on_read(r.status()); });
-  }
-
-  void on_read(Status st) {
-    if (st.code() == StatusCode::kInvalidArgument) {  // overwritten with another desc
-      last_mismatch = st;
-      if (attempts >= kMaxGetAttempts) {
-        done.set_error(unavailable(
-            "get '" + key + "': the object was overwritten with another dtype or shape "
-            "during each of " + std::to_string(attempts) + " reads (last: " +
-            st.message() + "); retry, or order the get after the writer's put"));
-        return;
+      check(data_loss("store " + store->options().path + ": " + info->damage));
+    GetOp* raw = op.get();  // the op outlives `done` (held by the caller)
+    op->done = store->get_alloc(op->key, [raw](const TensorDesc& d) -> Result<void*> {
+      raw->desc = d;
+      try {
+        raw->buf = std::make_unique<AlignedBuffer>(d.nbytes());
+      } catch (const StatusError& e) {
+        return e.status();  // ResourceExhausted: the memory cannot be allocated
       }
-      if (Status p = prepare(); !p.ok()) {
-        done.set_error(p);  // e.g. NotFound: deleted meanwhile
-        return;
-      }
-      read();
-      return;
-    }
-    if (st.ok()) {
-      done.set_value();
-    } else {
-      done.set_error(st);
-    }
+      return static_cast<void*>(raw->buf->data());
+    });
+    return op;
   }
 
   /// Moves the buffer into a numpy array (call once, with the GIL, after `done` is OK).
@@ -461,7 +403,7 @@ struct GetOp : std::enable_shared_from_this<GetOp> {
 /// The Python future of a get_async: its value is the GetOp's array.
 struct GetFutureImpl : PyFuture::Impl {
   GetFutureImpl(std::shared_ptr<GetOp> op, std::shared_ptr<Store> store)
-      : op(std::move(op)), store(std::move(store)), f(this->op->done.future()) {}
+      : op(std::move(op)), store(std::move(store)), f(this->op->done) {}
   bool ready() const override { return f.ready(); }
   void wait() const override { f.wait(); }
   bool wait_for(std::chrono::microseconds d) const override { return f.wait_for(d); }
@@ -607,7 +549,7 @@ class PyStore {
     Status st;
     {
       py::gil_scoped_release nogil;
-      st = op->done.future().result().status();
+      st = op->done.result().status();
     }
     check(st);
     return op->array();

@@ -189,14 +189,13 @@ class Store:
 
         Atomic with respect to concurrent ``put(..., overwrite=True)`` of the same key: the
         array holds one version whole, the old or the new, even when the new one has another
-        dtype or shape (the read is retried with the new dtype and shape, up to 64 times).
+        dtype or shape (the store fixes the version, then the array is allocated for it).
 
         :raises NotFoundError: (KeyError) no such key.
         :raises InvalidArgumentError: (ValueError) ``key`` is not a str or not valid UTF-8
             (e.g. holds a lone surrogate such as ``"a\\udc80"``).
         :raises DataLossError: (OSError) a checksum mismatch.
-        :raises UnavailableError: 64 reads in a row each found the object overwritten with
-            another dtype or shape.
+        :raises ResourceExhaustedError: the array's memory cannot be allocated.
         """
         return self._s.get(key)
 

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -221,6 +222,21 @@ class Store {
   /// Reads object `key` into `dst` (`nbytes` must equal the object's size), any dtype.
   /// \error NotFound; InvalidArgument on a size mismatch; DataLoss; IoError.
   virtual Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) = 0;
+  /// Reads object `key` whole, whatever its dtype and shape, into memory the caller
+  /// provides once the version to read is known: `allocate(desc)` is called on a store
+  /// worker thread with that version's dtype and shape and returns a destination of
+  /// desc.nbytes() bytes (or an error, which becomes the future's). The bytes that land
+  /// there are that version's, even when another thread overwrites `key` with another
+  /// dtype or shape meanwhile (the version is fixed before `allocate` runs and cannot be
+  /// freed until the read is done), so no stat-then-get retry loop is needed.
+  /// `allocate` may run more than once only in a read-only open, when another process
+  /// replaced the object meanwhile: the buffer of the last call holds the result.
+  /// `allocate` must not call into this store.
+  /// \error NotFound; DataLoss (a damaged object, a checksum mismatch); IoError;
+  ///     InvalidArgument when `allocate` returns null for a non-empty object; whatever
+  ///     `allocate` returns.
+  virtual Future<void> get_alloc(const std::string& key,
+                                 std::function<Result<void*>(const TensorDesc&)> allocate) = 0;
 
   /// Reads bytes [offset_bytes, offset_bytes + nbytes) of object `key` into `dst`.
   /// \error NotFound; OutOfRange past the end; DataLoss (whole chunks are verified).
@@ -294,6 +310,10 @@ class Store {
   }
   Status get_bytes_sync(const std::string& key, void* dst, uint64_t nbytes) {
     return get_bytes(key, dst, nbytes).result().status();
+  }
+  Status get_alloc_sync(const std::string& key,
+                        std::function<Result<void*>(const TensorDesc&)> allocate) {
+    return get_alloc(key, std::move(allocate)).result().status();
   }
   Status read_range_sync(const std::string& key, uint64_t off, uint64_t n, void* dst) {
     return read_range(key, off, n, dst).result().status();
