@@ -26,13 +26,17 @@ def test_get_returns_one_whole_version_while_overwritten(store, tier):
             while not stop.is_set():
                 store.put("k", np.full(10 + i % 2, i, dtype=np.int32), tier=tier,
                           overwrite=True)
+                first_put.set()
                 i += 1
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
         puts[0] = i - 1
+        first_put.set()
 
+    first_put = threading.Event()
     t = threading.Thread(target=writer)
     t.start()
+    first_put.wait(60)  # the reads race overwrites from the first one on
     lengths = {10: 0, 11: 0}
     try:
         for j in range(2000):
