@@ -37,6 +37,7 @@
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "catalog_sqlite.hpp"
 #include "store_device.hpp"
@@ -471,6 +472,12 @@ class StoreImpl final : public Store {
   /// replaced or removed `key` (and reused its extents) since this open loaded the catalog.
   /// Re-reads the key's row and installs it; true when it differs from `seen` (null: absent).
   Result<bool> refresh_key(const std::string& key, const ObjPtr& seen);
+  /// Read-only opens: installs the committed rows of every key starting with `prefix`
+  /// (new, changed and removed keys), for list().
+  Status refresh_prefix(const std::string& prefix);
+  /// An object for a row read by a read-only refresh (damaged when it names a directory
+  /// whose data file this open has not).
+  ObjPtr refreshed_obj(const catalog::ObjectRow& row);
   /// Runs `attempt` on the object `key` (NotFound when absent). In a read-only open, a
   /// NotFound or DataLoss is checked against the key's current catalog row first: when a
   /// writer changed it, the attempt runs again on the new version (at most 8 retries).
@@ -992,16 +999,40 @@ Result<bool> StoreImpl::refresh_key(const std::string& key, const ObjPtr& seen) 
     objects_.erase(it);
     return true;
   }
-  ObjPtr o = obj_from_row(*row, {}, false);
+  ObjPtr o = refreshed_obj(*row);
   if (seen && seen->row_hash == o->row_hash) return false;  // the same committed row
+  objects_[key] = o;
+  return true;
+}
+
+ObjPtr StoreImpl::refreshed_obj(const catalog::ObjectRow& row) {
+  ObjPtr o = obj_from_row(row, {}, false);
   for (const auto& c : *o->current) {
     if (c.ext->dir >= files_.size() || !files_[c.ext->dir]) {
-      o->damage = "object '" + key + "' has a chunk in directory " +
+      o->damage = "object '" + row.key + "' has a chunk in directory " +
                   std::to_string(c.ext->dir) + ", whose data file this open has not";
     }
   }
-  objects_[key] = o;
-  return true;
+  return o;
+}
+
+Status StoreImpl::refresh_prefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> rl(refresh_mu_);
+  STRATA_ASSIGN_OR_RETURN(auto rows, catalog_->load_all(prefix));
+  std::lock_guard<std::mutex> lk(mu_);
+  std::unordered_set<std::string> present;
+  for (const auto& row : rows) {
+    present.insert(row.key);
+    ObjPtr o = refreshed_obj(row);
+    auto it = objects_.find(row.key);
+    if (it != objects_.end() && it->second->row_hash == o->row_hash) continue;
+    objects_[row.key] = std::move(o);
+  }
+  for (auto it = objects_.lower_bound(prefix); it != objects_.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    it = present.count(it->first) ? std::next(it) : objects_.erase(it);
+  }
+  return Status::OK();
 }
 
 Status StoreImpl::with_current_object(const std::string& key,
@@ -1899,8 +1930,12 @@ Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, co
     return Status::OK();
   }
   // NVMe only: copy-on-write per chunk. The catalog keeps naming the old extents until the
-  // next flush(); a crash restores them.
+  // next flush(); a crash restores them. The new chunks replace the old ones in the layout
+  // only once all of them are written: a failure leaves the object as it was, and the new
+  // extents are released with `written`.
   const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
+  std::vector<std::pair<uint64_t, ChunkRef>> written;
+  written.reserve(j1 - j0 + 1);
   for (uint64_t j = j0; j <= j1; ++j) {
     const ChunkRef old = (*cur)[j];
     const uint64_t cs = j * chunk_bytes_;
@@ -1949,12 +1984,14 @@ Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, co
       if (vh && got != old.checksum) return checksum_error(o->key, static_cast<uint32_t>(j), cs, old, got);
       nc.checksum = *h;
     }
-    std::lock_guard<std::mutex> lk(mu_);
-    auto l = std::make_shared<Layout>(*o->current);
-    (*l)[j] = nc;
-    o->current = l;
-    cur = l;
+    written.emplace_back(j, std::move(nc));
   }
+  // Concurrent write_range calls on this object touch other chunks: start from the layout
+  // as it is now, so their chunks are kept.
+  std::lock_guard<std::mutex> lk(mu_);
+  auto l = std::make_shared<Layout>(*o->current);
+  for (auto& [j, nc] : written) (*l)[j] = std::move(nc);
+  o->current = l;
   return Status::OK();
 }
 
@@ -2126,6 +2163,12 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
 }
 
 std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
+  if (read_only_) {
+    // As stat(): another process may be writing; list what is committed now. On a catalog
+    // read error, list what this open knows (stat/get of a listed key report the error).
+    Status st = const_cast<StoreImpl*>(this)->refresh_prefix(std::string(prefix));
+    if (!st.ok()) log_warn("store " + opts_.path + ": list: " + st.to_string());
+  }
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<ObjectInfo> out;
   for (auto it = objects_.lower_bound(std::string(prefix)); it != objects_.end(); ++it) {
@@ -2150,6 +2193,7 @@ StoreUsage StoreImpl::usage() const {
 
 Result<VerifyReport> StoreImpl::verify() {
   VerifyReport rep;
+  if (read_only_) STRATA_RETURN_IF_ERROR(refresh_prefix(""));  // as list()
   std::vector<ObjPtr> snapshot;
   {
     std::lock_guard<std::mutex> lk(mu_);

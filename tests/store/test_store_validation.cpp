@@ -633,6 +633,40 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   EXPECT_EQ(out, y);
 }
 
+TEST(StoreValidation, FailedWriteRangeLeavesEveryChunkAsItWas) {
+  // A write_range over chunks 0-3 whose last chunk is partial (read-modify-write) and
+  // damaged: chunks 0-2 are written first, then chunk 3's checksum fails. Was: chunks 0-2
+  // kept the new bytes (and a flush committed them); now the object reads as before.
+  TempDir d;
+  auto o = small_options(d.path());  // 1 MiB chunks
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto x = pattern(4u << 20, 23);
+  ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
+  const std::string data = data_file_in(d.path());
+  ASSERT_FALSE(data.empty());
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp((3u << 20) + 700000);  // chunk 3, outside the range written below
+    char c = static_cast<char>(x[(3u << 20) + 700000] ^ 0xff);
+    f.write(&c, 1);
+  }
+  std::vector<uint8_t> patch((3u << 20) + 4096, 0x5a);
+  Status st = s->write_range_sync("x", 0, patch.size(), patch.data());
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+  EXPECT_NE(st.to_string().find("'x': checksum mismatch in chunk 3"), std::string::npos) << st.to_string();
+  ASSERT_OK(s->flush_sync());
+  std::vector<uint8_t> head(3u << 20);
+  ASSERT_OK(s->read_range_sync("x", 0, head.size(), head.data()));
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), x.begin()));
+  ASSERT_OK(s->close());
+  s = open_or_die(o);
+  ASSERT_TRUE(s);
+  std::fill(head.begin(), head.end(), 0);
+  ASSERT_OK(s->read_range_sync("x", 0, head.size(), head.data()));
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), x.begin()));
+}
+
 TEST(StoreValidation, DirectoryRecordListingOneDirectoryTwiceIsDataLossAndTouchesNothing) {
   // Was: a writable open succeeded and trimmed the shared data file to 0 bytes.
   TempDir d;
@@ -807,9 +841,22 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   writer.join();
   EXPECT_EQ(gets, 120);
   // Keys the writer creates, replaces and removes after the read-only open are seen as
-  // they are now by stat/contains/get.
+  // they are now by stat/contains/get/list/verify.
+  auto keys_and_sizes = [&](std::string_view prefix) {
+    std::vector<std::pair<std::string, uint64_t>> v;
+    for (const auto& i : r->list(prefix)) v.emplace_back(i.key, i.nbytes);
+    return v;
+  };
+  using KS = std::vector<std::pair<std::string, uint64_t>>;
   auto c = pattern(5000, 41);
   ASSERT_OK(w->put_sync("created-later", c.data(), TensorDesc::bytes(c.size())));
+  EXPECT_EQ(keys_and_sizes(""), (KS{{"created-later", 5000}, {"k0", n}, {"k1", n}, {"k2", n},
+                                    {"k3", n}}));
+  EXPECT_EQ(keys_and_sizes("cr"), (KS{{"created-later", 5000}}));
+  auto vr = r->verify();
+  ASSERT_TRUE(vr.ok()) << vr.status().to_string();
+  EXPECT_EQ(vr->objects, 5u);
+  EXPECT_TRUE(vr->errors.empty());
   EXPECT_TRUE(r->contains("created-later"));
   auto info = r->stat("created-later");
   ASSERT_TRUE(info.ok()) << info.status().to_string();
@@ -823,7 +870,10 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   info = r->stat("created-later");
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->nbytes, 4000u);
+  EXPECT_EQ(keys_and_sizes("cr"), (KS{{"created-later", 4000}}));
   ASSERT_OK(w->remove_sync("created-later"));
+  EXPECT_EQ(keys_and_sizes("cr"), KS{});
+  EXPECT_EQ(keys_and_sizes("").size(), 4u);
   EXPECT_FALSE(r->contains("created-later"));
   EXPECT_EQ(r->stat("created-later").status().code(), StatusCode::kNotFound);
   EXPECT_GT(written.load(), 2u);  // the writer did overwrite during the reads

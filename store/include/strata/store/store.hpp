@@ -246,9 +246,9 @@ class Store {
   /// in whichever tier holds it; checksums of touched chunks are recomputed. Durable at the
   /// next flush() (copy-on-write for NVMe chunks; see the contract). Cheapest when the
   /// range covers whole chunks (multiples of chunk_bytes()); partial chunks are
-  /// read-modify-written. Not atomic across chunks: after an error, chunks before the
-  /// failing one may hold the new bytes (the committed version stays as it was until the
-  /// next flush()); data file space placed for the failed chunk is given back.
+  /// read-modify-written. All or nothing: for an NVMe-resident object the new chunks
+  /// replace the old ones only once every one is written, so after an error the object
+  /// reads as before and the data file space placed for the call is given back.
   /// \error NotFound; OutOfRange; ResourceExhausted; IoError; DataLoss (reading a partial
   ///     chunk).
   virtual Future<void> write_range(const std::string& key, uint64_t offset_bytes,
@@ -282,11 +282,15 @@ class Store {
 
   /// Metadata of `key`. \error NotFound.
   virtual Result<ObjectInfo> stat(const std::string& key) const = 0;
-  /// Objects whose key starts with `prefix`, sorted by key (bytewise UTF-8).
+  /// Objects whose key starts with `prefix`, sorted by key (bytewise UTF-8). A read-only
+  /// open re-reads the committed catalog rows of the prefix first (a writer in another
+  /// process may have created, replaced or removed keys since the open); when that read
+  /// fails it logs a warning and lists what it knew.
   virtual std::vector<ObjectInfo> list(std::string_view prefix = {}) const = 0;
   virtual bool contains(const std::string& key) const = 0;
 
-  /// Re-reads every NVMe chunk and checks its checksum (ignores verify_checksums).
+  /// Re-reads every NVMe chunk and checks its checksum (ignores verify_checksums). A
+  /// read-only open first re-reads the committed catalog (as list()).
   virtual Result<VerifyReport> verify() = 0;
 
   virtual StoreUsage usage() const = 0;
