@@ -1082,7 +1082,10 @@ ObjPtr StoreImpl::lock_live_shared(const std::string& key) {
 }
 
 void StoreImpl::lru_add_locked(const ObjPtr& o) {
-  if (o->in_lru || (!o->on_host && !o->on_device)) return;
+  // A version replaced by an overwrite (or removed) while it was being promoted is not
+  // listed: the LRU's reference would keep its memory allocated for good, where nothing
+  // could evict it.
+  if (o->in_lru || !o->live || (!o->on_host && !o->on_device)) return;
   auto& l = o->on_device ? device_lru_ : host_lru_;
   o->lru_it = l.insert(l.end(), o);
   o->in_lru = true;

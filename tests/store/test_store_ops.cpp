@@ -422,6 +422,54 @@ TEST(StoreOps, GetAllocErrors) {
   EXPECT_EQ(out, v);
 }
 
+// A prefetch or pin that promotes a version while another thread overwrites the key (to
+// NVMe) must not leave that replaced version's host memory allocated. Was: the replaced
+// version stayed in the host LRU, its memory counted against the budget for good, and
+// every later host put failed with "nothing is evictable".
+TEST(StoreOps, PromotionRacingAnOverwriteLeavesNoHostMemoryBehind) {
+  TempDir d;
+  auto o = small_options(d.path());
+  o.host_budget_bytes = 256u << 10;
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  const auto v = pattern(64u << 10, 51);
+  const auto desc = TensorDesc::bytes(v.size());
+  ASSERT_OK(s->put_sync("k", v.data(), desc));
+  std::atomic<bool> stop{false};
+  std::atomic<int> puts{0}, promotions{0};
+  std::thread writer([&] {
+    PutOptions po;
+    po.overwrite = true;
+    while (!stop.load()) {
+      if (s->put_sync("k", v.data(), desc, po).ok()) ++puts;
+    }
+  });
+  std::thread promoter([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      bool ok = i % 2 ? s->prefetch_sync("k").ok()
+                      : s->pin_sync("k").ok() && s->unpin_sync("k").ok();
+      if (ok) ++promotions;
+    }
+  });
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < until && (puts < 2000 || promotions < 2000)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop = true;
+  writer.join();
+  promoter.join();
+  EXPECT_GT(puts.load(), 0);
+  EXPECT_GT(promotions.load(), 0);
+  ASSERT_OK(s->evict_sync("k"));
+  EXPECT_EQ(s->usage().host_bytes, 0u);
+  // The whole host budget is usable again.
+  auto big = pattern(256u << 10, 52);
+  ASSERT_OK(s->put_sync("fresh", big.data(), TensorDesc::bytes(big.size()), {Tier::kHost}));
+  std::vector<uint8_t> out(big.size());
+  ASSERT_OK(s->get_bytes_sync("k", out.data(), v.size()));
+  EXPECT_TRUE(std::equal(v.begin(), v.end(), out.begin()));
+}
+
 TEST(StoreOps, ManySmallObjects) {
   TempDir d;
   auto s = open_or_die(small_options(d.path()));
