@@ -4,6 +4,7 @@
 // `strata bench device`: pinned host<->device copies and NVMe->device through the store,
 // each beside the plain copy limit measured in the same run (needs a GPU).
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "bench_limits.hpp"
 #include "command.hpp"
 #include "key_text.hpp"
 #include "strata/base/units.hpp"
@@ -194,6 +196,27 @@ struct BenchBuffer {
   uint8_t* data() const { return static_cast<uint8_t*>(buf.data()); }
 };
 
+
+/// OK unless `dir` holds a store another process has open for writing (its LOCK flock is
+/// held): a benchmark must not remove that store's files under it.
+/// \error FailedPrecondition "store DIR is locked by pid N ...; nothing was removed".
+Status check_unlocked(const std::string& dir) {
+  const std::string lock_path = dir + "/LOCK";
+  int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::OK();
+  Status st;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    char pid[32] = {0};
+    ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "?";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    st = failed_precondition("store " + dir + " is locked by pid " + holder +
+                             " (another benchmark on this --path?); nothing was removed");
+  }
+  ::close(fd);  // also releases the flock taken just now
+  return st;
+}
+
 int run_bench_store(const BenchStoreArgs& a) {
   namespace fs = std::filesystem;
   uint64_t size, chunk;
@@ -215,6 +238,14 @@ int run_bench_store(const BenchStoreArgs& a) {
           std::to_string(i + 1) + ")"));
     }
   }
+  // Disk use: the store holds up to two versions of the N objects (copy-on-write), the
+  // raw engine file two regions of them: 4 x N x object size over the directories.
+  auto total_bytes = checked_mul(size, a.count, "--object-size x --count");
+  if (!total_bytes.ok()) return report_error(total_bytes.status());
+  auto disk_bytes = checked_mul(*total_bytes, 4, "4 x --object-size x --count");
+  if (!disk_bytes.ok()) return report_error(disk_bytes.status());
+  if (Status st = check_memory(size, "bench store (one --object-size buffer)"); !st.ok())
+    return report_error(st);
   auto eo = IoEngineOptions::from_env();
   if (!eo.ok()) return report_error(eo.status());
   auto engine = IoEngine::create(*eo);
@@ -234,12 +265,33 @@ int run_bench_store(const BenchStoreArgs& a) {
       for (auto& d : dirs) fs::remove_all(d, e);
     }
   } remove_dirs{dirs, a.keep};
+  for (auto& d : dirs) {
+    if (Status st = check_unlocked(d); !st.ok()) {
+      remove_dirs.keep = true;
+      return report_error(st);
+    }
+  }
   std::error_code ec;
   fs::remove_all(dirs[0], ec);
   for (auto& d : dirs) {
     fs::remove_all(d, ec);
     fs::create_directories(d, ec);
     if (ec) return report_error(errno_status(ec.value(), "create " + d));
+  }
+  {
+    // Chunks are striped over the directories: each gets its share, in whole chunks.
+    const uint64_t k = dirs.size();
+    const uint64_t chunks = (*total_bytes + chunk - 1) / chunk;
+    std::vector<DiskNeed> needs;
+    for (uint64_t j = 0; j < k; ++j) {
+      needs.push_back({"--path #" + std::to_string(j + 1), a.paths[j],
+                       4 * ((chunks + k - 1) / k) * chunk});
+    }
+    if (Status st = check_free_space(needs, "bench store (" + std::to_string(a.count) +
+                                                " x " + a.object_size + ", 4 copies)");
+        !st.ok()) {
+      return report_error(st);
+    }
   }
   // Commit the removal of an earlier run's files now: on a file system mounted with
   // `discard`, the freed blocks are discarded at the next journal commit, which would
@@ -472,6 +524,7 @@ int run_bench_device(const BenchDeviceArgs& a) {
   std::string dir;
   if (!a.path.empty()) {
     dir = a.path + "/strata-bench-device";
+    if (Status st = check_unlocked(dir); !st.ok()) return report_error(st);
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     StoreOptions so;

@@ -143,6 +143,20 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
     return c->error("open");
   }
   sqlite3_busy_timeout(c->db_, 5000);
+  if (!create) {
+    // Without create, only an existing strata catalog is opened: a file without the
+    // objects table (e.g. 0 bytes, or another program's database) is not made into one.
+    Stmt probe;
+    if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &probe.s, nullptr) !=
+        SQLITE_OK) {
+      const int prim = sqlite3_extended_errcode(c->db_) & 0xff;
+      if (prim == SQLITE_ERROR || prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT) {
+        return data_loss("catalog " + path + " is not a strata catalog: " +
+                         sqlite3_errmsg(c->db_));
+      }
+      return c->error("open");
+    }
+  }
   STRATA_RETURN_IF_ERROR(c->exec("PRAGMA journal_mode=WAL;"));
   STRATA_RETURN_IF_ERROR(c->exec("PRAGMA synchronous=FULL;"));
   STRATA_RETURN_IF_ERROR(c->exec(kSchema));

@@ -384,6 +384,15 @@ struct Obj {
 };
 using ObjPtr = std::shared_ptr<Obj>;
 
+/// OutOfRange for `n` bytes at offset `off` of an object of `size` bytes (off + n may not
+/// fit 64 bits, so the message gives the offset and the length, not the end).
+Status range_error(const char* op, const std::string& key, uint64_t off, uint64_t n,
+                   uint64_t size) {
+  return out_of_range(std::string(op) + " '" + key + "': " + std::to_string(n) +
+                      " bytes at offset " + std::to_string(off) +
+                      " go past the end of the object (" + std::to_string(size) + " bytes)");
+}
+
 std::string hex64(uint64_t v) {
   char b[24];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
@@ -405,7 +414,7 @@ AlignedBlock aligned_block(uint64_t n) {
 class StoreImpl final : public Store {
  public:
   ~StoreImpl() override {
-    Status st = close();
+    Status st = close_impl(false);
     if (!st.ok()) log_warn("store " + opts_.path + ": close: " + st.to_string());
   }
 
@@ -451,7 +460,10 @@ class StoreImpl final : public Store {
   const StoreOptions& options() const override { return opts_; }
   std::shared_ptr<IoEngine> engine() const override { return engine_; }
   bool has_device() const override { return has_device_; }
-  Status close() override;
+  Status close() override { return close_impl(true); }
+  /// close(); when the write-back fails and `stay_open_on_failure`, the store reopens for
+  /// operations and returns the error (the destructor passes false: it always closes).
+  Status close_impl(bool stay_open_on_failure);
 
  private:
   // ---- plumbing
@@ -647,6 +659,12 @@ Status StoreImpl::init(StoreOptions options) {
   // Opening without `create` leaves a directory that is not a store untouched (no LOCK).
   if (fresh && (read_only_ || !opts_.create)) return not_found("no store catalog at " + cat_path);
 
+  // Opening without `create` leaves a directory whose catalog.db is not a strata catalog
+  // (e.g. 0 bytes) untouched too: check before the LOCK is written.
+  if (!fresh && !read_only_ && !opts_.create) {
+    auto probe = catalog::Catalog::open(cat_path, false, true);
+    if (!probe.ok() && probe.status().code() == StatusCode::kDataLoss) return probe.status();
+  }
   // Lock first: a second writer must fail before touching anything.
   if (!read_only_) {
     std::string lock_path = root + "/LOCK";
@@ -833,12 +851,14 @@ Status StoreImpl::init(StoreOptions options) {
   return Status::OK();
 }
 
-Status StoreImpl::close() {
+Status StoreImpl::close_impl(bool stay_open_on_failure) {
   {
     std::unique_lock<std::mutex> lk(ops_mu_);
-    if (closing_) {
-      ops_cv_.wait(lk, [&] { return closed_.load(); });
-      return Status::OK();
+    for (;;) {
+      if (closed_) return Status::OK();
+      if (!closing_) break;
+      // Another thread is closing: wait until it has closed, or failed and reopened.
+      ops_cv_.wait(lk, [&] { return closed_.load() || !closing_; });
     }
     closing_ = true;
   }
@@ -850,6 +870,17 @@ Status StoreImpl::close() {
       ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
     }
     st = flush_impl();
+    if (!st.ok() && stay_open_on_failure) {
+      // Dirty objects could not be written back (e.g. ENOSPC, the NVMe budget): closing
+      // now would drop them. Stay open so that the caller can make room and close again.
+      {
+        std::lock_guard<std::mutex> lk(ops_mu_);
+        closing_ = false;
+      }
+      ops_cv_.notify_all();
+      return st.with_context("close: the store stays open (dirty objects were not written "
+                             "back; make room and close again, or destroy it to drop them)");
+    }
   }
   {
     std::unique_lock<std::mutex> lk(ops_mu_);
@@ -1902,9 +1933,10 @@ Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_
     return with_current_object(key, [&](const ObjPtr& o) -> Status {
       if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
       if (off > o->nbytes || n > o->nbytes - off) {
-        return out_of_range("read_range '" + key + "': bytes [" + std::to_string(off) + ", " +
-                            std::to_string(off + n) + ") past the end (" +
-                            std::to_string(o->nbytes) + " bytes)");
+        return range_error("read_range", key, off, n, o->nbytes);
+      }
+      if (n > 0 && dst == nullptr) {
+        return invalid_argument("read_range '" + key + "': dst is null");
       }
       std::shared_lock<std::shared_mutex> rl(o->io);
       Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
@@ -2005,10 +2037,9 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
     if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
     std::shared_lock<std::shared_mutex> held(o->io, std::adopt_lock);
     if (off > o->nbytes || n > o->nbytes - off) {
-      return out_of_range("write_range '" + key + "': bytes [" + std::to_string(off) + ", " +
-                          std::to_string(off + n) + ") past the end (" +
-                          std::to_string(o->nbytes) + " bytes)");
+      return range_error("write_range", key, off, n, o->nbytes);
     }
+    if (n > 0 && src == nullptr) return invalid_argument("write_range '" + key + "': src is null");
     if (n == 0) return Status::OK();
     Status st = write_range_impl(o, off, n, static_cast<const uint8_t*>(src));
     if (!st.ok()) trim_data_files();  // the failed copy-on-write extents are released

@@ -150,6 +150,11 @@ def test_bad_offsets_and_sizes_are_invalid_argument(store):
     assert store.read_range("r", np.int64(4), np.uint32(3)).tolist() == [4, 5, 6]
     with pytest.raises(strata.OutOfRangeError):  # in range of uint64, past the end
         store.read_range("r", 2**64 - 1, 1)
+    # Past the end, and more than could be allocated: OutOfRange, not a failed allocation.
+    with pytest.raises(strata.OutOfRangeError) as e:
+        store.read_range("r", 0, 2**62)
+    assert str(e.value) == ("OutOfRange: read_range 'r': 4611686018427387904 bytes at offset 0 "
+                            "go past the end of the object (16 bytes)")
     assert store.get("r").tolist() == list(range(16))  # still usable
 
 

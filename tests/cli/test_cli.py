@@ -236,20 +236,22 @@ def test_bench_store_refuses_an_empty_path(disk_dir):
 
 
 def test_bench_store_leaves_nothing_behind(disk_dir):
-    # An error after the store was created (16 TiB objects: the raw file's preallocation
-    # or the buffer fails) removes <path>/strata-bench-store, as does a run that succeeds.
-    p = run("bench", "store", "--path", disk_dir, "--object-size", "16TiB", "--count", "1",
-            "--rounds", "1", "--chunk-size", "1MiB", check=False)
+    # An error after the store directory was created (10^6 x 1 MiB objects: 4 TiB do not fit
+    # the disk) removes <path>/strata-bench-store, as does a run that succeeds.
+    too_big = ["--object-size", "1MiB", "--count", "1000000", "--rounds", "1",
+               "--chunk-size", "1MiB"]
+    p = run("bench", "store", "--path", disk_dir, *too_big, check=False)
     assert p.returncode == 1
-    assert p.stderr.startswith("strata: error: ")
+    assert p.stderr.startswith(
+        "strata: error: ResourceExhausted: bench store (1000000 x 1MiB, 4 copies) needs "
+        "4194304000000 bytes"), p.stderr
     assert os.listdir(disk_dir) == []
     j = run_json("bench", "store", "--path", disk_dir, "--object-size", "64KiB", "--count", "2",
                  "--rounds", "1", "--chunk-size", "1MiB")
     assert j["object_bytes"] == 65536 and j["count"] == 2
     assert os.listdir(disk_dir) == []
     # --keep keeps it after an error too.
-    p = run("bench", "store", "--path", disk_dir, "--object-size", "16TiB", "--count", "1",
-            "--rounds", "1", "--chunk-size", "1MiB", "--keep", check=False)
+    p = run("bench", "store", "--path", disk_dir, *too_big, "--keep", check=False)
     assert p.returncode == 1
     assert os.listdir(disk_dir) == ["strata-bench-store"]
 
@@ -370,7 +372,30 @@ def test_sizes_that_overflow_64_bits_are_invalid_arguments(disk_dir):
     assert (p.returncode, p.stderr) == (1, (
         "strata: error: InvalidArgument: bench io buffer: 2 requests outstanding of "
         "--request-size: 2 x 17592186044416000000 overflows 64 bits\n"))
+    p = run("bench", "store", "--path", disk_dir, "--object-size", str(2**63), "--count", "1",
+            "--rounds", "1", check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        f"strata: error: InvalidArgument: 4 x --object-size x --count: {2**63} x 4 overflows "
+        "64 bits\n"))
     assert os.listdir(disk_dir) == []
+
+
+def test_bench_store_leaves_a_locked_store_alone(disk_dir):
+    """Was: a second `bench store` on the same --path removed the running one's store."""
+    import fcntl
+    store = os.path.join(disk_dir, "strata-bench-store")
+    os.makedirs(store)
+    with open(os.path.join(store, "LOCK"), "w") as lock:
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as Store.open does
+        open(os.path.join(store, "catalog.db"), "w").close()
+        p = run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "1",
+                "--rounds", "1", check=False)
+    assert (p.returncode, p.stderr, p.stdout) == (1, (
+        f"strata: error: FailedPrecondition: store {store} is locked by pid {os.getpid()} "
+        "(another benchmark on this --path?); nothing was removed\n"), "")
+    assert sorted(os.listdir(store)) == ["LOCK", "catalog.db"]
 
 
 def test_bench_adam_refuses_zero_params_and_more_than_memory():

@@ -83,6 +83,18 @@ TEST(StoreOps, ErrorsAreDistinctAndStoreStaysUsable) {
   // OutOfRange
   EXPECT_EQ(s->read_range_sync("k", 30, 11, out.data()).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(s->write_range_sync("k", 41, 0, a.data()).code(), StatusCode::kOutOfRange);
+  // The messages give offset and length (offset + length may not fit 64 bits).
+  EXPECT_EQ(s->read_range_sync("k", 5, UINT64_MAX, out.data()).to_string(),
+            "OutOfRange: read_range 'k': 18446744073709551615 bytes at offset 5 go past the end "
+            "of the object (40 bytes)");
+  EXPECT_EQ(s->write_range_sync("k", UINT64_MAX, 2, a.data()).to_string(),
+            "OutOfRange: write_range 'k': 2 bytes at offset 18446744073709551615 go past the "
+            "end of the object (40 bytes)");
+  // A null buffer for a non-empty range.
+  EXPECT_EQ(s->read_range_sync("k", 0, 4, nullptr).to_string(),
+            "InvalidArgument: read_range 'k': dst is null");
+  EXPECT_EQ(s->write_range_sync("k", 0, 4, nullptr).to_string(),
+            "InvalidArgument: write_range 'k': src is null");
   // Unpin of an unpinned object; evict of a pinned one.
   EXPECT_EQ(s->unpin_sync("k").code(), StatusCode::kFailedPrecondition);
   // Empty key.

@@ -506,6 +506,68 @@ TEST(StoreValidation, OpeningADirectoryWithoutCreateLeavesItUntouched) {
   EXPECT_TRUE(fs::is_empty(d.path()));  // no LOCK, no ballast
 }
 
+TEST(StoreValidation, AnEmptyCatalogFileIsNotMadeIntoAStoreWithoutCreate) {
+  // Was: a directory holding only a 0-byte catalog.db became a new, empty store (LOCK,
+  // ballast, data file) when opened writable without create.
+  TempDir d;
+  { std::ofstream(d.sub("catalog.db")).flush(); }
+  for (bool ro : {false, true}) {
+    auto o = small_options(d.path());
+    o.create = false;
+    o.read_only = ro;
+    auto r = Store::open(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().to_string(),
+              "DataLoss: catalog " + d.sub("catalog.db") +
+                  " is not a strata catalog: no such table: objects");
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(d.path())) names.push_back(e.path().filename());
+    EXPECT_EQ(names, std::vector<std::string>{"catalog.db"});
+    EXPECT_EQ(fs::file_size(d.sub("catalog.db")), 0u);
+  }
+  // With create, the empty file (e.g. left by a crash while the store was created) becomes
+  // a store.
+  auto a = pattern(5000, 61);
+  ASSERT_OK(put_and_close(small_options(d.path()), "a", a));
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);
+}
+
+TEST(StoreValidation, CloseThatCannotWriteBackKeepsTheStoreOpen) {
+  // Was: close() returned ResourceExhausted and closed anyway, dropping the dirty host
+  // object for good. Now the store stays open: make room, close again, nothing is lost.
+  TempDir d;
+  auto o = small_options(d.path());
+  o.chunk_bytes = 16u << 10;
+  o.nvme_budget_bytes = 64u << 10;
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  auto n = pattern(48u << 10, 62);
+  auto h = pattern(32u << 10, 63);
+  ASSERT_OK(s->put_sync("n", n.data(), TensorDesc::bytes(n.size())));
+  ASSERT_OK(s->put_sync("h", h.data(), TensorDesc::bytes(h.size()), {Tier::kHost}));
+  Status st = s->close();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+  EXPECT_NE(st.message().find("close: the store stays open"), std::string::npos)
+      << st.to_string();
+  std::vector<uint8_t> out(h.size());
+  ASSERT_OK(s->get_bytes_sync("h", out.data(), out.size()));  // still open and whole
+  EXPECT_EQ(out, h);
+  ASSERT_OK(s->remove_sync("n"));
+  ASSERT_OK(s->close());
+  EXPECT_EQ(s->get_bytes_sync("h", out.data(), out.size()).code(),
+            StatusCode::kFailedPrecondition);
+  s = open_or_die(o);
+  ASSERT_TRUE(s);
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_OK(s->get_bytes_sync("h", out.data(), out.size()));
+  EXPECT_EQ(out, h);
+  EXPECT_FALSE(s->contains("n"));
+}
+
 TEST(StoreValidation, DamagedChunkSizeOrDirectoryRecordIsDataLoss) {
   // Values that once threw (std::stoull), divided by zero or sent unaligned direct I/O.
   const std::vector<std::pair<std::string, std::string>> bad = {

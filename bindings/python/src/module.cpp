@@ -503,7 +503,9 @@ class PyStore {
       py::gil_scoped_release nogil;
       st = store_->close();
     }
-    store_.reset();
+    // A failed write-back leaves the store open (Store::close): keep it usable, so that the
+    // caller can make room and close again.
+    if (st.ok()) store_.reset();
     check(st);
   }
 
@@ -592,6 +594,18 @@ class PyStore {
     const std::string key = to_text(key_arg, "key");
     const uint64_t offset = to_u64(offset_arg, "offset");
     const uint64_t nbytes = to_u64(nbytes_arg, "nbytes");
+    {
+      // A range past the end is OutOfRange, also when `nbytes` could not be allocated: the
+      // store checks the range before it touches the destination (none here).
+      py::gil_scoped_release nogil;
+      auto info = s().stat(key);
+      if (info.ok() && (offset > info->nbytes || nbytes > info->nbytes - offset)) {
+        // (null dst: InvalidArgument when an overwrite made the range valid meanwhile;
+        // then read as usual below)
+        Status st = s().read_range_sync(key, offset, nbytes, nullptr);
+        if (st.code() == StatusCode::kOutOfRange) check(st);
+      }
+    }
     void* data = nullptr;
     py::object arr = new_aligned_array(TensorDesc::bytes(nbytes), &data);
     Status st;

@@ -145,7 +145,13 @@ class Store:
     # ---- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flushes and releases the store. Later calls raise FailedPreconditionError."""
+        """Flushes and releases the store. Later calls raise FailedPreconditionError.
+
+        :raises ResourceExhaustedError: (MemoryError) dirty host/device objects could not be
+            written back (NVMe budget or disk full). Nothing is dropped: the store stays
+            open, so ``delete`` some objects (or ``evict``) and ``close()`` again; a store
+            that is garbage-collected open drops what it cannot write back.
+        :raises IoError: (OSError) likewise for an I/O error during the write-back."""
         self._s.close()
 
     @property
@@ -168,6 +174,8 @@ class Store:
 
         :param dtype: reinterpret the elements, e.g. ``"bf16"`` for a uint16 numpy array
             holding bfloat16 bits.
+        :param overwrite: replace an existing ``key`` whole: the new version's tier and pin
+            are this call's, and the old version's pins end with it.
         :raises AlreadyExistsError: (KeyError) ``key`` exists and not ``overwrite``.
         :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array,
             foreign byte order (e.g. numpy ``'>f4'``), sparse/meta/conj/neg torch tensor.

@@ -184,7 +184,9 @@ typedef struct strata_store_options {
 STRATA_C_API strata_status_t strata_store_open(const strata_store_options_t* options,
                                                strata_store_t** store);
 /** Flushes, releases the lock and frees the handle (NULL is a no-op returning OK). The
- *  handle is freed even when the flush fails (the error is returned). */
+ *  handle is freed even when the flush fails (the error is returned, and dirty host/device
+ *  objects that could not be written back are dropped): call strata_store_flush() first to
+ *  handle a failed write-back (e.g. remove objects and flush again) while the store is open. */
 STRATA_C_API strata_status_t strata_store_close(strata_store_t* store);
 
 /** Put flags. */

@@ -143,7 +143,10 @@ struct ObjectInfo {
 
 struct PutOptions {
   Tier tier = Tier::kNvme;  ///< tier that receives the object. Default nvme.
-  bool overwrite = false;   ///< replace an existing key (else AlreadyExists). Default false.
+  /// Replace an existing key (else AlreadyExists). Default false. The new version replaces
+  /// the old one whole: its tier and pin come from these options, and the old version's
+  /// pins end with it (a later unpin of the key is FailedPrecondition unless `pin`).
+  bool overwrite = false;
   bool pin = false;         ///< pin at once (host/device tiers only). Default false.
 };
 
@@ -300,8 +303,12 @@ class Store {
   /// True when the device tier is usable (CUDA build and a GPU).
   virtual bool has_device() const = 0;
 
-  /// Flushes, waits for every operation, releases the lock. Later calls fail with
-  /// FailedPrecondition. Idempotent.
+  /// Waits for every operation, flushes, releases the lock. Later calls fail with
+  /// FailedPrecondition. Idempotent; concurrent calls wait for the first.
+  /// When the flush fails (e.g. ResourceExhausted: dirty host/device objects do not fit
+  /// the NVMe budget or the disk), nothing is dropped: the error is returned and the store
+  /// stays open, so the caller can make room (remove objects) and close again. The
+  /// destructor closes regardless, dropping dirty objects it cannot write back (logged).
   virtual Status close() = 0;
 
   // Blocking conveniences: the async call followed by result().
