@@ -1,6 +1,7 @@
 // strata::store — file opening, DIO alignment, request planning and completion accounting
 // shared by the io_uring and thread-pool engines. See io_common.hpp.
 #include "io_common.hpp"
+#include "strata/store/topology.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -60,7 +61,38 @@ Result<IoEngineOptions> IoEngineOptions::from_env() {
   return o;
 }
 
+namespace io {
+
+Result<std::vector<int>> numa_node_cpus(int node) {
+  if (node < 0) return std::vector<int>{};
+  STRATA_ASSIGN_OR_RETURN(auto topo, Topology::system());
+  const NumaNodeInfo* n = topo->numa_node(node);
+  if (n == nullptr) {
+    return invalid_argument("IoEngineOptions.numa_node=" + std::to_string(node) +
+                            ": this machine has no NUMA node " + std::to_string(node) + " (" +
+                            std::to_string(topo->numa_nodes().size()) + " nodes)");
+  }
+  if (n->cpus.empty()) {
+    return invalid_argument("IoEngineOptions.numa_node=" + std::to_string(node) +
+                            ": NUMA node " + std::to_string(node) + " has no CPUs");
+  }
+  return n->cpus;
+}
+
+void bind_engine_thread(const std::vector<int>& cpus, int node) {
+  if (cpus.empty()) return;
+  auto topo = Topology::system();
+  Status st = topo.ok() ? (*topo)->bind_thread_to_cpus(cpus) : topo.status();
+  if (!st.ok()) {
+    warn_once("io_thread_bind", "I/O engine threads stay unbound (NUMA node " +
+                                    std::to_string(node) + "): " + st.to_string());
+  }
+}
+
+}  // namespace io
+
 Result<std::shared_ptr<IoEngine>> IoEngine::create(const IoEngineOptions& options) {
+  if (options.numa_node >= 0) STRATA_RETURN_IF_ERROR(io::numa_node_cpus(options.numa_node).status());
   if (options.queue_depth == 0 || options.queue_depth > 4096) {
     return invalid_argument("IoEngineOptions.queue_depth=" + std::to_string(options.queue_depth) +
                             ": must be in 1..4096");

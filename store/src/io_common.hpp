@@ -182,6 +182,14 @@ class EngineBase : public IoEngine {
   InflightCounter inflight_;
 };
 
+/// The CPUs of NUMA node `node` of the running machine (empty when node < 0).
+/// \error InvalidArgument when the machine has no such node (or it has no CPUs); as
+///     Topology::system().
+Result<std::vector<int>> numa_node_cpus(int node);
+/// Binds the calling engine thread to `cpus` (nothing when empty); a failure is one
+/// warning per process (the thread runs unbound).
+void bind_engine_thread(const std::vector<int>& cpus, int node);
+
 std::shared_ptr<IoEngine> make_threads_engine(const IoEngineOptions& options);
 /// nullptr + status when io_uring cannot be set up.
 Result<std::shared_ptr<IoEngine>> make_uring_engine(const IoEngineOptions& options);

@@ -19,7 +19,14 @@ class ThreadsEngine final : public EngineBase {
     options_.kind = EngineKind::kThreads;
     const uint32_t n = std::min<uint32_t>(64, std::max<uint32_t>(1, o.queue_depth * o.workers));
     threads_.reserve(n);
-    for (uint32_t i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+    auto cpus = numa_node_cpus(o.numa_node);  // checked by IoEngine::create
+    cpus_ = cpus.ok() ? *cpus : std::vector<int>{};
+    for (uint32_t i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        bind_engine_thread(cpus_, options_.numa_node);
+        loop();
+      });
+    }
   }
 
   ~ThreadsEngine() override {
@@ -69,6 +76,7 @@ class ThreadsEngine final : public EngineBase {
   std::deque<Piece*> queue_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  std::vector<int> cpus_;  // of options_.numa_node; empty: unbound
 };
 
 }  // namespace

@@ -55,6 +55,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
                                                   : options_.queue_depth + 1;
     unsigned entries = 1;
     while (entries < options_.queue_depth + 1) entries <<= 1;
+    STRATA_ASSIGN_OR_RETURN(cpus_, numa_node_cpus(options_.numa_node));
     for (uint32_t i = 0; i < options_.workers; ++i) {
       auto w = std::make_unique<Worker>();
       io_uring_params p{};
@@ -70,6 +71,20 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
                                      (options_.iopoll ? ", IOPOLL" : "") + ")");
       }
       w->ring_ok = true;
+      if (!cpus_.empty()) {
+        // The kernel's async workers for this ring (io-wq: blocking or punted requests)
+        // run on the node's CPUs too. Best effort: kernels before 5.14 lack it.
+        cpu_set_t mask;
+        CPU_ZERO(&mask);
+        for (int c : cpus_) {
+          if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &mask);
+        }
+        int arc = io_uring_register_iowq_aff(&w->ring, sizeof mask, &mask);
+        if (arc < 0) {
+          log_debug("io_uring_register_iowq_aff failed (errno " + std::to_string(-arc) +
+                    "); io-wq workers stay unbound");
+        }
+      }
       if (use_eventfd_) {
         w->efd = ::eventfd(0, EFD_CLOEXEC);
         if (w->efd < 0) return errno_status(errno, "eventfd for the io_uring worker");
@@ -114,7 +129,10 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
     link_->owner = this;
     for (auto& w : workers_) {
       Worker* wp = w.get();
-      w->thread = std::thread([this, wp] { loop(*wp); });
+      w->thread = std::thread([this, wp] {
+        bind_engine_thread(cpus_, options_.numa_node);
+        loop(*wp);
+      });
     }
     return Status::OK();
   }
@@ -452,6 +470,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
   std::atomic<uint32_t> rr_{0};
   bool use_eventfd_ = true;
   unsigned batch_ = 1;  // SQEs per io_uring_submit at most
+  std::vector<int> cpus_;  // of options_.numa_node; empty: unbound
   bool fixed_buffers_ = false;
   bool fixed_files_ = false;
   std::shared_mutex regions_mu_;

@@ -46,7 +46,9 @@
 #include "strata/base/logging.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
+#include "strata/store/placement.hpp"
 #include "strata/store/store.hpp"
+#include "strata/store/topology.hpp"
 
 namespace strata {
 
@@ -460,6 +462,7 @@ class StoreImpl final : public Store {
   const StoreOptions& options() const override { return opts_; }
   std::shared_ptr<IoEngine> engine() const override { return engine_; }
   bool has_device() const override { return has_device_; }
+  const StorePlacement& placement() const override { return placement_; }
   Status close() override { return close_impl(true); }
   /// close(); when the write-back fails and `stay_open_on_failure`, the store reopens for
   /// operations and returns the error (the destructor passes false: it always closes).
@@ -528,14 +531,22 @@ class StoreImpl final : public Store {
                            const ChunkRef& c, uint64_t lo, uint64_t hi, bool verify,
                            const std::function<Status(const uint8_t*, uint64_t, uint64_t)>& sink);
   Status copy_mem(void* dst, const void* src, uint64_t n, bool any_dev);
-  /// Submits the write of `len` bytes from host memory `s` (aligned for O_DIRECT on `file`)
+  /// Submits the write of `len` bytes from host memory `s` (aligned for O_DIRECT on the
+  /// data file of NVMe directory `dir`)
   /// at `offset` (4 KiB-aligned); a partial last 4 KiB block goes through a zero-padded
   /// block appended to `tails`. Appends the engine futures to `futs` (the caller waits for
   /// them, and hashes `s` while they are in flight).
-  void write_direct(const std::shared_ptr<IoFile>& file, const uint8_t* s, uint64_t len,
+  void write_direct(uint32_t dir, const uint8_t* s, uint64_t len,
                     uint64_t offset, std::vector<Future<uint64_t>>& futs,
                     std::vector<AlignedBlock>& tails);
-  Result<PinnedBuffer> staging(uint64_t nbytes);
+  /// Fills placement_ (placement.hpp) for dirs_ and the store's GPU (has_device_).
+  /// \error InvalidArgument for a bad StoreOptions::numa_node.
+  Status plan_placement();
+  /// Pinned staging memory of `nbytes` from the pool serving NVMe directory `dir` (on its
+  /// NUMA node).
+  Result<PinnedBuffer> staging(uint32_t dir, uint64_t nbytes);
+  /// The I/O engine serving NVMe directory `dir` (its threads on the directory's node).
+  IoEngine& io(uint32_t dir) { return *groups_[dir_group_[dir]].engine; }
   Status checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,
                         const ChunkRef& c, uint64_t got) const;
   void mark_dir_dirty(uint32_t dir) { dir_dirty_[dir].store(true); }
@@ -580,7 +591,17 @@ class StoreImpl final : public Store {
   uint64_t device_budget_ = 0;
   std::shared_ptr<std::atomic<uint64_t>> device_used_ = std::make_shared<std::atomic<uint64_t>>(0);
 
-  std::shared_ptr<IoEngine> engine_;
+  std::shared_ptr<IoEngine> engine_;  // groups_[0]'s: engine(), shared with the optimizer
+  /// NUMA placement (placement.hpp): one I/O engine and one staging pool per distinct node
+  /// of the NVMe directories; dir_group_[d] indexes the group serving directory d.
+  struct IoGroup {
+    int node = -1;
+    std::shared_ptr<IoEngine> engine;
+    std::shared_ptr<PinnedPool> staging;
+  };
+  StorePlacement placement_;
+  std::vector<IoGroup> groups_;
+  std::vector<uint32_t> dir_group_;
   std::vector<std::shared_ptr<IoFile>> files_;
   std::unique_ptr<std::atomic<bool>[]> dir_dirty_;
   std::vector<int> grow_fds_;                 // plain fds of the data files, for fallocate
@@ -588,7 +609,6 @@ class StoreImpl final : public Store {
   std::mutex grow_mu_;
   std::shared_ptr<ExtentAllocator> alloc_;
   std::shared_ptr<PinnedPool> host_pool_;
-  std::shared_ptr<PinnedPool> staging_pool_;
   std::unique_ptr<catalog::Catalog> catalog_;
 
   mutable std::mutex mu_;
@@ -768,12 +788,6 @@ Status StoreImpl::init(StoreOptions options) {
     }
   }
 
-  // Engine and data files: <dir>/strata-<uuid>.data, one per NVMe directory.
-  if (opts_.engine) {
-    engine_ = opts_.engine;
-  } else {
-    STRATA_ASSIGN_OR_RETURN(engine_, IoEngine::create(opts_.engine_options));
-  }
   dir_dirty_.reset(new std::atomic<bool>[dirs_.size()]);
   file_end_.reset(new std::atomic<uint64_t>[dirs_.size()]);
   for (size_t i = 0; i < dirs_.size(); ++i) {
@@ -784,10 +798,40 @@ Status StoreImpl::init(StoreOptions options) {
       fs::create_directories(dirs_[i], ec);
       if (ec) return errno_status(ec.value(), "create nvme directory " + dirs_[i]);
     }
+  }
+
+  // NUMA placement, then one engine per node of the directories (its threads bound there),
+  // or the shared engine for all.
+  has_device_ = store_detail::device_available(opts_.device_id);
+  STRATA_RETURN_IF_ERROR(plan_placement());
+  dir_group_.resize(dirs_.size());
+  for (size_t i = 0; i < dirs_.size(); ++i) {
+    const int node = placement_.dir_nodes[i];
+    size_t g = 0;
+    while (g < groups_.size() && groups_[g].node != node) ++g;
+    if (g == groups_.size()) {
+      IoGroup grp;
+      grp.node = node;
+      if (opts_.engine) {
+        grp.engine = opts_.engine;
+      } else {
+        IoEngineOptions eo = opts_.engine_options;
+        if (eo.numa_node < 0) eo.numa_node = node;
+        STRATA_ASSIGN_OR_RETURN(grp.engine, IoEngine::create(eo));
+      }
+      groups_.push_back(std::move(grp));
+    }
+    dir_group_[i] = static_cast<uint32_t>(g);
+  }
+  engine_ = groups_[0].engine;
+
+  // Data files: <dir>/strata-<uuid>.data, one per NVMe directory.
+  for (size_t i = 0; i < dirs_.size(); ++i) {
     std::string fpath = dirs_[i] + "/strata-" + uuid_ + ".data";
     bool existed = fs::exists(fpath, ec);
     if (existed) file_end_[i].store(fs::file_size(fpath, ec));
-    auto f = engine_->open(fpath, read_only_ ? OpenMode::kRead : OpenMode::kReadWrite);
+    auto f = io(static_cast<uint32_t>(i)).open(fpath, read_only_ ? OpenMode::kRead
+                                                                 : OpenMode::kReadWrite);
     if (!f.ok()) {
       if (read_only_ && !existed) {
         files_.push_back(nullptr);
@@ -830,16 +874,24 @@ Status StoreImpl::init(StoreOptions options) {
   // Pinned memory: host tier and staging buffers.
   piece_bytes_ = std::max<uint64_t>(
       kAlign, align_down(std::min<uint64_t>(chunk_bytes_, opts_.staging_bytes / 8), kAlign));
+  // Staging memory: staging_bytes per group, on the group's node. The host tier: on
+  // placement_.host_node, registered with the engine of that node's directories (if any).
   PinnedPoolOptions so;
   so.budget_bytes = align_up(opts_.staging_bytes, kAlign);
-  so.numa_node = opts_.numa_node;
-  STRATA_ASSIGN_OR_RETURN(staging_pool_, PinnedPool::create(so, engine_));
+  for (auto& g : groups_) {
+    so.numa_node = g.node;
+    STRATA_ASSIGN_OR_RETURN(g.staging, PinnedPool::create(so, g.engine));
+  }
   if (opts_.host_budget_bytes > 0 && !read_only_) {
     PinnedPoolOptions ho = so;
     ho.budget_bytes = align_up(opts_.host_budget_bytes, kAlign);
-    STRATA_ASSIGN_OR_RETURN(host_pool_, PinnedPool::create(ho, engine_));
+    ho.numa_node = placement_.host_node;
+    std::shared_ptr<IoEngine> he = engine_;
+    for (const auto& g : groups_) {
+      if (g.node == placement_.host_node) he = g.engine;
+    }
+    STRATA_ASSIGN_OR_RETURN(host_pool_, PinnedPool::create(ho, he));
   }
-  has_device_ = store_detail::device_available(opts_.device_id);
   if (has_device_) {
     device_budget_ = opts_.device_budget_bytes ? opts_.device_budget_bytes
                                                : store_detail::device_free_bytes(opts_.device_id) / 2;
@@ -848,6 +900,35 @@ Status StoreImpl::init(StoreOptions options) {
   if (!read_only_) committer_ = std::thread([this] { committer_loop(); });
   pool_.start(opts_.worker_threads);
   started_ = true;
+  return Status::OK();
+}
+
+Status StoreImpl::plan_placement() {
+  const int opt = opts_.numa_node;
+  auto topo = Topology::system();
+  if (topo.ok() && (*topo)->is_this_system()) {
+    auto p = plan_store_placement_for_paths(**topo, dirs_, has_device_ ? opts_.device_id : -1,
+                                            opt);
+    if (p.ok()) {
+      placement_ = std::move(*p);
+      log_debug("store " + opts_.path + ": NUMA placement:\n" + placement_.describe(dirs_));
+      return Status::OK();
+    }
+    if (p.status().code() == StatusCode::kInvalidArgument) return p.status();
+    log_warn("store " + opts_.path + ": no NUMA placement (" + p.status().to_string() + ")");
+  } else if (!topo.ok()) {
+    log_warn("store " + opts_.path + ": no NUMA placement (" + topo.status().to_string() + ")");
+  }
+  // No topology of this machine (e.g. HWLOC_XMLFILE names another one): a node given in
+  // the options for everything, else no binding.
+  if (opt < kNumaNone) {
+    return invalid_argument("StoreOptions.numa_node=" + std::to_string(opt) +
+                            ": expected a node number, -1 (automatic) or -2 (none)");
+  }
+  placement_ = StorePlacement{};
+  placement_.dir_devices.assign(dirs_.size(), "");
+  placement_.dir_nodes.assign(dirs_.size(), opt >= 0 ? opt : -1);
+  placement_.host_node = opt >= 0 ? opt : -1;
   return Status::OK();
 }
 
@@ -904,13 +985,13 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
     objects_.clear();
     durable_.clear();
   }
-  if (engine_) engine_->drain();
+  for (auto& g : groups_) g.engine->drain();
   files_.clear();
   for (int fd : grow_fds_) ::close(fd);
   grow_fds_.clear();
   catalog_.reset();
   host_pool_.reset();
-  staging_pool_.reset();
+  for (auto& g : groups_) g.staging.reset();
   if (lock_fd_ >= 0) {
     ::flock(lock_fd_, LOCK_UN);
     ::close(lock_fd_);
@@ -1193,7 +1274,7 @@ void StoreImpl::committer_loop() {
     Status st;
     std::vector<Future<void>> syncs;
     for (size_t d = 0; d < files_.size(); ++d) {
-      if (dir_dirty_[d].exchange(false)) syncs.push_back(engine_->sync(files_[d]));
+      if (dir_dirty_[d].exchange(false)) syncs.push_back(io(d).sync(files_[d]));
     }
     for (auto& f : syncs) {
       const auto& r = f.result();
@@ -1319,8 +1400,9 @@ void StoreImpl::restore_ballast() {
   }
 }
 
-Result<PinnedBuffer> StoreImpl::staging(uint64_t nbytes) {
-  auto r = staging_pool_->allocate(align_up(nbytes, kAlign), std::chrono::minutes(10));
+Result<PinnedBuffer> StoreImpl::staging(uint32_t dir, uint64_t nbytes) {
+  auto r = groups_[dir_group_[dir]].staging->allocate(align_up(nbytes, kAlign),
+                                                      std::chrono::minutes(10));
   if (!r.ok()) return r.status().with_context("staging buffer of " + format_bytes(nbytes));
   return r;
 }
@@ -1349,7 +1431,7 @@ Result<uint64_t> StoreImpl::staged_write_chunk(
     const Extent& ext, uint64_t len,
     const std::function<Status(uint8_t*, uint64_t, uint64_t)>& fill) {
   const uint64_t piece = std::min(piece_bytes_, align_up(len, kAlign));
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(2 * piece));
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(ext.dir, 2 * piece));
   uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
   Future<uint64_t> pending[2];
   XXH3_state_t* h = XXH3_createState();
@@ -1372,7 +1454,7 @@ Result<uint64_t> StoreImpl::staged_write_chunk(
     xxh3_update(h, bufs[b], plen);
     uint64_t padded = align_up(plen, kAlign);
     if (padded > plen) std::memset(bufs[b] + plen, 0, padded - plen);
-    pending[b] = engine_->write(files_[ext.dir], bufs[b], padded, ext.offset + p);
+    pending[b] = io(ext.dir).write(files_[ext.dir], bufs[b], padded, ext.offset + p);
   }
   for (auto& f : pending) {
     if (f.valid()) {
@@ -1386,16 +1468,18 @@ Result<uint64_t> StoreImpl::staged_write_chunk(
   return digest;
 }
 
-void StoreImpl::write_direct(const std::shared_ptr<IoFile>& file, const uint8_t* s,
+void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
                              uint64_t len, uint64_t offset, std::vector<Future<uint64_t>>& futs,
                              std::vector<AlignedBlock>& tails) {
   const uint64_t body = align_down(len, kAlign);
-  if (body > 0) futs.push_back(engine_->write(file, s, body, offset));
+  const auto& file = files_[dir];
+  IoEngine& engine = io(dir);
+  if (body > 0) futs.push_back(engine.write(file, s, body, offset));
   if (len > body) {
     AlignedBlock t = aligned_block(kAlign);
     std::memset(t.get(), 0, kAlign);
     std::memcpy(t.get(), s + body, len - body);
-    futs.push_back(engine_->write(file, t.get(), kAlign, offset + body));
+    futs.push_back(engine.write(file, t.get(), kAlign, offset + body));
     tails.push_back(std::move(t));
   }
 }
@@ -1452,7 +1536,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
     bool direct = !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1));
     if (direct) {
       mark_dir_dirty(dir);
-      write_direct(file, s, len, c.ext->offset, futs, tails);
+      write_direct(dir, s, len, c.ext->offset, futs, tails);
       hash_later.push_back(j);
     } else {
       auto h = staged_write_chunk(*c.ext, len, [&](uint8_t* buf, uint64_t off, uint64_t n) {
@@ -1483,14 +1567,14 @@ Status StoreImpl::staged_read_chunk(
   uint64_t a = verify ? 0 : align_down(lo, kAlign);
   uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
   const uint64_t piece = std::min(piece_bytes_, align_up(b - a, kAlign));
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(2 * piece));
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(c.ext->dir, 2 * piece));
   uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
   const auto& file = files_[c.ext->dir];
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   auto submit = [&](uint64_t p, int bi) {
     uint64_t plen = std::min(piece, b - p);
-    return engine_->read(file, bufs[bi], align_up(plen, kAlign), c.ext->offset + p);
+    return io(c.ext->dir).read(file, bufs[bi], align_up(plen, kAlign), c.ext->offset + p);
   };
   Status st;
   Future<uint64_t> next = submit(a, 0);
@@ -1547,12 +1631,13 @@ Status StoreImpl::read_layout(const std::string& key, const Layout& l, uint64_t 
       x.j = static_cast<uint32_t>(j);
       x.body = align_down(c.nbytes, kAlign);
       for (uint64_t p = 0; p < x.body; p += kHashPiece) {
-        x.futs.push_back(engine_->read(file, d + p, std::min(kHashPiece, x.body - p),
+        x.futs.push_back(io(c.ext->dir).read(file, d + p, std::min(kHashPiece, x.body - p),
                                        c.ext->offset + p));
       }
       if (c.nbytes > x.body) {
         x.tail = aligned_block(kAlign);
-        x.futs.push_back(engine_->read(file, x.tail.get(), kAlign, c.ext->offset + x.body));
+        x.futs.push_back(io(c.ext->dir).read(file, x.tail.get(), kAlign,
+                                             c.ext->offset + x.body));
       }
       direct.push_back(std::move(x));
     } else {
@@ -1986,7 +2071,7 @@ Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, co
       mark_dir_dirty(ext->dir);
       std::vector<Future<uint64_t>> futs;
       std::vector<AlignedBlock> tails;
-      write_direct(file, s, old.nbytes, ext->offset, futs, tails);
+      write_direct(ext->dir, s, old.nbytes, ext->offset, futs, tails);
       nc.checksum = xxh3_64(s, old.nbytes);  // while the write is in flight
       Status wst;
       for (auto& f : futs) {
@@ -2005,7 +2090,7 @@ Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, co
       const auto& ofile = files_[old.ext->dir];
       auto h = staged_write_chunk(*ext, old.nbytes, [&](uint8_t* buf, uint64_t p, uint64_t plen) {
         if (partial) {
-          STRATA_RETURN_IF_ERROR(engine_->read(ofile, buf, align_up(plen, kAlign),
+          STRATA_RETURN_IF_ERROR(io(old.ext->dir).read(ofile, buf, align_up(plen, kAlign),
                                                old.ext->offset + p).result().status());
           if (vh) xxh3_update(vh, buf, plen);
         }

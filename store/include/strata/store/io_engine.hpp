@@ -45,6 +45,12 @@ struct IoEngineOptions {
   /// 1 MiB O_DIRECT reads at queue depth 32 ran ~10% slower (8 merged 4 MiB requests in
   /// flight instead of 32), while one io_uring_enter per >= 128 KiB transfer costs < 1%.
   uint32_t submit_batch = 0;
+  /// NUMA node (kernel number) whose CPUs run the engine's threads: its worker threads
+  /// are bound there (hwloc), and with io_uring the kernel's async workers too
+  /// (IORING_REGISTER_IOWQ_AFF). -1 = no binding. A store places one engine per node of
+  /// its NVMe directories (see StorePlacement). A node the machine lacks is InvalidArgument
+  /// at create(); a binding the kernel refuses is one warning.
+  int numa_node = -1;
   bool sqpoll = false;                   ///< IORING_SETUP_SQPOLL (opt-in)
   bool iopoll = false;                   ///< IORING_SETUP_IOPOLL (opt-in; O_DIRECT only)
 

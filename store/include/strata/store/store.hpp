@@ -36,6 +36,7 @@
 #include "strata/base/status.hpp"
 #include "strata/collectives/dtype.hpp"
 #include "strata/store/io_engine.hpp"
+#include "strata/store/placement.hpp"
 
 namespace strata {
 
@@ -97,7 +98,12 @@ struct StoreOptions {
   bool recreate_catalog = false;
   /// Threads that run store operations (each may block on the engine). Default 4.
   uint32_t worker_threads = 4;
-  /// NUMA node for pinned memory; -1 = no binding. Default -1.
+  /// NUMA placement (placement.hpp). kNumaAuto (-1, default): from the topology, each NVMe
+  /// directory's staging memory and I/O threads on the node nearest its block device, the
+  /// host tier near the GPU (or where most directories are); kNumaNone (-2): no binding;
+  /// a node number: everything on that node (InvalidArgument when the machine lacks it).
+  /// Directories on one node share an I/O engine and a staging pool (staging_bytes each).
+  /// With a shared `engine`, only the memory is placed.
   int numa_node = -1;
   /// Options of the I/O engine the store creates (when `engine` is null).
   IoEngineOptions engine_options;
@@ -302,6 +308,9 @@ class Store {
   virtual std::shared_ptr<IoEngine> engine() const = 0;
   /// True when the device tier is usable (CUDA build and a GPU).
   virtual bool has_device() const = 0;
+  /// The NUMA placement chosen at open (StoreOptions::numa_node): one node per NVMe
+  /// directory (same order as options().nvme_dirs), the host tier's and the GPU's.
+  virtual const StorePlacement& placement() const = 0;
 
   /// Waits for every operation, flushes, releases the lock. Later calls fail with
   /// FailedPrecondition. Idempotent; concurrent calls wait for the first.
