@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/gpu.hpp"
+#include "strata/store/placement.hpp"
 #include "strata/store/topology.hpp"
 
 namespace strata::cli {
@@ -44,6 +46,16 @@ std::string limit_str(uint64_t b) {
   return b == UINT64_MAX ? std::string("unlimited") : format_bytes(b);
 }
 
+/// `text` with two spaces before each line.
+std::string indent(const std::string& text) {
+  std::string out = "  ";
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += "  ";
+  }
+  return out;
+}
+
 int run_info(const InfoArgs& args) {
   Result<std::shared_ptr<const Topology>> loaded = !args.xml.empty() ? Topology::load_xml(args.xml)
                                                    : !args.synthetic.empty()
@@ -60,6 +72,15 @@ int run_info(const InfoArgs& args) {
   }
   const HostFeatures host = probe_host_features();
   const auto gpus = topo.gpus();
+  // Where a store over these paths (as NVMe directories) would place its pinned staging
+  // memory, I/O threads and host tier, for the first GPU when there is one.
+  std::optional<StorePlacement> placement;
+  if (!paths.empty()) {
+    const int gpu = !gpus.empty() && gpus[0].cuda_index >= 0 ? gpus[0].cuda_index : -1;
+    auto pl = plan_store_placement_for_paths(topo, args.paths, gpu, kNumaAuto);
+    if (!pl.ok()) return report_error(pl.status());
+    placement = std::move(*pl);
+  }
 
   if (args.json) {
     nlohmann::json j;
@@ -107,6 +128,17 @@ int run_info(const InfoArgs& args) {
            {"dio_mem_align", p.dio_mem_align},
            {"dio_offset_align", p.dio_offset_align},
            {"dio_alignment", p.dio_alignment()}});
+    }
+    if (placement) {
+      nlohmann::json dirs = nlohmann::json::array();
+      for (size_t i = 0; i < args.paths.size(); ++i) {
+        dirs.push_back({{"path", args.paths[i]},
+                        {"device", placement->dir_devices[i]},
+                        {"numa_node", node_json(placement->dir_nodes[i])}});
+      }
+      j["store_placement"] = {{"nvme_dirs", dirs},
+                              {"host_tier_numa_node", node_json(placement->host_node)},
+                              {"gpu_numa_node", node_json(placement->gpu_node)}};
     }
     j["io_uring"] = {{"available", host.io_uring}, {"errno", host.io_uring_errno}};
     j["huge_pages"] = {{"thp", host.thp_mode},
@@ -160,6 +192,11 @@ int run_info(const InfoArgs& args) {
                   node_str(p.numa_node).c_str(), p.logical_block_size, dio(p.dio_mem_align).c_str(),
                   dio(p.dio_offset_align).c_str(), p.dio_alignment());
     }
+  }
+  if (placement) {
+    std::printf("\nStore placement (these paths as NVMe directories%s)\n%s\n",
+                placement->gpu_node >= 0 ? ", the first GPU" : "",
+                indent(placement->describe(args.paths)).c_str());
   }
   std::printf(
       "\nio_uring: %s\n",

@@ -650,6 +650,19 @@ Status StoreImpl::init(StoreOptions options) {
   opts_ = std::move(options);
   read_only_ = opts_.read_only;
   STRATA_RETURN_IF_ERROR(store_detail::check_store_paths(opts_));  // empty/NUL, duplicate dirs
+  if (opts_.numa_node < kNumaNone) {  // before anything is created
+    return invalid_argument("StoreOptions.numa_node=" + std::to_string(opts_.numa_node) +
+                            ": expected a node number, -1 (automatic) or -2 (none)");
+  }
+  if (opts_.numa_node >= 0) {
+    auto topo = Topology::system();
+    if (topo.ok() && (*topo)->numa_node(opts_.numa_node) == nullptr) {
+      return invalid_argument("StoreOptions.numa_node=" + std::to_string(opts_.numa_node) +
+                              ": the machine has no NUMA node " +
+                              std::to_string(opts_.numa_node) + " (" +
+                              std::to_string((*topo)->numa_nodes().size()) + " nodes)");
+    }
+  }
   if (opts_.chunk_bytes == 0 || opts_.chunk_bytes % kAlign != 0) {
     return invalid_argument("StoreOptions.chunk_bytes " + std::to_string(opts_.chunk_bytes) +
                             " is not a positive multiple of 4096");

@@ -82,6 +82,22 @@ def test_info_json(disk_dir):
     info = run_json("info", "--path", disk_dir)
     text = json.dumps(info)
     assert disk_dir in text
+    # The store placement for the path as an NVMe directory: its device's node.
+    p = info["paths"][0]
+    sp = info["store_placement"]
+    assert sp["nvme_dirs"] == [{"path": disk_dir, "device": p["device"] or "",
+                                "numa_node": p["numa_node"]}]
+    if not info["gpus"]:
+        assert sp["gpu_numa_node"] is None
+        assert sp["host_tier_numa_node"] == p["numa_node"]
+
+
+def test_info_shows_the_placement_on_a_four_socket_topology():
+    xml = os.path.join(os.path.dirname(__file__), "..", "store", "data",
+                       "four_socket_gpu_nvme.xml")
+    p = run("info", "--xml", xml, "--path", "/")
+    assert "Store placement (these paths as NVMe directories, the first GPU)" in p.stdout
+    assert "host tier: pinned memory on node 1 (GPU on node 1)" in p.stdout  # cuda0
 
 
 def test_bench_adam_json():

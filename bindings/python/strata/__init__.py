@@ -133,6 +133,9 @@ class Store:
         :param verify: verify chunk checksums on reads (default True).
         :param durability: ``"put"`` (each NVMe put durable when it returns) or ``"flush"``.
         :param workers: threads that run store operations, 1 to 1024 (default 4).
+        :param numa_node: NUMA placement: ``None``/-1 automatic (each NVMe directory's
+            staging memory and I/O threads on its drive's node, the host tier near the GPU),
+            -2 no binding, N everything on node N (see docs/store.md).
         :raises FailedPreconditionError: another process holds the store's lock.
         :raises NotFoundError: no store at ``path`` and ``create`` is False.
         :raises InvalidArgumentError: a bad option.

@@ -164,7 +164,9 @@ typedef struct strata_store_options {
   int create;
   /** Threads running store operations. Default 4. */
   int worker_threads;
-  /** NUMA node of pinned memory, -1 = unbound. Default -1. */
+  /** NUMA placement: -1 automatic (each NVMe directory's staging memory and I/O threads on
+   *  its drive's node, the host tier near the GPU), -2 no binding, N everything on node N.
+   *  Default -1. */
   int numa_node;
   /** CUDA device of the device tier. Default 0. */
   int device_id;
