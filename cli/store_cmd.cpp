@@ -197,25 +197,57 @@ struct BenchBuffer {
 };
 
 
-/// OK unless `dir` holds a store another process has open for writing (its LOCK flock is
-/// held): a benchmark must not remove that store's files under it.
-/// \error FailedPrecondition "store DIR is locked by pid N ...; nothing was removed".
+/// The file a benchmark holds an flock on in each of its directories for as long as it
+/// runs (a store's LOCK exists in its root only, not in its other NVMe directories).
+constexpr const char* kBenchLock = "bench.lock";
+
+/// OK unless `dir` is in use by another process: a store open for writing there (its LOCK
+/// flock is held) or another benchmark (its bench.lock flock): a benchmark must not remove
+/// their files under them.
+/// \error FailedPrecondition "DIR is in use by pid N (...); nothing was removed".
 Status check_unlocked(const std::string& dir) {
-  const std::string lock_path = dir + "/LOCK";
-  int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::OK();
-  Status st;
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    char pid[32] = {0};
-    ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
-    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "?";
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    st = failed_precondition("store " + dir + " is locked by pid " + holder +
-                             " (another benchmark on this --path?); nothing was removed");
+  for (const char* name : {"LOCK", kBenchLock}) {
+    const std::string lock_path = dir + "/" + name;
+    int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    Status st;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      char pid[32] = {0};
+      ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+      std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "?";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) {
+        holder.pop_back();
+      }
+      st = failed_precondition(
+          dir + " is in use by pid " + holder + " (" + lock_path +
+          " is locked: a store open for writing, or another benchmark on this --path); "
+          "nothing was removed");
+    }
+    ::close(fd);  // also releases the flock taken just now
+    if (!st.ok()) return st;
   }
-  ::close(fd);  // also releases the flock taken just now
-  return st;
+  return Status::OK();
 }
+
+/// flocks DIR/bench.lock (holding this pid) in each benchmark directory until destroyed.
+struct BenchLocks {
+  std::vector<int> fds;
+  Status take(const std::string& dir) {
+    const std::string path = dir + "/" + kBenchLock;
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return errno_status(errno, "open " + path);
+    fds.push_back(fd);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return errno_status(errno, "flock " + path);
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+      return errno_status(errno, "write " + path);
+    }
+    return Status::OK();
+  }
+  ~BenchLocks() {
+    for (int fd : fds) ::close(fd);
+  }
+};
 
 int run_bench_store(const BenchStoreArgs& a) {
   namespace fs = std::filesystem;
@@ -238,12 +270,31 @@ int run_bench_store(const BenchStoreArgs& a) {
           std::to_string(i + 1) + ")"));
     }
   }
-  // Disk use: the store holds up to two versions of the N objects (copy-on-write), the
-  // raw engine file two regions of them: 4 x N x object size over the directories.
+  if (chunk == 0 || chunk % 4096 != 0) {
+    return report_error(invalid_argument("--chunk-size " + std::to_string(chunk) +
+                                         " is not a positive multiple of 4096"));
+  }
+  // Disk use per directory (k of them): the store holds up to two versions of the N objects
+  // (copy-on-write; each chunk a 4 KiB-aligned extent, so a 1-byte object takes 4 KiB),
+  // striped chunk by chunk, plus up to one chunk of imbalance; the raw engine file two
+  // regions of N objects in stripe units of one chunk. Computed in 128 bits.
   auto total_bytes = checked_mul(size, a.count, "--object-size x --count");
   if (!total_bytes.ok()) return report_error(total_bytes.status());
-  auto disk_bytes = checked_mul(*total_bytes, 4, "4 x --object-size x --count");
-  if (!disk_bytes.ok()) return report_error(disk_bytes.status());
+  uint64_t need_per_dir = 0;
+  {
+    using U128 = unsigned __int128;
+    const U128 k = a.paths.size();
+    const U128 extent_bytes = U128(size / chunk) * chunk + (size % chunk + 4095) / 4096 * 4096;
+    const U128 store_bytes = 2 * U128(a.count) * extent_bytes;
+    const U128 raw_units = (2 * U128(*total_bytes) + chunk - 1) / chunk;
+    const U128 need = (store_bytes + k - 1) / k + chunk + (raw_units + k - 1) / k * chunk;
+    if (need > U128(UINT64_MAX)) {
+      return report_error(invalid_argument(
+          "bench store: --object-size " + std::to_string(size) + " x --count " +
+          std::to_string(a.count) + " needs more than 2^64 bytes of disk per --path"));
+    }
+    need_per_dir = static_cast<uint64_t>(need);
+  }
   if (Status st = check_memory(size, "bench store (one --object-size buffer)"); !st.ok())
     return report_error(st);
   auto eo = IoEngineOptions::from_env();
@@ -254,6 +305,7 @@ int run_bench_store(const BenchStoreArgs& a) {
   // Fresh store under <path0>/strata-bench-store, data striped over every --path.
   std::vector<std::string> dirs;
   for (auto& p : a.paths) dirs.push_back(p + "/strata-bench-store");
+  BenchLocks locks;  // released after the directories are removed (declared first)
   // Removes the benchmark directories on every return below (success or error) unless
   // --keep. Declared before the store and the raw file, so it runs after they are closed.
   struct RemoveDirs {
@@ -277,15 +329,12 @@ int run_bench_store(const BenchStoreArgs& a) {
     fs::remove_all(d, ec);
     fs::create_directories(d, ec);
     if (ec) return report_error(errno_status(ec.value(), "create " + d));
+    if (Status st = locks.take(d); !st.ok()) return report_error(st);
   }
   {
-    // Chunks are striped over the directories: each gets its share, in whole chunks.
-    const uint64_t k = dirs.size();
-    const uint64_t chunks = (*total_bytes + chunk - 1) / chunk;
     std::vector<DiskNeed> needs;
-    for (uint64_t j = 0; j < k; ++j) {
-      needs.push_back({"--path #" + std::to_string(j + 1), a.paths[j],
-                       4 * ((chunks + k - 1) / k) * chunk});
+    for (size_t j = 0; j < dirs.size(); ++j) {
+      needs.push_back({"--path #" + std::to_string(j + 1), a.paths[j], need_per_dir});
     }
     if (Status st = check_free_space(needs, "bench store (" + std::to_string(a.count) +
                                                 " x " + a.object_size + ", 4 copies)");

@@ -4,6 +4,7 @@
 #include "strata/store/topology.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -76,7 +77,20 @@ Result<std::vector<int>> numa_node_cpus(int node) {
     return invalid_argument("IoEngineOptions.numa_node=" + std::to_string(node) +
                             ": NUMA node " + std::to_string(node) + " has no CPUs");
   }
-  return n->cpus;
+  // Never widen what the process was allowed (taskset, cgroup cpusets): the node's CPUs
+  // within the calling thread's affinity; none of them allowed: no binding.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return n->cpus;
+  std::vector<int> cpus;
+  for (int c : n->cpus) {
+    if (c >= 0 && c < CPU_SETSIZE && CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (cpus.empty()) {
+    log_debug("I/O engine: none of NUMA node " + std::to_string(node) +
+              "'s CPUs is in this thread's affinity; its threads stay unbound");
+  }
+  return cpus;
 }
 
 void bind_engine_thread(const std::vector<int>& cpus, int node) {

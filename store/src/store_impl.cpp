@@ -2207,7 +2207,10 @@ Future<void> StoreImpl::remove(const std::string& key) {
 }
 
 Status StoreImpl::flush_impl() {
-  // 1. Write back every dirty memory copy (each under its own lock).
+  // 1. Write back every dirty memory copy (each under its own lock). One that cannot be
+  //    written (e.g. the NVMe budget is full) does not stop the others, nor the commit of
+  //    everything written: the first such error is returned after the commit.
+  Status first_error;
   std::vector<ObjPtr> snapshot;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -2229,9 +2232,13 @@ Status StoreImpl::flush_impl() {
       mem = static_cast<uint8_t*>(o->mem());
       on_dev = o->on_device;
     }
-    STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev));
+    auto l = write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev);
+    if (!l.ok()) {
+      if (first_error.ok()) first_error = l.status();
+      continue;
+    }
     std::lock_guard<std::mutex> lk(mu_);
-    o->current = l;
+    o->current = *l;
     o->dirty = false;
   }
   // 2. Lock every changed live version (key order), enqueue one batch, unlock.
@@ -2262,7 +2269,8 @@ Status StoreImpl::flush_impl() {
       }
     });
   }
-  return f.result().status();
+  Status committed = f.result().status();
+  return first_error.ok() ? committed : first_error;
 }
 
 // ---------------------------------------------------------------- queries

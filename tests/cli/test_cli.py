@@ -260,7 +260,7 @@ def test_bench_store_leaves_nothing_behind(disk_dir):
     assert p.returncode == 1
     assert p.stderr.startswith(
         "strata: error: ResourceExhausted: bench store (1000000 x 1MiB, 4 copies) needs "
-        "4194304000000 bytes"), p.stderr
+        "4194305048576 bytes"), p.stderr  # 4 x 10^6 MiB + one chunk of striping imbalance
     assert os.listdir(disk_dir) == []
     j = run_json("bench", "store", "--path", disk_dir, "--object-size", "64KiB", "--count", "2",
                  "--rounds", "1", "--chunk-size", "1MiB")
@@ -388,30 +388,50 @@ def test_sizes_that_overflow_64_bits_are_invalid_arguments(disk_dir):
     assert (p.returncode, p.stderr) == (1, (
         "strata: error: InvalidArgument: bench io buffer: 2 requests outstanding of "
         "--request-size: 2 x 17592186044416000000 overflows 64 bits\n"))
-    p = run("bench", "store", "--path", disk_dir, "--object-size", str(2**63), "--count", "1",
-            "--rounds", "1", check=False)
-    assert (p.returncode, p.stderr) == (1, (
-        f"strata: error: InvalidArgument: 4 x --object-size x --count: {2**63} x 4 overflows "
-        "64 bits\n"))
+    for size, count in ((2**63, 1), (2147483649, 2147483647)):
+        p = run("bench", "store", "--path", disk_dir, "--object-size", str(size), "--count",
+                str(count), "--rounds", "1", check=False)
+        assert (p.returncode, p.stderr) == (1, (
+            f"strata: error: InvalidArgument: bench store: --object-size {size} x --count "
+            f"{count} needs more than 2^64 bytes of disk per --path\n"))
     assert os.listdir(disk_dir) == []
 
 
-def test_bench_store_leaves_a_locked_store_alone(disk_dir):
-    """Was: a second `bench store` on the same --path removed the running one's store."""
+@pytest.mark.parametrize("lock_name", ["LOCK", "bench.lock"])
+def test_bench_store_leaves_a_directory_in_use_alone(disk_dir, lock_name):
+    """Was: a second `bench store` on the same --path removed the running one's store, or
+    (bench.lock: a directory that is another running bench's second --path, where no store
+    LOCK exists) its data file."""
     import fcntl
     store = os.path.join(disk_dir, "strata-bench-store")
     os.makedirs(store)
-    with open(os.path.join(store, "LOCK"), "w") as lock:
+    lock_path = os.path.join(store, lock_name)
+    with open(lock_path, "w") as lock:
         lock.write(f"{os.getpid()}\n")
         lock.flush()
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as Store.open does
-        open(os.path.join(store, "catalog.db"), "w").close()
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as Store.open / bench store do
+        open(os.path.join(store, "data"), "w").close()
         p = run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "1",
                 "--rounds", "1", check=False)
     assert (p.returncode, p.stderr, p.stdout) == (1, (
-        f"strata: error: FailedPrecondition: store {store} is locked by pid {os.getpid()} "
-        "(another benchmark on this --path?); nothing was removed\n"), "")
-    assert sorted(os.listdir(store)) == ["LOCK", "catalog.db"]
+        f"strata: error: FailedPrecondition: {store} is in use by pid {os.getpid()} "
+        f"({lock_path} is locked: a store open for writing, or another benchmark on this "
+        "--path); nothing was removed\n"), "")
+    assert sorted(os.listdir(store)) == sorted([lock_name, "data"])
+    # Unlocked (the holder is gone): the directory is the bench's to replace.
+    run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "1",
+        "--rounds", "1")
+    assert os.listdir(disk_dir) == []
+
+
+def test_bench_store_chunk_size_must_be_a_multiple_of_4096(disk_dir):
+    for c in ("0", "1", "4097"):
+        p = run("bench", "store", "--path", disk_dir, "--object-size", "4KiB", "--count", "1",
+                "--chunk-size", c, check=False)
+        assert (p.returncode, p.stderr) == (1, (
+            f"strata: error: InvalidArgument: --chunk-size {c} is not a positive multiple of "
+            "4096\n"))
+    assert os.listdir(disk_dir) == []
 
 
 def test_bench_adam_refuses_zero_params_and_more_than_memory():

@@ -568,6 +568,42 @@ TEST(StoreValidation, CloseThatCannotWriteBackKeepsTheStoreOpen) {
   EXPECT_FALSE(s->contains("n"));
 }
 
+TEST(StoreValidation, AWriteBackThatFailsDoesNotStopTheOthers) {
+  // One host object that can never fit the NVMe budget: flush/close fail with
+  // ResourceExhausted, but every other pending change is still written and committed, also
+  // when the destructor gives up. Was: the first failed write-back returned before the
+  // commit, so the destructor dropped a deferred NVMe put and a write_range too.
+  TempDir d;
+  auto o = small_options(d.path());
+  o.host_budget_bytes = 16u << 20;
+  o.nvme_budget_bytes = 8u << 20;
+  o.durability = Durability::kOnFlush;
+  auto a = pattern(1u << 20, 81), b = pattern(1u << 20, 82), big = pattern(9u << 20, 83);
+  {
+    auto s = open_or_die(o);
+    ASSERT_TRUE(s);
+    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->flush_sync());
+    ASSERT_OK(s->put_sync("b", b.data(), TensorDesc::bytes(b.size())));  // commit deferred
+    std::vector<uint8_t> patch(4096, 0x77);
+    ASSERT_OK(s->write_range_sync("a", 0, patch.size(), patch.data()));
+    std::copy(patch.begin(), patch.end(), a.begin());
+    ASSERT_OK(s->put_sync("big", big.data(), TensorDesc::bytes(big.size()), {Tier::kHost}));
+    EXPECT_EQ(s->flush_sync().code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(s->close().code(), StatusCode::kResourceExhausted);
+  }  // the destructor closes, dropping only "big"
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  std::vector<std::string> keys;
+  for (const auto& i : s->list()) keys.push_back(i.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"a", "b"}));
+  std::vector<uint8_t> out(a.size());
+  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  EXPECT_EQ(out, a);
+  ASSERT_OK(s->get_bytes_sync("b", out.data(), out.size()));
+  EXPECT_EQ(out, b);
+}
+
 TEST(StoreValidation, DamagedChunkSizeOrDirectoryRecordIsDataLoss) {
   // Values that once threw (std::stoull), divided by zero or sent unaligned direct I/O.
   const std::vector<std::pair<std::string, std::string>> bad = {

@@ -47,7 +47,8 @@ struct IoEngineOptions {
   uint32_t submit_batch = 0;
   /// NUMA node (kernel number) whose CPUs run the engine's threads: its worker threads
   /// are bound there (hwloc), and with io_uring the kernel's async workers too
-  /// (IORING_REGISTER_IOWQ_AFF). -1 = no binding. A store places one engine per node of
+  /// (IORING_REGISTER_IOWQ_AFF); only CPUs the creating thread may already use (taskset,
+  /// cpusets) count, and when none does the threads stay unbound. -1 = no binding. A store places one engine per node of
   /// its NVMe directories (see StorePlacement). A node the machine lacks is InvalidArgument
   /// at create(); a binding the kernel refuses is one warning.
   int numa_node = -1;

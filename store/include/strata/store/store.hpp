@@ -286,7 +286,9 @@ class Store {
   virtual Future<void> remove(const std::string& key) = 0;
 
   /// Makes everything durable: writes back dirty objects, fdatasyncs, commits pending
-  /// changes in one transaction.
+  /// changes in one transaction. An object that cannot be written back (ResourceExhausted:
+  /// NVMe budget or disk full; IoError) stays dirty in memory; every other object is still
+  /// written back and committed, and the first such error is returned.
   virtual Future<void> flush() = 0;
 
   /// Metadata of `key`. \error NotFound.
