@@ -655,8 +655,10 @@ Status StoreImpl::init(StoreOptions options) {
                             ": expected a node number, -1 (automatic) or -2 (none)");
   }
   if (opts_.numa_node >= 0) {
+    // (Against this machine: with HWLOC_XMLFILE naming another one nothing is bound.)
     auto topo = Topology::system();
-    if (topo.ok() && (*topo)->numa_node(opts_.numa_node) == nullptr) {
+    if (topo.ok() && (*topo)->is_this_system() &&
+        (*topo)->numa_node(opts_.numa_node) == nullptr) {
       return invalid_argument("StoreOptions.numa_node=" + std::to_string(opts_.numa_node) +
                               ": the machine has no NUMA node " +
                               std::to_string(opts_.numa_node) + " (" +
@@ -932,16 +934,20 @@ Status StoreImpl::plan_placement() {
   } else if (!topo.ok()) {
     log_warn("store " + opts_.path + ": no NUMA placement (" + topo.status().to_string() + ")");
   }
-  // No topology of this machine (e.g. HWLOC_XMLFILE names another one): a node given in
-  // the options for everything, else no binding.
+  // No topology of this machine (e.g. HWLOC_XMLFILE names another one): no binding, as
+  // nodes of another machine's topology cannot be bound here.
   if (opt < kNumaNone) {
     return invalid_argument("StoreOptions.numa_node=" + std::to_string(opt) +
                             ": expected a node number, -1 (automatic) or -2 (none)");
   }
+  if (opt >= 0) {
+    log_warn("store " + opts_.path + ": StoreOptions.numa_node=" + std::to_string(opt) +
+             " ignored: the loaded topology is not this machine's (HWLOC_XMLFILE or "
+             "HWLOC_SYNTHETIC?)");
+  }
   placement_ = StorePlacement{};
   placement_.dir_devices.assign(dirs_.size(), "");
-  placement_.dir_nodes.assign(dirs_.size(), opt >= 0 ? opt : -1);
-  placement_.host_node = opt >= 0 ? opt : -1;
+  placement_.dir_nodes.assign(dirs_.size(), -1);
   return Status::OK();
 }
 
