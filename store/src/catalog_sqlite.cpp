@@ -84,6 +84,20 @@ Status Catalog::exec(const char* sql) {
   return Status::OK();
 }
 
+Status Catalog::check_objects_table(const char* what) {
+  Stmt s;
+  if (sqlite3_prepare_v2(db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) == SQLITE_OK) {
+    return Status::OK();
+  }
+  // Only a file that is not (or no longer) a strata catalog is DataLoss; an I/O error or a
+  // full file system while mapping the WAL index is reported as such.
+  const int prim = sqlite3_extended_errcode(db_) & 0xff;
+  if (prim == SQLITE_ERROR || prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT) {
+    return data_loss("catalog " + path_ + " is not a strata catalog: " + sqlite3_errmsg(db_));
+  }
+  return error(what);
+}
+
 Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool create,
                                                bool read_only) {
   struct stat st;
@@ -108,19 +122,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
         return c->error("open");
       }
       sqlite3_busy_timeout(c->db_, 5000);
-      Stmt s;
-      if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &s.s, nullptr) !=
-          SQLITE_OK) {
-        // Only a file that is not (or no longer) a strata catalog is DataLoss; an I/O
-        // error or a full file system while mapping the WAL index is reported as such.
-        const int prim = sqlite3_extended_errcode(c->db_) & 0xff;
-        if (prim == SQLITE_ERROR || prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT) {
-          return data_loss("catalog " + path + " is not a strata catalog: " +
-                           sqlite3_errmsg(c->db_));
-        }
-        return c->error("open (read only)");
-      }
-      return Status::OK();
+      return c->check_objects_table("open (read only)");
     };
     Status st = probe(false);
     if (st.ok() || store_detail::dir_writable(dir)) {
@@ -146,16 +148,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
   if (!create) {
     // Without create, only an existing strata catalog is opened: a file without the
     // objects table (e.g. 0 bytes, or another program's database) is not made into one.
-    Stmt probe;
-    if (sqlite3_prepare_v2(c->db_, "SELECT count(*) FROM objects", -1, &probe.s, nullptr) !=
-        SQLITE_OK) {
-      const int prim = sqlite3_extended_errcode(c->db_) & 0xff;
-      if (prim == SQLITE_ERROR || prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT) {
-        return data_loss("catalog " + path + " is not a strata catalog: " +
-                         sqlite3_errmsg(c->db_));
-      }
-      return c->error("open");
-    }
+    STRATA_RETURN_IF_ERROR(c->check_objects_table("open"));
   }
   STRATA_RETURN_IF_ERROR(c->exec("PRAGMA journal_mode=WAL;"));
   STRATA_RETURN_IF_ERROR(c->exec("PRAGMA synchronous=FULL;"));

@@ -74,6 +74,9 @@ class Catalog {
  private:
   Catalog() = default;
   Status exec(const char* sql);
+  /// OK when the database has strata's objects table. \error DataLoss "catalog PATH is not
+  /// a strata catalog: ..." for another file or database; else as error(what).
+  Status check_objects_table(const char* what);
   /// Rows whose key starts with `k` (exact: equals `k`), objects and chunks in one read
   /// transaction.
   Result<std::vector<ObjectRow>> load_rows(const std::string& k, bool exact);
