@@ -452,6 +452,8 @@ class StoreImpl final : public Store {
   Result<ObjectInfo> stat(const std::string& key) const override;
   std::vector<ObjectInfo> list(std::string_view prefix) const override;
   bool contains(const std::string& key) const override {
+    CallScope call(this);
+    if (!call.status.ok()) return false;  // closed
     if (read_only_) (void)const_cast<StoreImpl*>(this)->refresh_key(key, find(key));  // see stat()
     std::lock_guard<std::mutex> lk(mu_);
     return objects_.count(key) != 0;
@@ -478,6 +480,20 @@ class StoreImpl final : public Store {
   /// flight; end_op() uncounts it and wakes close().
   Status begin_op(bool mutating);
   void end_op();
+  /// A synchronous call that is not an operation of run_op (stat, list, contains, usage,
+  /// verify) counted in flight like one, so close() waits for it and does not free what it
+  /// uses; `status` is FailedPrecondition when the store is closed (or closing).
+  struct CallScope {
+    explicit CallScope(const StoreImpl* s)
+        : self(const_cast<StoreImpl*>(s)), status(self->begin_op(false)) {}
+    ~CallScope() {
+      if (status.ok()) self->end_op();
+    }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+    StoreImpl* self;
+    Status status;
+  };
   Status check_writable() const;
   ObjPtr find(const std::string& key) const;
   /// An in-memory object for a committed catalog row. With `alloc`, its extents are adopted
@@ -2298,6 +2314,8 @@ ObjectInfo StoreImpl::info_locked(const Obj& o) const {
 }
 
 Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
+  CallScope call(this);  // close() waits for it; a closed store: FailedPrecondition
+  STRATA_RETURN_IF_ERROR(call.status);
   // Read-only open: the catalog's current row, not the one loaded at open (a writer may
   // have replaced, removed or created the key since). Observing outside state, hence the
   // cast: the in-memory mirror is what changes.
@@ -2309,6 +2327,8 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
 }
 
 std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
+  CallScope call(this);
+  if (!call.status.ok()) return {};  // closed
   if (read_only_) {
     // As stat(): another process may be writing; list what is committed now. On a catalog
     // read error, list what this open knows (stat/get of a listed key report the error).
@@ -2326,6 +2346,8 @@ std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
 
 StoreUsage StoreImpl::usage() const {
   StoreUsage u;
+  CallScope call(this);
+  if (!call.status.ok()) return u;  // closed: all zero
   u.device_budget_bytes = device_budget_;
   u.device_bytes = device_used_->load();
   u.host_budget_bytes = host_pool_ ? host_pool_->budget_bytes() : 0;
@@ -2338,6 +2360,8 @@ StoreUsage StoreImpl::usage() const {
 }
 
 Result<VerifyReport> StoreImpl::verify() {
+  CallScope call(this);
+  STRATA_RETURN_IF_ERROR(call.status);
   VerifyReport rep;
   if (read_only_) STRATA_RETURN_IF_ERROR(refresh_prefix(""));  // as list()
   std::vector<ObjPtr> snapshot;

@@ -486,26 +486,28 @@ class PyStore {
     return std::make_unique<PyStore>(std::shared_ptr<Store>(std::move(check(std::move(r)))));
   }
 
+  /// The store; a closed one stays allocated (its calls fail with FailedPrecondition), so
+  /// that a call another thread is making while this one closes never sees it freed.
   Store& s() {
-    if (!store_) throw StatusError(failed_precondition("the store is closed"));
+    if (closed_) throw StatusError(failed_precondition("the store is closed"));
     return *store_;
   }
-  bool closed() const { return !store_; }
+  bool closed() const { return closed_; }
   const std::shared_ptr<Store>& shared() {
     s();
     return store_;
   }
 
   void close() {
-    if (!store_) return;
+    if (closed_) return;
     Status st;
     {
       py::gil_scoped_release nogil;
       st = store_->close();
     }
     // A failed write-back leaves the store open (Store::close): keep it usable, so that the
-    // caller can make room and close again.
-    if (st.ok()) store_.reset();
+    // caller can make room and close again. A closed store is not freed here (see s()).
+    if (st.ok()) closed_ = true;
     check(st);
   }
 
@@ -679,7 +681,8 @@ class PyStore {
   }
 
  private:
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<Store> store_;  // never null; freed with the PyStore
+  bool closed_ = false;           // read and written with the GIL
 };
 
 // ---- optimizer --------------------------------------------------------------------------

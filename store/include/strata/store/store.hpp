@@ -291,19 +291,22 @@ class Store {
   /// written back and committed, and the first such error is returned.
   virtual Future<void> flush() = 0;
 
-  /// Metadata of `key`. \error NotFound.
+  /// Metadata of `key`. \error NotFound; FailedPrecondition when the store is closed.
   virtual Result<ObjectInfo> stat(const std::string& key) const = 0;
   /// Objects whose key starts with `prefix`, sorted by key (bytewise UTF-8). A read-only
   /// open re-reads the committed catalog rows of the prefix first (a writer in another
   /// process may have created, replaced or removed keys since the open); when that read
-  /// fails it logs a warning and lists what it knew.
+  /// fails it logs a warning and lists what it knew. A closed store lists nothing.
   virtual std::vector<ObjectInfo> list(std::string_view prefix = {}) const = 0;
+  /// True when `key` is an object; false also when the store is closed.
   virtual bool contains(const std::string& key) const = 0;
 
   /// Re-reads every NVMe chunk and checks its checksum (ignores verify_checksums). A
   /// read-only open first re-reads the committed catalog (as list()).
+  /// \error FailedPrecondition when the store is closed; close() waits for a verify().
   virtual Result<VerifyReport> verify() = 0;
 
+  /// Bytes used and budgeted per tier, and the object count (all 0 once closed).
   virtual StoreUsage usage() const = 0;
   virtual uint64_t chunk_bytes() const = 0;
   virtual const StoreOptions& options() const = 0;
