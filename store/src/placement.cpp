@@ -15,15 +15,7 @@ int single_node(const Topology& topo) {
 /// nearest nodes.
 Result<StorePlacement> finish(const Topology& topo, StorePlacement p, int cuda_index,
                               int numa_node) {
-  if (numa_node >= 0 && topo.numa_node(numa_node) == nullptr) {
-    return invalid_argument("StoreOptions.numa_node=" + std::to_string(numa_node) +
-                            ": the machine has no NUMA node " + std::to_string(numa_node) +
-                            " (" + std::to_string(topo.numa_nodes().size()) + " nodes)");
-  }
-  if (numa_node < kNumaNone) {
-    return invalid_argument("StoreOptions.numa_node=" + std::to_string(numa_node) +
-                            ": expected a node number, -1 (automatic) or -2 (none)");
-  }
+  STRATA_RETURN_IF_ERROR(check_numa_node_option(topo, numa_node));
   if (cuda_index >= 0) {
     auto g = topo.numa_node_of_gpu(cuda_index);
     p.gpu_node = g.ok() ? *g : single_node(topo);
@@ -58,6 +50,19 @@ Result<StorePlacement> finish(const Topology& topo, StorePlacement p, int cuda_i
 std::string node_text(int n) { return n >= 0 ? "node " + std::to_string(n) : "no binding"; }
 
 }  // namespace
+
+Status check_numa_node_option(const Topology& topo, int numa_node) {
+  if (numa_node < kNumaNone) {
+    return invalid_argument("StoreOptions.numa_node=" + std::to_string(numa_node) +
+                            ": expected a node number, -1 (automatic) or -2 (none)");
+  }
+  if (numa_node >= 0 && topo.numa_node(numa_node) == nullptr) {
+    return invalid_argument("StoreOptions.numa_node=" + std::to_string(numa_node) +
+                            ": the machine has no NUMA node " + std::to_string(numa_node) +
+                            " (" + std::to_string(topo.numa_nodes().size()) + " nodes)");
+  }
+  return Status::OK();
+}
 
 std::vector<int> StorePlacement::groups() const {
   std::vector<int> g;

@@ -666,19 +666,15 @@ Status StoreImpl::init(StoreOptions options) {
   opts_ = std::move(options);
   read_only_ = opts_.read_only;
   STRATA_RETURN_IF_ERROR(store_detail::check_store_paths(opts_));  // empty/NUL, duplicate dirs
-  if (opts_.numa_node < kNumaNone) {  // before anything is created
-    return invalid_argument("StoreOptions.numa_node=" + std::to_string(opts_.numa_node) +
-                            ": expected a node number, -1 (automatic) or -2 (none)");
-  }
-  if (opts_.numa_node >= 0) {
-    // (Against this machine: with HWLOC_XMLFILE naming another one nothing is bound.)
+  if (opts_.numa_node != kNumaAuto) {  // before anything is created
+    // Nodes only of this machine's topology (with HWLOC_XMLFILE naming another one, nothing
+    // is bound: see plan_placement()).
     auto topo = Topology::system();
-    if (topo.ok() && (*topo)->is_this_system() &&
-        (*topo)->numa_node(opts_.numa_node) == nullptr) {
+    if (topo.ok() && (*topo)->is_this_system()) {
+      STRATA_RETURN_IF_ERROR(check_numa_node_option(**topo, opts_.numa_node));
+    } else if (opts_.numa_node < kNumaNone) {
       return invalid_argument("StoreOptions.numa_node=" + std::to_string(opts_.numa_node) +
-                              ": the machine has no NUMA node " +
-                              std::to_string(opts_.numa_node) + " (" +
-                              std::to_string((*topo)->numa_nodes().size()) + " nodes)");
+                              ": expected a node number, -1 (automatic) or -2 (none)");
     }
   }
   if (opts_.chunk_bytes == 0 || opts_.chunk_bytes % kAlign != 0) {
@@ -951,11 +947,7 @@ Status StoreImpl::plan_placement() {
     log_warn("store " + opts_.path + ": no NUMA placement (" + topo.status().to_string() + ")");
   }
   // No topology of this machine (e.g. HWLOC_XMLFILE names another one): no binding, as
-  // nodes of another machine's topology cannot be bound here.
-  if (opt < kNumaNone) {
-    return invalid_argument("StoreOptions.numa_node=" + std::to_string(opt) +
-                            ": expected a node number, -1 (automatic) or -2 (none)");
-  }
+  // nodes of another machine's topology cannot be bound here. (init() refused bad values.)
   if (opt >= 0) {
     log_warn("store " + opts_.path + ": StoreOptions.numa_node=" + std::to_string(opt) +
              " ignored: the loaded topology is not this machine's (HWLOC_XMLFILE or "

@@ -365,16 +365,19 @@ struct GetOp {
   std::unique_ptr<AlignedBuffer> buf;
   Future<void> done;
 
-  static std::shared_ptr<GetOp> start(const std::shared_ptr<Store>& store, std::string key) {
+  /// `raise_early`: a missing or damaged object raises here, before any read
+  /// (get_async("nope") raises NotFound like get); the read itself does not depend on it.
+  static std::shared_ptr<GetOp> start(const std::shared_ptr<Store>& store, std::string key,
+                                      bool raise_early) {
     auto op = std::make_shared<GetOp>();
     op->key = std::move(key);
     py::gil_scoped_release nogil;
-    // A missing or damaged object raises here, before any read (get_async("nope") raises
-    // NotFound like get); the read itself does not depend on this stat.
-    auto info = store->stat(op->key);
-    if (!info.ok()) check(info.status());
-    if (!info->damage.empty())
-      check(data_loss("store " + store->options().path + ": " + info->damage));
+    if (raise_early) {
+      auto info = store->stat(op->key);
+      if (!info.ok()) check(info.status());
+      if (!info->damage.empty())
+        check(data_loss("store " + store->options().path + ": " + info->damage));
+    }
     GetOp* raw = op.get();  // the op outlives `done` (held by the caller)
     op->done = store->get_alloc(op->key, [raw](const TensorDesc& d) -> Result<void*> {
       raw->desc = d;
@@ -549,7 +552,7 @@ class PyStore {
   /// released while waiting). Atomic with respect to concurrent overwrites: the array holds
   /// one version whole (see GetOp).
   py::object get(py::handle key_arg) {
-    auto op = GetOp::start(shared(), to_text(key_arg, "key"));
+    auto op = GetOp::start(shared(), to_text(key_arg, "key"), false);  // errors: from the read
     Status st;
     {
       py::gil_scoped_release nogil;
@@ -562,7 +565,7 @@ class PyStore {
   /// As get(); the future's result is the array.
   PyFuture get_async(py::handle key_arg) {
     auto store = shared();
-    auto op = GetOp::start(store, to_text(key_arg, "key"));
+    auto op = GetOp::start(store, to_text(key_arg, "key"), true);
     return PyFuture(std::make_unique<GetFutureImpl>(op, store), py::none(), {});
   }
 
@@ -596,20 +599,21 @@ class PyStore {
     const std::string key = to_text(key_arg, "key");
     const uint64_t offset = to_u64(offset_arg, "offset");
     const uint64_t nbytes = to_u64(nbytes_arg, "nbytes");
-    {
-      // A range past the end is OutOfRange, also when `nbytes` could not be allocated: the
-      // store checks the range before it touches the destination (none here).
-      py::gil_scoped_release nogil;
-      auto info = s().stat(key);
-      if (info.ok() && (offset > info->nbytes || nbytes > info->nbytes - offset)) {
-        // (null dst: InvalidArgument when an overwrite made the range valid meanwhile;
-        // then read as usual below)
-        Status st = s().read_range_sync(key, offset, nbytes, nullptr);
-        if (st.code() == StatusCode::kOutOfRange) check(st);
-      }
-    }
     void* data = nullptr;
-    py::object arr = new_aligned_array(TensorDesc::bytes(nbytes), &data);
+    py::object arr;
+    try {
+      arr = new_aligned_array(TensorDesc::bytes(nbytes), &data);
+    } catch (const StatusError& e) {
+      // No memory for `nbytes`: a range past the end is still OutOfRange (or the key
+      // NotFound). The store checks those before it touches the destination (none here).
+      Status st;
+      {
+        py::gil_scoped_release nogil;
+        st = s().read_range_sync(key, offset, nbytes, nullptr);
+      }
+      if (st.code() == StatusCode::kOutOfRange || st.code() == StatusCode::kNotFound) check(st);
+      throw;
+    }
     Status st;
     {
       py::gil_scoped_release nogil;

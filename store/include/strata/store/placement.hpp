@@ -36,6 +36,10 @@ struct StorePlacement {
   std::string describe(const std::vector<std::string>& dirs) const;
 };
 
+/// OK when `numa_node` is kNumaAuto, kNumaNone or a node of `topo`.
+/// \error InvalidArgument "StoreOptions.numa_node=N: ..." otherwise.
+Status check_numa_node_option(const Topology& topo, int numa_node);
+
 /// Plans the placement for NVMe directories on `dir_devices` (block device names as in
 /// Topology::block_devices(), e.g. "nvme1n1"; "" when a directory is on no block device)
 /// and the GPU `cuda_index` (-1: no device tier).
