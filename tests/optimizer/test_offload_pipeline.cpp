@@ -387,6 +387,10 @@ TEST(OffloadPipeline, StateAccessorsRoundTripAndRanges) {
   EXPECT_EQ(opt.find_param("nope").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(opt.add_param("t1", 10, nullptr).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(opt.add_param("has space", 10, nullptr).status().code(), StatusCode::kInvalidArgument);
+  // Zero-size parameters are held (test_offload_resume.cpp: ZeroSizeParameters...).
+  auto z = opt.add_param("z", 0, nullptr);
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_EQ(opt.param_info(*z)->numel, 0u);
   EXPECT_EQ(opt.add_param("z", 0, nullptr).status().code(), StatusCode::kInvalidArgument);
   // nullptr init = zeros.
   auto hz = opt.add_param("zeros", 70000, nullptr, 0, Placement::kNvme);
