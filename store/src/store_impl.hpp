@@ -26,7 +26,8 @@
 //    exclusive lock of the key's live version from before it enqueues its commit until the
 //    commit's in-memory effect is applied, so catalog order == in-memory order per key.
 //  - A read-only open has no committer, lock file, ballast or host tier; its object table
-//    is a view of the committed catalog, refreshed from it (store_readonly.cpp).
+//    is a view of the committed catalog that an explicit catch-up step refreshes at the
+//    start of each query and on a read's NotFound/DataLoss (store_readonly.cpp).
 #pragma once
 
 #include <atomic>
@@ -231,20 +232,19 @@ class StoreImpl final : public Store {
   Future<void> run_op_async(F f);  // f returns Future<void>; the worker does not wait
   /// Admits an operation (writable when `mutating`, store not closing) and counts it in
   /// flight; end_op() uncounts it and wakes close().
-  Status begin_op(bool mutating);
-  void end_op();
+  Status begin_op(bool mutating) const;
+  void end_op() const;
   /// A synchronous call that is not an operation of run_op (stat, list, contains, usage,
   /// verify) counted in flight like one, so close() waits for it and does not free what it
   /// uses; `status` is FailedPrecondition when the store is closed (or closing).
   struct CallScope {
-    explicit CallScope(const StoreImpl* s)
-        : self(const_cast<StoreImpl*>(s)), status(self->begin_op(false)) {}
+    explicit CallScope(const StoreImpl* s) : self(s), status(s->begin_op(false)) {}
     ~CallScope() {
       if (status.ok()) self->end_op();
     }
     CallScope(const CallScope&) = delete;
     CallScope& operator=(const CallScope&) = delete;
-    StoreImpl* self;
+    const StoreImpl* self;
     Status status;
   };
   Status check_writable() const;
@@ -273,7 +273,7 @@ class StoreImpl final : public Store {
   /// by the allocator (open); without (read-only catch-up), they are only read. `adopt`
   /// (may be empty) marks the chunks to keep (the others overlap or lie outside the store).
   ObjPtr obj_from_row(const catalog::ObjectRow& r, const std::vector<bool>& adopt,
-                      bool alloc);
+                      bool alloc) const;
   catalog::ObjectRow row_of(const Obj& o, const Layout& l) const;
   /// The live version of `key`, its io lock held (exclusive or shared); null when absent.
   ObjPtr lock_live(const std::string& key);
@@ -281,21 +281,28 @@ class StoreImpl final : public Store {
   void install_locked(const ObjPtr& obj);  // under mu_
 
   // ---- store_readonly.cpp: following another process's writer
-  /// Read-only opens: another process may hold the store open for writing and may have
-  /// replaced or removed `key` (and reused its extents) since this open loaded the catalog.
-  /// Re-reads the key's row and installs it; true when it differs from `seen` (null: absent).
-  Result<bool> refresh_key(const std::string& key, const ObjPtr& seen);
-  /// Read-only opens: installs the committed rows of every key starting with `prefix`
-  /// (new, changed and removed keys), for list().
-  Status refresh_prefix(const std::string& prefix);
-  /// An object for a row read by a read-only refresh (damaged when it names a directory
-  /// whose data file this open has not).
-  ObjPtr refreshed_obj(const catalog::ObjectRow& row);
+  /// The catch-up step of a read-only open, like RocksDB's TryCatchUpWithPrimary for one
+  /// key; a no-op returning false in a writable open. Another process may hold the store
+  /// open for writing and may have created, replaced or removed `key` (and reused its
+  /// extents) since this open read it: re-reads the key's committed row and installs it in
+  /// the object table, when the table still maps `key` to `seen` (the version the caller
+  /// found; null: absent).
+  /// \returns true when the table's version of `key` is now other than `seen`.
+  /// \error what reading the catalog returns; the table is then unchanged.
+  /// \threadsafety safe (one catalog reader at a time: refresh_mu_); const because the
+  ///     object table of a read-only open is a cached view (objects_ is mutable).
+  Result<bool> catch_up(const std::string& key, const ObjPtr& seen) const;
+  /// The catch-up step for every key starting with `prefix` (new, changed and removed
+  /// keys); a no-op in a writable open. \error as catch_up().
+  Status catch_up_prefix(const std::string& prefix) const;
+  /// Installs committed `row` in the object table unless the table's version of its key
+  /// came from the same row; true when it changed. Under mu_.
+  bool install_row_locked(const catalog::ObjectRow& row) const;
   /// Runs `attempt` on the object `key` (NotFound when absent). In a read-only open, a
   /// NotFound or DataLoss is checked against the key's current catalog row first: when a
   /// writer changed it, the attempt runs again on the new version (at most 8 retries).
   Status with_current_object(const std::string& key,
-                             const std::function<Status(const ObjPtr&)>& attempt);
+                             const std::function<Status(const ObjPtr&)>& attempt) const;
 
   // ---- store_commit.cpp: group commit
   struct CommitReq {
@@ -366,7 +373,7 @@ class StoreImpl final : public Store {
   uint64_t piece_bytes_ = 0;
   std::string uuid_;
   int lock_fd_ = -1;
-  std::mutex refresh_mu_;  // read-only opens: one catalog reader at a time
+  mutable std::mutex refresh_mu_;  // read-only opens: one catalog reader at a time
   std::string ballast_path_;       // <root>/catalog.ballast ("" when read-only)
   std::atomic<bool> ballast_missing_{false};  // written by the committer thread (and open)
   bool read_only_ = false;
@@ -395,7 +402,10 @@ class StoreImpl final : public Store {
   std::unique_ptr<catalog::Catalog> catalog_;
 
   mutable std::mutex mu_;
-  std::map<std::string, ObjPtr> objects_;
+  /// key -> live version. In a read-only open, the cached view of the writer's committed
+  /// catalog that catch_up() refreshes, also from const queries (stat, list, contains):
+  /// hence mutable. No other const member writes it.
+  mutable std::map<std::string, ObjPtr> objects_;
   std::unordered_map<std::string, LayoutPtr> durable_;
   std::unordered_map<std::string, int> pending_creates_;
   std::unordered_map<std::string, int> inflight_;  // commits enqueued, not yet applied, per key
@@ -409,9 +419,10 @@ class StoreImpl final : public Store {
   std::thread committer_;
 
   WorkerPool pool_;
-  std::mutex ops_mu_;
-  std::condition_variable ops_cv_;
-  uint64_t ops_in_flight_ = 0;
+  // Admission: begin_op()/end_op(), also from const queries (CallScope).
+  mutable std::mutex ops_mu_;
+  mutable std::condition_variable ops_cv_;
+  mutable uint64_t ops_in_flight_ = 0;
   std::atomic<bool> closed_{false};
   bool closing_ = false;
   bool started_ = false;

@@ -52,7 +52,7 @@ void StoreImpl::install_locked(const ObjPtr& obj) {
 }
 
 ObjPtr StoreImpl::obj_from_row(const catalog::ObjectRow& r, const std::vector<bool>& adopt,
-                               bool alloc) {
+                               bool alloc) const {
   auto o = std::make_shared<Obj>();
   o->key = r.key;
   o->desc = TensorDesc{r.dtype, r.shape};

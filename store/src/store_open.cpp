@@ -448,7 +448,7 @@ Status StoreImpl::check_writable() const {
   return Status::OK();
 }
 
-Status StoreImpl::begin_op(bool mutating) {
+Status StoreImpl::begin_op(bool mutating) const {
   if (mutating) STRATA_RETURN_IF_ERROR(check_writable());
   std::lock_guard<std::mutex> lk(ops_mu_);
   if (closing_ || closed_) return failed_precondition("store " + opts_.path + " is closed");
@@ -456,7 +456,7 @@ Status StoreImpl::begin_op(bool mutating) {
   return Status::OK();
 }
 
-void StoreImpl::end_op() {
+void StoreImpl::end_op() const {
   {
     std::lock_guard<std::mutex> lk(ops_mu_);
     --ops_in_flight_;

@@ -25,9 +25,9 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
   CallScope call(this);  // close() waits for it; a closed store: FailedPrecondition
   STRATA_RETURN_IF_ERROR(call.status);
   // Read-only open: the catalog's current row, not the one loaded at open (a writer may
-  // have replaced, removed or created the key since). Observing outside state, hence the
-  // cast: the in-memory mirror is what changes.
-  if (read_only_) (void)const_cast<StoreImpl*>(this)->refresh_key(key, find(key));
+  // have replaced, removed or created the key since). A catalog read error leaves the view
+  // as it was.
+  (void)catch_up(key, find(key));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = objects_.find(key);
   if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);
@@ -37,7 +37,7 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
 bool StoreImpl::contains(const std::string& key) const {
   CallScope call(this);
   if (!call.status.ok()) return false;  // closed
-  if (read_only_) (void)const_cast<StoreImpl*>(this)->refresh_key(key, find(key));  // see stat()
+  (void)catch_up(key, find(key));  // as stat()
   std::lock_guard<std::mutex> lk(mu_);
   return objects_.count(key) != 0;
 }
@@ -45,11 +45,10 @@ bool StoreImpl::contains(const std::string& key) const {
 std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
   CallScope call(this);
   if (!call.status.ok()) return {};  // closed
-  if (read_only_) {
-    // As stat(): another process may be writing; list what is committed now. On a catalog
-    // read error, list what this open knows (stat/get of a listed key report the error).
-    Status st = const_cast<StoreImpl*>(this)->refresh_prefix(std::string(prefix));
-    if (!st.ok()) log_warn("store " + opts_.path + ": list: " + st.to_string());
+  // As stat(): another process may be writing; list what is committed now. On a catalog
+  // read error, list what this open knows (stat/get of a listed key report the error).
+  if (Status st = catch_up_prefix(std::string(prefix)); !st.ok()) {
+    log_warn("store " + opts_.path + ": list: " + st.to_string());
   }
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<ObjectInfo> out;
@@ -79,7 +78,7 @@ Result<VerifyReport> StoreImpl::verify() {
   CallScope call(this);
   STRATA_RETURN_IF_ERROR(call.status);
   VerifyReport rep;
-  if (read_only_) STRATA_RETURN_IF_ERROR(refresh_prefix(""));  // as list()
+  STRATA_RETURN_IF_ERROR(catch_up_prefix(""));  // as list()
   std::vector<ObjPtr> snapshot;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -113,8 +112,8 @@ Result<VerifyReport> StoreImpl::verify() {
       }
       // Read-only open beside a writer: an error against a row the writer has replaced
       // since (reusing the old extents) is not damage; check the current version instead.
-      if (!one.errors.empty() && read_only_ && attempt < 8) {
-        auto changed = refresh_key(o->key, o);
+      if (!one.errors.empty() && attempt < 8) {
+        auto changed = catch_up(o->key, o);  // false in a writable open
         if (changed.ok() && *changed) {
           o = find(first->key);
           if (!o) break;  // removed by the writer: nothing to verify
