@@ -48,7 +48,7 @@
 
 #include "catalog_sqlite.hpp"
 #include "extent_allocator.hpp"
-#include "store_device.hpp"
+#include "gpu_detail.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
 #include "strata/store/store.hpp"
