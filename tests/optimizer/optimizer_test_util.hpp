@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
 #include "strata/optimizer/update.hpp"
 

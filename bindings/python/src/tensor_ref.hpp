@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 
 namespace strata::py_bindings {
 

@@ -14,7 +14,7 @@
 
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 
 namespace strata {
 

@@ -60,7 +60,7 @@
 
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 #include "strata/optimizer/update.hpp"
 #include "strata/store/store.hpp"
 
