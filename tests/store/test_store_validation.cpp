@@ -24,6 +24,34 @@ namespace {
 using namespace store_test;
 namespace fs = std::filesystem;
 
+/// `dir` bind-mounted at `at` (created), then remounted read-only, for the object's
+/// lifetime. Needs CAP_SYS_ADMIN: the test skips when !mounted().
+class ReadOnlyBind {
+ public:
+  ReadOnlyBind(const std::string& dir, const std::string& at) : at_(at) {
+    fs::create_directories(at);
+    if (::mount(dir.c_str(), at.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+      error_ = errno;
+      return;
+    }
+    mounted_ = true;
+    if (::mount(nullptr, at.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
+      remount_error_ = errno;
+    }
+  }
+  ~ReadOnlyBind() {
+    if (mounted_) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  int error() const { return error_; }                ///< errno of the bind mount
+  int remount_error() const { return remount_error_; }  ///< errno of the read-only remount
+
+ private:
+  std::string at_;
+  bool mounted_ = false;
+  int error_ = 0, remount_error_ = 0;
+};
+
 /// Overwrites byte `offset` of the file `path` with `c` (to damage a chunk on disk).
 void write_byte(const std::string& path, uint64_t offset, char c) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -390,16 +418,9 @@ TEST(StoreValidation, ReadOnlyFilesystem) {
   auto a = pattern(70000, 8);
   ASSERT_OK(put_and_close(small_options(d.sub("s")), "a", a));
   const std::string ro = d.sub("ro");
-  fs::create_directories(ro);
-  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{ro};
-  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0)
-      << std::strerror(errno);
+  ReadOnlyBind view(d.sub("s"), ro);
+  if (!view.mounted()) GTEST_SKIP() << "cannot bind-mount (" << std::strerror(view.error()) << ")";
+  ASSERT_EQ(view.remount_error(), 0) << std::strerror(view.remount_error());
   auto l = list_store(ro);
   ASSERT_OK(l);
   ASSERT_EQ(l->size(), 1u);
@@ -432,15 +453,9 @@ TEST(StoreValidation, ReadOnlyFilesystemWhileAWriterHoldsTheWal) {
   ASSERT_OK(w->put_sync("a", a.data(), TensorDesc::bytes(a.size())));  // committed in the WAL
   ASSERT_TRUE(fs::exists(d.sub("s/catalog.db-wal")));
   const std::string ro = d.sub("ro");
-  fs::create_directories(ro);
-  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{ro};
-  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0);
+  ReadOnlyBind view(d.sub("s"), ro);
+  if (!view.mounted()) GTEST_SKIP() << "cannot bind-mount (" << std::strerror(view.error()) << ")";
+  ASSERT_EQ(view.remount_error(), 0) << std::strerror(view.remount_error());
   auto o = small_options(ro);
   o.read_only = true;
   auto s = open_or_die(o);
