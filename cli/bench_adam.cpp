@@ -22,7 +22,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
 #include "strata/optimizer/simd.hpp"
 #include "strata/optimizer/thread_pool.hpp"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 
 struct sqlite3;
 

@@ -128,6 +128,114 @@ TEST(Future, ResultForTimesOut) {
   EXPECT_EQ(p.future().result_for(2ms).status().code(), StatusCode::kDeadlineExceeded);
 }
 
+TEST(Future, ThenMapsValueAndError) {
+  Promise<int> p;
+  Future<std::string> f = p.future().then([](const Result<int>& r) -> Result<std::string> {
+    if (!r.ok()) return r.status().with_context("then");
+    return std::to_string(*r * 2);
+  });
+  EXPECT_FALSE(f.ready());
+  p.set_value(21);
+  ASSERT_TRUE(f.ready());  // ran on the completing thread, inside set_value()
+  EXPECT_EQ(*f.result(), "42");
+
+  Future<std::string> g = make_ready_future(Result<int>(not_found("key 'k'")))
+                              .then([](const Result<int>& r) -> Result<std::string> {
+                                if (!r.ok()) return r.status().with_context("then");
+                                return std::string("unreachable");
+                              });
+  EXPECT_EQ(g.result().status(), not_found("then: key 'k'"));
+}
+
+TEST(Future, ThenReturnKinds) {
+  Future<int> five = make_ready_future(Result<int>(5));
+  // A plain value.
+  Future<double> a = five.then([](const Result<int>& r) { return *r * 0.5; });
+  EXPECT_EQ(*a.result(), 2.5);
+  // A Status: Future<void>.
+  Future<void> b = five.then([](const Result<int>& r) { return r.ok() ? data_loss("x") : Status(); });
+  EXPECT_EQ(b.result().status(), data_loss("x"));
+  // void: an OK Future<void>.
+  int seen = 0;
+  Future<void> c = five.then([&](const Result<int>& r) { seen = *r; });
+  EXPECT_TRUE(c.result().ok());
+  EXPECT_EQ(seen, 5);
+  // A Future: flattened, completing when the inner future does.
+  Promise<int> inner;
+  Future<int> inner_f = inner.future();
+  Future<int> d = five.then([inner_f](const Result<int>&) { return inner_f; });
+  EXPECT_FALSE(d.ready());
+  inner.set_value(9);
+  EXPECT_EQ(*d.result(), 9);
+  // From a Future<void>.
+  Future<int> e = make_ready_future().then([](const Result<void>& r) { return r.ok() ? 1 : 0; });
+  EXPECT_EQ(*e.result(), 1);
+}
+
+TEST(Future, ThenRunsOnTheCompletingThread) {
+  Promise<int> p;
+  std::thread::id ran_on;
+  Future<void> f = p.future().then([&](const Result<int>&) { ran_on = std::this_thread::get_id(); });
+  std::thread::id producer;
+  std::thread t([&, p = std::move(p)]() mutable {
+    producer = std::this_thread::get_id();
+    p.set_value(1);
+  });
+  t.join();
+  ASSERT_TRUE(f.ready());
+  EXPECT_EQ(ran_on, producer);
+  // Already ready: at once, on the caller's thread.
+  Future<void> g = make_ready_future(Result<int>(1)).then([&](const Result<int>&) {
+    ran_on = std::this_thread::get_id();
+  });
+  EXPECT_TRUE(g.ready());
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+TEST(Future, ThenSeesCancellationAndInvalidFutures) {
+  Future<int> f;
+  {
+    Promise<int> p;
+    f = p.future().then([](const Result<int>& r) -> Result<int> {
+      if (!r.ok()) return r.status();
+      return 1;
+    });
+  }
+  EXPECT_EQ(f.result().status().code(), StatusCode::kCancelled);
+  Future<int> invalid;
+  Future<void> g = invalid.then([](const Result<int>& r) { return r.status(); });
+  EXPECT_EQ(g.result().status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(Future, MapPassesErrorsThrough) {
+  int calls = 0;
+  Future<int> ok = make_ready_future(Result<int>(20)).map([&](const int& v) {
+    ++calls;
+    return v + 1;
+  });
+  EXPECT_EQ(*ok.result(), 21);
+  Future<int> err = make_ready_future(Result<int>(out_of_range("offset 8"))).map([&](const int& v) {
+    ++calls;
+    return v + 1;
+  });
+  EXPECT_EQ(err.result().status(), out_of_range("offset 8"));
+  EXPECT_EQ(calls, 1);
+  // Value-less source, Result and Status returns.
+  Future<int> a = make_ready_future().map([]() -> Result<int> { return 3; });
+  EXPECT_EQ(*a.result(), 3);
+  Future<void> b = make_ready_future(Result<void>(cancelled("c"))).map([&] {
+    ++calls;
+    return Status();
+  });
+  EXPECT_EQ(b.result().status(), cancelled("c"));
+  EXPECT_EQ(calls, 1);
+  // A Future return is flattened; an error of the inner future comes through.
+  Future<int> c = make_ready_future(Result<int>(2)).map([](const int&) {
+    return make_ready_future(Result<int>(data_loss("inner")));
+  });
+  EXPECT_EQ(c.result().status(), data_loss("inner"));
+}
+
 TEST(Logging, LogTextEscapesControlCharacters) {
   using namespace std::string_literals;
   EXPECT_EQ(strata::log_text("plain key 'a/b c' \xd0\xba"), "plain key 'a/b c' \xd0\xba");

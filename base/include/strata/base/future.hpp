@@ -3,7 +3,8 @@
 // A Future is a shared handle to a Result<T> that some thread (an I/O worker, a
 // collective, the optimizer pipeline) fills in once. Copies share the same state.
 // Callbacks registered with on_ready() run on the completing thread (or immediately on the
-// caller's thread when already ready); they must not block.
+// caller's thread when already ready); they must not block. then() and map() build on
+// on_ready() to chain a computation onto a future (TensorStore's MapFuture / Link).
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "strata/base/status.hpp"
@@ -42,6 +45,33 @@ struct FutureState {
 
 template <class T>
 class Promise;
+template <class T>
+class Future;
+
+namespace detail {
+/// The value type of the future a continuation returning R produces: Result<U> -> U,
+/// Future<U> -> U, Status and void -> void, any other R -> R.
+template <class R>
+struct ContinuationValue {
+  using type = R;
+};
+template <class U>
+struct ContinuationValue<Result<U>> {
+  using type = U;
+};
+template <class U>
+struct ContinuationValue<Future<U>> {
+  using type = U;
+};
+template <>
+struct ContinuationValue<Status> {
+  using type = void;
+};
+template <>
+struct ContinuationValue<void> {
+  using type = void;
+};
+}  // namespace detail
 
 /// Handle to a result that becomes available later.
 /// Thread-safety: all members may be called concurrently from any thread.
@@ -107,6 +137,22 @@ class Future {
     cb(*state_->result);
   }
 
+  /// Chains `f` onto this future: returns a future completed with what `f` makes of this
+  /// future's result. `f` is called once with `const Result<T>&` (errors included) on the
+  /// completing thread, or at once on this thread when the result is already available; it
+  /// must not block. `f` may return:
+  ///   - Result<U> or a plain U        -> Future<U> with that value or error;
+  ///   - Status or void                -> Future<void> (void means OK);
+  ///   - Future<U>                     -> Future<U> completed when that future completes.
+  /// An invalid (default) future calls `f` with FailedPrecondition. `f` must be copyable.
+  template <class F>
+  auto then(F f) const;
+
+  /// Like then(), but `f` takes the value (`const T&`, nothing for T = void) and is called
+  /// only on success; an error passes through to the returned future unchanged.
+  template <class F>
+  auto map(F f) const;
+
  private:
   friend class Promise<T>;
   explicit Future(std::shared_ptr<detail::FutureState<T>> s) : state_(std::move(s)) {}
@@ -164,6 +210,66 @@ class Promise {
   }
   std::shared_ptr<detail::FutureState<T>> state_;
 };
+
+namespace detail {
+/// Calls fn(args...) and completes *p with its outcome (see Future::then()).
+template <class U, class F, class... A>
+void complete_with(const std::shared_ptr<Promise<U>>& p, F& fn, A&&... args) {
+  using R = std::remove_cvref_t<std::invoke_result_t<F&, A...>>;
+  if constexpr (std::is_void_v<R>) {
+    fn(std::forward<A>(args)...);
+    p->set_value();
+  } else if constexpr (std::is_same_v<R, Future<U>>) {
+    fn(std::forward<A>(args)...).on_ready([p](const Result<U>& r) { p->set(r); });
+  } else {
+    // Result<U>, Status (U = void) or a plain U: each converts to Result<U>.
+    p->set(Result<U>(fn(std::forward<A>(args)...)));
+  }
+}
+}  // namespace detail
+
+template <class T>
+template <class F>
+auto Future<T>::then(F f) const {
+  using R = std::remove_cvref_t<std::invoke_result_t<F&, const Result<T>&>>;
+  using U = typename detail::ContinuationValue<R>::type;
+  auto p = std::make_shared<Promise<U>>();
+  Future<U> out = p->future();
+  on_ready([p, f = std::move(f)](const Result<T>& r) mutable { detail::complete_with(p, f, r); });
+  return out;
+}
+
+template <class T>
+template <class F>
+auto Future<T>::map(F f) const {
+  if constexpr (std::is_void_v<T>) {
+    using R = std::remove_cvref_t<std::invoke_result_t<F&>>;
+    using U = typename detail::ContinuationValue<R>::type;
+    auto p = std::make_shared<Promise<U>>();
+    Future<U> out = p->future();
+    on_ready([p, f = std::move(f)](const Result<void>& r) mutable {
+      if (r.ok()) {
+        detail::complete_with(p, f);
+      } else {
+        p->set_error(r.status());
+      }
+    });
+    return out;
+  } else {
+    using R = std::remove_cvref_t<std::invoke_result_t<F&, const T&>>;
+    using U = typename detail::ContinuationValue<R>::type;
+    auto p = std::make_shared<Promise<U>>();
+    Future<U> out = p->future();
+    on_ready([p, f = std::move(f)](const Result<T>& r) mutable {
+      if (r.ok()) {
+        detail::complete_with(p, f, r.value());
+      } else {
+        p->set_error(r.status());
+      }
+    });
+    return out;
+  }
+}
 
 /// A future that is already complete.
 template <class T>

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 
 namespace strata::optimizer {
 

@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 
 namespace strata::optimizer {
 

@@ -32,7 +32,7 @@
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
 #include "strata/collectives/communicator.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata {

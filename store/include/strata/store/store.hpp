@@ -34,7 +34,7 @@
 
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
-#include "strata/collectives/dtype.hpp"
+#include "strata/base/dtype.hpp"
 #include "strata/store/io_engine.hpp"
 #include "strata/store/placement.hpp"
 

@@ -1,7 +1,7 @@
 // strata — element types shared by the store, the communicator and the optimizer.
 //
-// Header-only and dependent only on strata::base (status.hpp), so base-level code and every
-// component above collectives can include it without linking anything.
+// Header-only and dependent only on status.hpp, so every component can include it without
+// linking anything.
 #pragma once
 
 #include <cstddef>
