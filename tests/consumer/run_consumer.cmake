@@ -1,19 +1,7 @@
 # cmake -P script: install strata, build the consumer project against it, run it.
-file(REMOVE_RECURSE ${PREFIX} ${BIN})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${STRATA_BUILD_DIR} --prefix ${PREFIX}
-                RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "cmake --install failed: ${rc}")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -G ${GENERATOR}
-                        -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "configuring the consumer against ${PREFIX} failed: ${rc}")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "building the consumer failed: ${rc}")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/../common/consumer_build.cmake)
+strata_install_fresh()
+strata_build_against_prefix("the consumer")
 foreach(exe IN ITEMS strata_consumer strata_store_consumer)
   execute_process(COMMAND ${BIN}/${exe} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
   message(STATUS "${exe} printed: ${out}")
