@@ -232,31 +232,24 @@ int run_bench_adam(const BenchAdamArgs& a) {
 }
 
 void register_bench_adam(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
   auto args = std::make_shared<BenchAdamArgs>();
-  CLI::App* sub = bench.add_subcommand(
-      "adam", "CPU optimizer step throughput vs. a streaming kernel of the same shape");
-  non_negative(sub->add_option("--numel", args->numel,
-                               "parameters (elements, >= 1; memory: 4 B + gradient + 4 B per "
-                               "state, each)"))
-      ->capture_default_str();
-  sub->add_option("--threads", args->threads, "worker threads (0 = one per core)")
-      ->capture_default_str();
-  sub->add_option("--numa-node", args->numa_node, "NUMA node to bind to (-1 = none)")
-      ->capture_default_str();
-  sub->add_option("--grad-dtype", args->grad_dtype, "gradient dtype: fp32, fp16, bf16")
-      ->capture_default_str();
-  sub->add_option("--optimizer", args->optimizer, "adam, adamw, adagrad, sgd (momentum 0.9), lion")
-      ->capture_default_str();
+  CLI::App* sub = add_command(
+      bench_group(r), "adam",
+      "CPU optimizer step throughput vs. a streaming kernel of the same shape", args,
+      run_bench_adam);
+  add_defaulted(sub, "--numel", args->numel,
+                "parameters (elements, >= 1; memory: 4 B + gradient + 4 B per state, each)");
+  add_defaulted(sub, "--threads", args->threads, "worker threads (0 = one per core)");
+  add_defaulted(sub, "--numa-node", args->numa_node, "NUMA node to bind to (-1 = none)");
+  add_defaulted(sub, "--grad-dtype", args->grad_dtype, "gradient dtype: fp32, fp16, bf16");
+  add_defaulted(sub, "--optimizer", args->optimizer,
+                "adam, adamw, adagrad, sgd (momentum 0.9), lion");
   sub->add_option("--simd", args->simd, "force a SIMD target (AVX3, AVX2, SSE4, SSSE3, SCALAR)");
-  sub->add_option("--steps", args->steps, "timed steps (median reported)")
-      ->capture_default_str()
+  add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)")
       ->check(CLI::Range(1, 1000000));
-  sub->add_option("--warmup", args->warmup, "untimed steps first")
-      ->capture_default_str()
+  add_defaulted(sub, "--warmup", args->warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000000));
   sub->add_flag("--json", args->json, "print one JSON object");
-  sub->callback([args] { Registry::set_exit_code(run_bench_adam(*args)); });
 }
 
 STRATA_CLI_COMMAND(register_bench_adam);
