@@ -257,10 +257,7 @@ static void test_optimizer_torch_arithmetic(const char* dir) {
   uint32_t h = 99;
   int i, s, same = 1;
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
+  set_store_options(&o, dir, 64, 16, 0);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
   EXPECT(oo.arithmetic == NULL);
