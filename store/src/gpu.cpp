@@ -1,8 +1,15 @@
-// strata::store — CUDA runtime helpers (see gpu.hpp).
+// strata::store — every CUDA runtime call of strata: the public helpers of gpu.hpp
+// (counting GPUs, page-locking host memory, naming devices) and the device tier's private
+// ones (gpu_detail.hpp: allocation, pointer queries, streams). Compiled against the CUDA
+// runtime when STRATA_HAVE_CUDA; without it every function is still defined and reports
+// no GPU (Unimplemented where an error is returned).
 #include "strata/store/gpu.hpp"
 
 #include <algorithm>
 #include <cctype>
+#include <string>
+
+#include "gpu_detail.hpp"
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -37,9 +44,20 @@ int gpu_count() noexcept {
 
 #ifdef STRATA_HAVE_CUDA
 namespace {
-Status cuda_status(cudaError_t err, const std::string& what) {
+
+/// Internal "<what>: <error name> (<error string>)".
+Status cuda_error(cudaError_t err, const std::string& what) {
   return internal_error(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
 }
+
+/// OK for cudaSuccess; ResourceExhausted for cudaErrorMemoryAllocation; else cuda_error().
+Status cuda_status(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::OK();
+  Status st = cuda_error(err, what);
+  if (err == cudaErrorMemoryAllocation) return resource_exhausted(st.message());
+  return st;
+}
+
 Status check_index(int index) {
   if (index < 0 || index >= gpu_count()) {
     return out_of_range("GPU index " + std::to_string(index) + " is not in [0, " +
@@ -47,6 +65,18 @@ Status check_index(int index) {
   }
   return Status::OK();
 }
+
+Result<cudaDeviceProp> device_properties(int index) {
+  STRATA_RETURN_IF_ERROR(check_index(index));
+  cudaDeviceProp prop{};
+  cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_error(err, "cudaGetDeviceProperties(" + std::to_string(index) + ")");
+  }
+  return prop;
+}
+
 }  // namespace
 #endif
 
@@ -59,7 +89,7 @@ Status host_register(void* ptr, uint64_t nbytes) {
   cudaError_t err = cudaHostRegister(ptr, nbytes, cudaHostRegisterDefault);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return cuda_status(err, "cudaHostRegister(" + std::to_string(nbytes) + " bytes)");
+    return cuda_error(err, "cudaHostRegister(" + std::to_string(nbytes) + " bytes)");
   }
   return Status::OK();
 #else
@@ -76,7 +106,7 @@ Status host_unregister(void* ptr) {
   cudaError_t err = cudaHostUnregister(ptr);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return cuda_status(err, "cudaHostUnregister");
+    return cuda_error(err, "cudaHostUnregister");
   }
   return Status::OK();
 #else
@@ -92,7 +122,7 @@ Result<std::string> gpu_pci_bus_id(int index) {
   cudaError_t err = cudaDeviceGetPCIBusId(buf, sizeof(buf), index);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return cuda_status(err, "cudaDeviceGetPCIBusId(" + std::to_string(index) + ")");
+    return cuda_error(err, "cudaDeviceGetPCIBusId(" + std::to_string(index) + ")");
   }
   // CUDA prints "00000000:65:00.0" (8-digit domain, upper case); hwloc and sysfs use
   // "0000:65:00.0".
@@ -110,13 +140,7 @@ Result<std::string> gpu_pci_bus_id(int index) {
 
 Result<std::string> gpu_name(int index) {
 #ifdef STRATA_HAVE_CUDA
-  STRATA_RETURN_IF_ERROR(check_index(index));
-  cudaDeviceProp prop{};
-  cudaError_t err = cudaGetDeviceProperties(&prop, index);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return cuda_status(err, "cudaGetDeviceProperties(" + std::to_string(index) + ")");
-  }
+  STRATA_ASSIGN_OR_RETURN(cudaDeviceProp prop, device_properties(index));
   return std::string(prop.name);
 #else
   return unimplemented("gpu_name(" + std::to_string(index) + "): strata was built without CUDA");
@@ -125,13 +149,7 @@ Result<std::string> gpu_name(int index) {
 
 Result<uint64_t> gpu_memory_bytes(int index) {
 #ifdef STRATA_HAVE_CUDA
-  STRATA_RETURN_IF_ERROR(check_index(index));
-  cudaDeviceProp prop{};
-  cudaError_t err = cudaGetDeviceProperties(&prop, index);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return cuda_status(err, "cudaGetDeviceProperties(" + std::to_string(index) + ")");
-  }
+  STRATA_ASSIGN_OR_RETURN(cudaDeviceProp prop, device_properties(index));
   return static_cast<uint64_t>(prop.totalGlobalMem);
 #else
   return unimplemented("gpu_memory_bytes(" + std::to_string(index) +
@@ -139,4 +157,93 @@ Result<uint64_t> gpu_memory_bytes(int index) {
 #endif
 }
 
+// ---------------------------------------------------------------- the device tier
+
+namespace store_detail {
+
+#ifdef STRATA_HAVE_CUDA
+
+bool device_available(int id) { return id >= 0 && id < gpu_count(); }
+
+uint64_t device_free_bytes(int id) {
+  if (!device_available(id)) return 0;
+  size_t free_b = 0, total = 0;
+  cudaSetDevice(id);
+  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+  return free_b;
+}
+
+bool is_device_pointer(const void* p) {
+  if (p == nullptr || gpu_count() == 0) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+Result<void*> device_alloc(int id, uint64_t nbytes) {
+  STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(id), "cudaSetDevice"));
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_status(e, "cudaMalloc of " + std::to_string(nbytes) + " bytes on device " +
+                              std::to_string(id));
+  }
+  return p;
+}
+
+void device_free(int id, void* p) {
+  if (!p) return;
+  cudaSetDevice(id);
+  cudaFree(p);
+}
+
+DeviceStream::~DeviceStream() {
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+Status DeviceStream::ensure() {
+  if (stream_) return Status::OK();
+  STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(id_), "cudaSetDevice"));
+  cudaStream_t s;
+  STRATA_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                                     "cudaStreamCreate"));
+  stream_ = s;
+  return Status::OK();
+}
+
+Status DeviceStream::copy_async(void* dst, const void* src, uint64_t nbytes) {
+  STRATA_RETURN_IF_ERROR(ensure());
+  if (nbytes == 0) return Status::OK();
+  return cuda_status(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                                     static_cast<cudaStream_t>(stream_)),
+                     "cudaMemcpyAsync of " + std::to_string(nbytes) + " bytes");
+}
+
+Status DeviceStream::synchronize() {
+  if (!stream_) return Status::OK();
+  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                     "cudaStreamSynchronize");
+}
+
+#else  // !STRATA_HAVE_CUDA
+
+bool device_available(int) { return false; }
+uint64_t device_free_bytes(int) { return 0; }
+bool is_device_pointer(const void*) { return false; }
+Result<void*> device_alloc(int, uint64_t) {
+  return unimplemented("device tier: strata was built without CUDA");
+}
+void device_free(int, void*) {}
+DeviceStream::~DeviceStream() = default;
+Status DeviceStream::ensure() { return unimplemented("device tier: strata was built without CUDA"); }
+Status DeviceStream::copy_async(void*, const void*, uint64_t) { return ensure(); }
+Status DeviceStream::synchronize() { return Status::OK(); }
+
+#endif
+
+}  // namespace store_detail
 }  // namespace strata

@@ -21,3 +21,7 @@ target_link_libraries(offload_crash_child PRIVATE strata::strata)
 add_dependencies(test_optimizer offload_crash_child)
 target_compile_definitions(test_optimizer PRIVATE
   STRATA_OFFLOAD_CRASH_CHILD="$<TARGET_FILE:offload_crash_child>")
+
+# Bit comparisons with torch's fp32 sequence: no FMA contraction beyond the explicit fmaf.
+set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/optimizer/test_torch_exact.cpp
+  PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

@@ -86,6 +86,13 @@ using RuleFactory = std::function<Result<std::unique_ptr<UpdateRule>>(const Hype
 /// \error InvalidArgument for an unknown optimizer name.
 Result<RuleFactory> builtin_rule_factory(std::string_view optimizer);
 
+/// As builtin_rule_factory("adam" / "adamw"), but the rules are make_torch_exact_adam's:
+/// bit-identical to torch.optim.Adam / AdamW (scalar, slower than the SIMD rules). Same
+/// hyperparameters, defaults and checks; same rule names, so a checkpoint made with either
+/// factory resumes with the other.
+/// \error InvalidArgument for any other optimizer name.
+Result<RuleFactory> torch_exact_rule_factory(std::string_view optimizer);
+
 /// torch.optim's defaults of a built-in optimizer, every key it accepts (e.g. adamw:
 /// lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 1e-2, amsgrad 0, maximize 0).
 /// \error InvalidArgument for an unknown optimizer name.

@@ -1,0 +1,117 @@
+// strata::store (private) — the NVMe tier's extent allocator (see extent_allocator.hpp).
+#include "extent_allocator.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+#include "strata/base/units.hpp"
+
+namespace strata::store_detail {
+
+Extent::~Extent() {
+  if (alloc) alloc->release(dir, offset, len);
+}
+
+Result<std::shared_ptr<Extent>> ExtentAllocator::allocate(uint32_t dir, uint64_t len,
+                                                          const std::string& key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (budget_ && used_ + len > budget_) {
+    return resource_exhausted("nvme tier budget " + format_bytes(budget_) + " full (" +
+                              format_bytes(used_) + " used): cannot place " + format_bytes(len) +
+                              " of object '" + key + "'");
+  }
+  Dir& d = dirs_[dir];
+  uint64_t off = d.end;
+  bool found = false;
+  for (auto it = d.free.begin(); it != d.free.end(); ++it) {
+    if (it->second >= len) {
+      off = it->first;
+      uint64_t rest = it->second - len;
+      d.free.erase(it);
+      if (rest) d.free.emplace(off + len, rest);
+      found = true;
+      break;
+    }
+  }
+  if (!found) d.end += len;
+  used_ += len;
+  return make(dir, off, len);
+}
+
+std::shared_ptr<Extent> ExtentAllocator::adopt(uint32_t dir, uint64_t off, uint64_t len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  dirs_[dir].loaded.emplace_back(off, len);
+  used_ += len;
+  return make(dir, off, len);
+}
+
+Status ExtentAllocator::finish_load() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t di = 0; di < dirs_.size(); ++di) {
+    Dir& d = dirs_[di];
+    std::sort(d.loaded.begin(), d.loaded.end());
+    uint64_t pos = 0;
+    for (auto [off, len] : d.loaded) {
+      if (off < pos) {
+        return data_loss("catalog: extents overlap in directory " + std::to_string(di) +
+                         " at offset " + std::to_string(off));
+      }
+      if (off > pos) d.free.emplace(pos, off - pos);
+      pos = off + len;
+    }
+    d.end = pos;
+    d.loaded.clear();
+    d.loaded.shrink_to_fit();
+  }
+  return Status::OK();
+}
+
+void ExtentAllocator::release(uint32_t dir, uint64_t off, uint64_t len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  used_ -= len;
+  Dir& d = dirs_[dir];
+  auto next = d.free.lower_bound(off);
+  if (next != d.free.end() && off + len == next->first) {  // merge with the next
+    len += next->second;
+    next = d.free.erase(next);
+  }
+  if (next != d.free.begin()) {  // merge with the previous
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      d.free.erase(prev);
+    }
+  }
+  if (off + len == d.end) {
+    d.end = off;
+  } else {
+    d.free.emplace(off, len);
+  }
+}
+
+uint64_t ExtentAllocator::used() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return used_;
+}
+
+uint64_t ExtentAllocator::end(uint32_t dir) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return dirs_[dir].end;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> ExtentAllocator::free_ranges(uint32_t dir) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {dirs_[dir].free.begin(), dirs_[dir].free.end()};
+}
+
+std::shared_ptr<Extent> ExtentAllocator::make(uint32_t dir, uint64_t off, uint64_t len) {
+  auto e = std::make_shared<Extent>();
+  e->alloc = shared_from_this();
+  e->dir = dir;
+  e->offset = off;
+  e->len = len;
+  return e;
+}
+
+}  // namespace strata::store_detail

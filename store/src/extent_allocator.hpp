@@ -1,0 +1,84 @@
+// strata::store (private) — the NVMe tier's space: one free list of 4 KiB-aligned extents
+// per NVMe directory's data file, and the byte budget of the tier.
+//
+// An Extent is reference-counted: it goes back to its allocator when the last reference
+// (the catalog mirror, a version's layout, a reader's snapshot) drops, so space that the
+// committed catalog names is never reused while anything still names it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/base/status.hpp"
+
+namespace strata::store_detail {
+
+class ExtentAllocator;
+
+/// A range [offset, offset + len) of the data file of NVMe directory `dir` (offset and
+/// len multiples of 4 KiB). Returned to `alloc` on destruction; with a null `alloc` (a
+/// read-only open's view of another process's extents) it is never released anywhere.
+struct Extent {
+  std::shared_ptr<ExtentAllocator> alloc;
+  uint32_t dir = 0;
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  ~Extent();
+};
+
+/// First-fit allocator over `ndirs` data files that grow at their end. Freed extents merge
+/// with their free neighbours; a free range that reaches the end of a file shortens the
+/// file's allocated end instead of entering the free list (so end() is where the file can
+/// be trimmed).
+/// \threadsafety every member is safe to call concurrently (one internal mutex).
+class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
+ public:
+  /// \param ndirs number of data files (directories 0 .. ndirs - 1).
+  /// \param budget_bytes most bytes allocated at once over all files; 0 = no limit.
+  ExtentAllocator(uint32_t ndirs, uint64_t budget_bytes) : dirs_(ndirs), budget_(budget_bytes) {}
+
+  /// `len` bytes (a multiple of 4 KiB, > 0) in directory `dir`: the lowest-offset free
+  /// range that is large enough (its head; the rest stays free), else the end of the file.
+  /// \param key names the object in the error message.
+  /// \error ResourceExhausted when used() + len would pass the budget.
+  Result<std::shared_ptr<Extent>> allocate(uint32_t dir, uint64_t len, const std::string& key);
+
+  /// Marks [off, off + len) of `dir` used while a catalog is loaded (before finish_load()).
+  std::shared_ptr<Extent> adopt(uint32_t dir, uint64_t off, uint64_t len);
+
+  /// Ends loading: the gaps between adopted extents become the free lists and each file's
+  /// end is the end of its last adopted extent.
+  /// \error DataLoss naming the directory and offset when two adopted extents overlap.
+  Status finish_load();
+
+  /// Frees [off, off + len) of `dir` (Extent's destructor calls it).
+  void release(uint32_t dir, uint64_t off, uint64_t len);
+
+  /// Bytes allocated (or adopted) and not released, over all directories.
+  uint64_t used() const;
+
+  /// End of the allocated part of `dir`'s data file: no extent lies at or past it.
+  uint64_t end(uint32_t dir) const;
+
+  /// The free ranges of `dir` as (offset, length), by offset (for tests and diagnostics).
+  std::vector<std::pair<uint64_t, uint64_t>> free_ranges(uint32_t dir) const;
+
+ private:
+  std::shared_ptr<Extent> make(uint32_t dir, uint64_t off, uint64_t len);
+  struct Dir {
+    std::map<uint64_t, uint64_t> free;  // offset -> length
+    uint64_t end = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> loaded;  // adopt() until finish_load()
+  };
+  mutable std::mutex mu_;
+  std::vector<Dir> dirs_;
+  uint64_t used_ = 0;
+  uint64_t budget_;
+};
+
+}  // namespace strata::store_detail

@@ -1,0 +1,133 @@
+// strata::store (private) — the queries: stat, list, contains, usage, and verify (every
+// chunk read back and its checksum compared).
+#include "store_impl.hpp"
+#include "strata/base/logging.hpp"
+
+namespace strata::store_detail {
+
+ObjectInfo StoreImpl::info_locked(const Obj& o) const {
+  ObjectInfo i;
+  i.key = o.key;
+  i.dtype = o.desc.dtype;
+  i.shape = o.desc.shape;
+  i.nbytes = o.nbytes;
+  i.tier = o.tier();
+  i.on_nvme = o.current != nullptr;
+  auto it = durable_.find(o.key);
+  i.dirty = o.dirty || it == durable_.end() || it->second != o.current;
+  i.pinned = o.pins > 0;
+  i.num_chunks = o.current ? static_cast<uint32_t>(o.current->size()) : 0;
+  i.damage = o.damage;
+  return i;
+}
+
+Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
+  CallScope call(this);  // close() waits for it; a closed store: FailedPrecondition
+  STRATA_RETURN_IF_ERROR(call.status);
+  // Read-only open: the catalog's current row, not the one loaded at open (a writer may
+  // have replaced, removed or created the key since). A catalog read error leaves the view
+  // as it was.
+  (void)catch_up(key, find(key));
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);
+  return info_locked(*it->second);
+}
+
+bool StoreImpl::contains(const std::string& key) const {
+  CallScope call(this);
+  if (!call.status.ok()) return false;  // closed
+  (void)catch_up(key, find(key));  // as stat()
+  std::lock_guard<std::mutex> lk(mu_);
+  return objects_.count(key) != 0;
+}
+
+std::vector<ObjectInfo> StoreImpl::list(std::string_view prefix) const {
+  CallScope call(this);
+  if (!call.status.ok()) return {};  // closed
+  // As stat(): another process may be writing; list what is committed now. On a catalog
+  // read error, list what this open knows (stat/get of a listed key report the error).
+  if (Status st = catch_up_prefix(std::string(prefix)); !st.ok()) {
+    log_warn("store " + opts_.path + ": list: " + st.to_string());
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<ObjectInfo> out;
+  for (auto it = objects_.lower_bound(std::string(prefix)); it != objects_.end(); ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    out.push_back(info_locked(*it->second));
+  }
+  return out;
+}
+
+StoreUsage StoreImpl::usage() const {
+  StoreUsage u;
+  CallScope call(this);
+  if (!call.status.ok()) return u;  // closed: all zero
+  u.device_budget_bytes = device_budget_;
+  u.device_bytes = device_used_->load();
+  u.host_budget_bytes = host_pool_ ? host_pool_->budget_bytes() : 0;
+  u.host_bytes = host_pool_ ? host_pool_->used_bytes() : 0;
+  u.nvme_budget_bytes = opts_.nvme_budget_bytes;
+  u.nvme_bytes = alloc_->used();
+  std::lock_guard<std::mutex> lk(mu_);
+  u.objects = objects_.size();
+  return u;
+}
+
+Result<VerifyReport> StoreImpl::verify() {
+  CallScope call(this);
+  STRATA_RETURN_IF_ERROR(call.status);
+  VerifyReport rep;
+  STRATA_RETURN_IF_ERROR(catch_up_prefix(""));  // as list()
+  std::vector<ObjPtr> snapshot;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [k, o] : objects_) snapshot.push_back(o);
+  }
+  for (const auto& first : snapshot) {
+    ObjPtr o = first;
+    for (int attempt = 0;; ++attempt) {
+      VerifyReport one;  // this object's figures and errors
+      LayoutPtr cur;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        cur = o->current;
+      }
+      one.objects = 1;
+      if (!o->damage.empty()) {
+        one.errors.push_back(data_loss("store " + opts_.path + ": " + o->damage));
+      }
+      for (uint32_t j = 0; o->damage.empty() && cur && j < cur->size(); ++j) {
+        const ChunkRef& c = (*cur)[j];
+        ++one.chunks;
+        one.bytes += c.nbytes;
+        if (!files_[c.ext->dir]) {
+          one.errors.push_back(not_found("object '" + o->key + "' chunk " + std::to_string(j) +
+                                         ": data file in " + dirs_[c.ext->dir] + " is missing"));
+          continue;
+        }
+        Status st = staged_read_chunk(o->key, j, uint64_t{j} * chunk_bytes_, c, 0, 0, true,
+                                      [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
+        if (!st.ok()) one.errors.push_back(st);
+      }
+      // Read-only open beside a writer: an error against a row the writer has replaced
+      // since (reusing the old extents) is not damage; check the current version instead.
+      if (!one.errors.empty() && attempt < 8) {
+        auto changed = catch_up(o->key, o);  // false in a writable open
+        if (changed.ok() && *changed) {
+          o = find(first->key);
+          if (!o) break;  // removed by the writer: nothing to verify
+          continue;
+        }
+      }
+      rep.objects += one.objects;
+      rep.chunks += one.chunks;
+      rep.bytes += one.bytes;
+      for (auto& e : one.errors) rep.errors.push_back(std::move(e));
+      break;
+    }
+  }
+  return rep;
+}
+
+}  // namespace strata::store_detail

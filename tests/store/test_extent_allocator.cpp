@@ -1,0 +1,161 @@
+// The NVMe tier's extent allocator on its own (store/src/extent_allocator.hpp): exact
+// offsets of first-fit allocation, merging of freed neighbours, the end of each data file,
+// loading committed extents, and the budget.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+// A private header of the store (the test target has no include path into store/src).
+#include "../../store/src/extent_allocator.hpp"
+
+namespace strata::store_detail {
+namespace {
+
+constexpr uint64_t K4 = 4096;
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+std::shared_ptr<Extent> must(Result<std::shared_ptr<Extent>> r) {
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : nullptr;
+}
+
+TEST(ExtentAllocator, AllocatesAtTheEndOfEachFileInOrder) {
+  auto a = std::make_shared<ExtentAllocator>(2, 0);
+  auto e0 = must(a->allocate(0, K4, "k"));
+  auto e1 = must(a->allocate(0, 2 * K4, "k"));
+  auto e2 = must(a->allocate(1, K4, "k"));
+  auto e3 = must(a->allocate(0, K4, "k"));
+  EXPECT_EQ(e0->dir, 0u);
+  EXPECT_EQ(e0->offset, 0u);
+  EXPECT_EQ(e0->len, K4);
+  EXPECT_EQ(e1->offset, K4);
+  EXPECT_EQ(e1->len, 2 * K4);
+  EXPECT_EQ(e2->dir, 1u);
+  EXPECT_EQ(e2->offset, 0u);  // directories are independent
+  EXPECT_EQ(e3->offset, 3 * K4);
+  EXPECT_EQ(a->end(0), 4 * K4);
+  EXPECT_EQ(a->end(1), K4);
+  EXPECT_EQ(a->used(), 5 * K4);
+  EXPECT_EQ(a->free_ranges(0), Ranges{});
+}
+
+TEST(ExtentAllocator, FirstFitTakesTheHeadOfTheLowestGapThatFits) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  auto e0 = must(a->allocate(0, K4, "k"));
+  auto e1 = must(a->allocate(0, K4, "k"));
+  auto e2 = must(a->allocate(0, 3 * K4, "k"));
+  auto e3 = must(a->allocate(0, K4, "k"));
+  e0.reset();  // gap [0, 4K)
+  e2.reset();  // gap [8K, 20K)
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{0, K4}, {2 * K4, 3 * K4}}));
+  EXPECT_EQ(a->end(0), 6 * K4);
+  // 8 KiB does not fit the first gap: the head of the second one.
+  auto f0 = must(a->allocate(0, 2 * K4, "k"));
+  EXPECT_EQ(f0->offset, 2 * K4);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{0, K4}, {4 * K4, K4}}));
+  // 4 KiB: the lowest gap.
+  auto f1 = must(a->allocate(0, K4, "k"));
+  EXPECT_EQ(f1->offset, 0u);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{4 * K4, K4}}));
+  // 8 KiB fits no gap: the end of the file.
+  auto f2 = must(a->allocate(0, 2 * K4, "k"));
+  EXPECT_EQ(f2->offset, 6 * K4);
+  EXPECT_EQ(a->end(0), 8 * K4);
+  EXPECT_EQ(a->used(), 7 * K4);
+}
+
+TEST(ExtentAllocator, FreedNeighboursMergeAndTheEndShrinks) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  std::vector<std::shared_ptr<Extent>> e;
+  for (int i = 0; i < 5; ++i) e.push_back(must(a->allocate(0, K4, "k")));
+  e[0].reset();
+  e[2].reset();
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{0, K4}, {2 * K4, K4}}));
+  e[1].reset();  // merges with both neighbours
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{0, 3 * K4}}));
+  EXPECT_EQ(a->end(0), 5 * K4);
+  e[4].reset();  // the last extent: the end moves back, no free range
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{0, 3 * K4}}));
+  EXPECT_EQ(a->end(0), 4 * K4);
+  e[3].reset();  // merges with the gap before it, which then reaches the end
+  EXPECT_EQ(a->free_ranges(0), Ranges{});
+  EXPECT_EQ(a->end(0), 0u);
+  EXPECT_EQ(a->used(), 0u);
+}
+
+TEST(ExtentAllocator, MergesWithTheNextFreeRangeOnly) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  auto e0 = must(a->allocate(0, K4, "k"));
+  auto e1 = must(a->allocate(0, K4, "k"));
+  auto e2 = must(a->allocate(0, K4, "k"));
+  auto e3 = must(a->allocate(0, K4, "k"));
+  e2.reset();
+  e1.reset();  // [4K, 8K) + [8K, 12K)
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{K4, 2 * K4}}));
+  EXPECT_EQ(a->end(0), 4 * K4);
+}
+
+TEST(ExtentAllocator, BudgetCountsEveryDirectory) {
+  auto a = std::make_shared<ExtentAllocator>(2, 3 * K4);
+  auto e0 = must(a->allocate(0, 2 * K4, "a"));
+  auto r = a->allocate(1, 2 * K4, "big");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("'big'"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(a->used(), 2 * K4);
+  EXPECT_EQ(a->end(1), 0u);  // a refused allocation takes nothing
+  auto e1 = must(a->allocate(1, K4, "fits"));  // exactly the budget
+  EXPECT_EQ(a->used(), 3 * K4);
+  e0.reset();
+  auto e2 = must(a->allocate(1, 2 * K4, "big"));
+  EXPECT_EQ(e2->offset, K4);
+}
+
+TEST(ExtentAllocator, LoadedExtentsLeaveTheGapsFree) {
+  auto a = std::make_shared<ExtentAllocator>(2, 0);
+  // Adopted out of order, as a catalog's rows come.
+  auto c1 = a->adopt(1, 5 * K4, K4);
+  auto c0 = a->adopt(1, 2 * K4, 2 * K4);
+  auto c2 = a->adopt(0, 0, K4);
+  ASSERT_TRUE(a->finish_load().ok());
+  EXPECT_EQ(a->free_ranges(1), (Ranges{{0, 2 * K4}, {4 * K4, K4}}));
+  EXPECT_EQ(a->end(1), 6 * K4);
+  EXPECT_EQ(a->free_ranges(0), Ranges{});
+  EXPECT_EQ(a->end(0), K4);
+  EXPECT_EQ(a->used(), 4 * K4);
+  EXPECT_EQ(c0->offset, 2 * K4);
+  EXPECT_EQ(c0->len, 2 * K4);
+  // Loaded extents are released like allocated ones.
+  c0.reset();
+  EXPECT_EQ(a->free_ranges(1), (Ranges{{0, 5 * K4}}));
+  EXPECT_EQ(a->used(), 2 * K4);
+  auto n = must(a->allocate(1, K4, "k"));
+  EXPECT_EQ(n->offset, 0u);
+}
+
+TEST(ExtentAllocator, OverlappingLoadedExtentsAreDataLoss) {
+  auto a = std::make_shared<ExtentAllocator>(2, 0);
+  auto c0 = a->adopt(1, 0, 2 * K4);
+  auto c1 = a->adopt(1, K4, K4);
+  Status st = a->finish_load();
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("directory 1 at offset 4096"), std::string::npos) << st.to_string();
+}
+
+TEST(ExtentAllocator, AnExtentWithoutAllocatorIsNeverReleased) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  auto held = must(a->allocate(0, K4, "k"));
+  {
+    auto view = std::make_shared<Extent>();  // a read-only open's view of another's extent
+    view->dir = 0;
+    view->offset = 0;
+    view->len = K4;
+  }
+  EXPECT_EQ(a->used(), K4);
+  EXPECT_EQ(a->end(0), K4);
+}
+
+}  // namespace
+}  // namespace strata::store_detail
