@@ -33,6 +33,17 @@ static int failures = 0;
     }                                                                         \
   } while (0)
 
+/* Sets `o` for the store at `dir`: `host_mib` MiB of host tier, `staging_mib` MiB of staging
+ * buffers, 1 MiB chunks and `workers` pool threads (0: the default). */
+static void set_store_options(strata_store_options_t* o, const char* dir, uint64_t host_mib,
+                              uint64_t staging_mib, int workers) {
+  o->path = dir;
+  o->host_budget_bytes = host_mib << 20;
+  o->staging_bytes = staging_mib << 20;
+  o->chunk_bytes = 1u << 20;
+  if (workers > 0) o->worker_threads = workers;
+}
+
 static void test_store(const char* dir) {
   strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
   strata_store_t* store = NULL;
@@ -56,11 +67,7 @@ static void test_store(const char* dir) {
   EXPECT(store == NULL);
   EXPECT(strstr(strata_last_error(), "path") != NULL);
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
-  o.worker_threads = 2;
+  set_store_options(&o, dir, 64, 16, 2);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
 
@@ -151,11 +158,7 @@ static void test_damage(const char* dir) {
   const char* want = "object 'b' chunks hold 24 bytes, expected 18446744073709551600";
 
   EXPECT(info.struct_size == sizeof(strata_object_info_t) && info.damaged == 0);
-  o.path = dir;
-  o.host_budget_bytes = 16u << 20;
-  o.staging_bytes = 4u << 20;
-  o.chunk_bytes = 1u << 20;
-  o.worker_threads = 1;
+  set_store_options(&o, dir, 16, 4, 1);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
   EXPECT_RC(strata_store_put(store, "a", a, STRATA_FLOAT32, 1, sa, STRATA_TIER_NVME, 0), STRATA_OK);
@@ -315,10 +318,7 @@ static void test_optimizer(const char* dir) {
   int i, s;
   double maxdiff = 0.0;
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
+  set_store_options(&o, dir, 64, 16, 0);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
   oo.optimizer = "adamw";
