@@ -25,7 +25,7 @@
 #include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
 #include "strata/optimizer/simd.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/optimizer/kernel_pool.hpp"
 #include "strata/optimizer/update.hpp"
 
 namespace strata::cli {
@@ -112,10 +112,10 @@ int run_bench_adam(const BenchAdamArgs& a) {
   const auto& rule = **rule_r;
   auto probe = opt::make_streaming_probe(rule.num_states());
 
-  opt::ThreadPoolOptions po;
+  opt::KernelPoolOptions po;
   po.num_threads = a.threads;
   po.numa_node = a.numa_node;
-  auto pool_r = opt::ThreadPool::create(po);
+  auto pool_r = opt::make_kernel_pool(po);
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
 
@@ -205,7 +205,7 @@ int run_bench_adam(const BenchAdamArgs& a) {
     j["optimizer"] = a.optimizer;
     j["numel"] = n;
     j["threads"] = pool.num_threads();
-    j["numa_node"] = pool.numa_node();
+    j["numa_node"] = po.numa_node >= 0 ? po.numa_node : -1;
     j["grad_dtype"] = dtype_name(*gt);
     j["simd"] = opt::active_simd_target();
     j["steps"] = a.steps;

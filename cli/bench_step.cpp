@@ -34,7 +34,7 @@
 #include "strata/base/units.hpp"
 #include "strata/optimizer/offload.hpp"
 #include "strata/optimizer/optimizers.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/optimizer/kernel_pool.hpp"
 #include "strata/optimizer/update.hpp"
 #include "strata/store/io_engine.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -235,7 +235,7 @@ int run_bench_step(const BenchStepArgs& a) {
   const int depth = std::max(1, a.buffers);
   const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
   auto rule = factory(hp).value();
-  auto pool_r = opt::ThreadPool::create({a.threads, -1});
+  auto pool_r = opt::make_kernel_pool({a.threads, -1});
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
   std::vector<double> io_runs, compute_runs;

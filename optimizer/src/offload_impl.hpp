@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "strata/optimizer/offload.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 #include "strata/store/pinned_pool.hpp"
 
 namespace strata::optimizer {
@@ -88,8 +88,9 @@ struct OffloadedOptimizer::Impl {
   std::unordered_map<std::string, ParamHandle> by_name;
   uint64_t host_bytes = 0;
 
-  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ThreadPool> pool;  // the kernel threads (make_kernel_pool)
   std::shared_ptr<PinnedPool> pinned;
+  OffloadPlacement placement;
   std::vector<PinnedBuffer> slots;
   uint64_t sg = 0;             // sub-group elements
   uint64_t stream_stride = 0;  // bytes between streams inside a slot
@@ -131,7 +132,8 @@ struct OffloadedOptimizer::Impl {
   Result<std::unique_ptr<UpdateRule>> build_rule(const Hyperparams& hp) const;
   /// Takes the rule name and state streams from the first rule.
   Status init_from_rule(const UpdateRule& rule);
-  /// Resolves the sub-group size and allocates the pinned slots and the thread pool.
+  /// Resolves the sub-group size and allocates the pinned slots and the kernel threads,
+  /// both on opts.numa_node of Topology::system().
   Status setup_resources();
 
   // ---- offload_tensors.cpp --------------------------------------------------------------

@@ -7,6 +7,8 @@
 
 #include "offload_impl.hpp"
 #include "strata/base/units.hpp"
+#include "strata/optimizer/kernel_pool.hpp"
+#include "strata/store/topology.hpp"
 
 namespace strata::optimizer {
 
@@ -125,19 +127,27 @@ Status OffloadedOptimizer::Impl::setup_resources() {
     }
   }
   stream_stride = align_up(sg * 4, kAlign);
+  // One topology, one numbering: the pinned pool and the kernel threads both place by the
+  // store's Topology (kernel node numbers). A foreign one (HWLOC_XMLFILE) gives the
+  // targets; nothing is bound on it, as in the store.
+  STRATA_ASSIGN_OR_RETURN(auto topology, Topology::system());
+  const bool here = topology->is_this_system();
   PinnedPoolOptions po;
   po.budget_bytes = B * slot_bytes(sg);
-  po.numa_node = opts.numa_node;
+  po.numa_node = here ? opts.numa_node : -1;
   po.alignment = kAlign;
   STRATA_ASSIGN_OR_RETURN(pinned, PinnedPool::create(po, store->engine()));
   for (uint64_t b = 0; b < B; ++b) {
     STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, pinned->try_allocate(slot_bytes(sg)));
     slots.push_back(std::move(buf));
   }
-  ThreadPoolOptions to;
-  to.num_threads = opts.num_threads;
-  to.numa_node = opts.numa_node;
-  STRATA_ASSIGN_OR_RETURN(pool, ThreadPool::create(to));
+  KernelPoolPlacement kp;
+  STRATA_ASSIGN_OR_RETURN(pool, make_kernel_pool({opts.num_threads, opts.numa_node}, *topology, &kp));
+  placement.numa_node = opts.numa_node;
+  placement.thread_cpus = std::move(kp.cpus);
+  placement.threads_bound = kp.bound;
+  placement.memory_node = opts.numa_node;
+  placement.memory_bound = opts.numa_node >= 0 && pinned->numa_node() == opts.numa_node;
   return Status::OK();
 }
 
@@ -382,5 +392,6 @@ uint64_t OffloadedOptimizer::host_bytes() const {
   return impl_->host_bytes;
 }
 const std::shared_ptr<Store>& OffloadedOptimizer::store() const { return impl_->store; }
+const OffloadPlacement& OffloadedOptimizer::placement() const { return impl_->placement; }
 
 }  // namespace strata::optimizer

@@ -2,19 +2,18 @@
 // and the sub-group pipeline of the NVMe tensors over the pinned slots.
 //
 // Pipeline (one step, NVMe tensors): the work is a list of items (tensor, begin, count) of
-// at most sub_group_numel elements, in handle order. Item j uses slot j % B. Its reads
-// (one read_range per stream) are issued as soon as the slot is free, i.e. when the writes
-// of item j - B are complete, and at most B - 1 items ahead of the item being updated. The
-// calling thread waits for the reads of item i, runs apply_update() on the slot (the
-// kernel's thread pool), then issues the writes of item i (write_range per stream) and
-// moves on. Completions wake the loop through one condition variable, so reads of later
-// items are issued the moment a slot frees, whatever the loop is waiting for. Two items of
+// at most sub_group_numel elements, in handle order. Item j uses slot j % B. The reads of
+// the first B items (one read_range per stream) are issued at once; the reads of item
+// j >= B are a continuation (Future::then) of the writes of item j - B, issued the moment
+// they complete and the slot is free, whatever the calling thread is doing. The calling
+// thread waits for the reads of item i, runs apply_update() on the slot (the kernel
+// threads), issues the writes of item i (write_range per stream) and moves on. Two items of
 // one tensor whose boundary is not on a store chunk boundary share a chunk; the store
 // forbids concurrent write_range() on one chunk (read-modify-write), so the writes of the
-// second wait for those of the first.
+// second are a continuation of those of the first.
+#include <atomic>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
+#include <memory>
 
 #include "offload_impl.hpp"
 #include "strata/optimizer/grad_utils.hpp"
@@ -46,46 +45,25 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
   const size_t n = items.size();
   const size_t B = slots.size();
   const int S = num_streams();
-  struct Sync {
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t events = 0;
-  };
-  auto sync = std::make_shared<Sync>();
-  auto watch = [sync](const Future<void>& f) {
-    f.on_ready([sync](const Result<void>&) {
-      {
-        std::lock_guard<std::mutex> lk(sync->mu);
-        ++sync->events;
-      }
-      sync->cv.notify_all();
-    });
-  };
-  std::vector<std::vector<Future<void>>> reads(n), writes(n);
-  auto all_ready = [](const std::vector<Future<void>>& fs) {
-    for (const auto& f : fs) {
-      if (!f.ready()) return false;
-    }
-    return true;
-  };
-  auto first_error = [](const std::vector<Future<void>>& fs) -> Status {
-    for (const auto& f : fs) {
-      if (!f.result().ok()) return f.result().status();
-    }
-    return Status::OK();
-  };
-  auto issue_reads = [&](size_t j) {
+  // reads[j] / writes[j]: every stream of item j read into / written from its slot.
+  std::vector<Future<void>> reads(n), writes(n);
+  // Set when the loop ends: reads chained on earlier writes are no longer issued.
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  // Issues the reads or the writes of item j; may run on the thread completing a previous
+  // future (a continuation), which only issues requests and never blocks.
+  auto issue = [this, &items, B, S](size_t j, bool write) -> Future<void> {
     const Item& it = items[j];
     const Tensor& t = tensors[it.t];
+    std::vector<Future<void>> fs;
     for (int s = 0; s < S; ++s) {
-      auto f = store->read_range(t.keys[s], it.begin * 4, it.count * 4, slot_stream(j % B, s));
-      watch(f);
-      reads[j].push_back(std::move(f));
+      float* buf = slot_stream(j % B, s);
+      fs.push_back(write ? store->write_range(t.keys[s], it.begin * 4, it.count * 4, buf)
+                         : store->read_range(t.keys[s], it.begin * 4, it.count * 4, buf));
     }
+    return when_all(fs);
   };
-  size_t next = 0;
+  for (size_t j = 0; j < n && j < B; ++j) reads[j] = issue(j, false);
   Status st;
-  while (next < n && next < B) issue_reads(next++);
   {
     auto g = gate();
     if (!g.ok()) {
@@ -97,23 +75,9 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     }
   }
   for (size_t i = 0; i < n && st.ok() && !*skipped; ++i) {
-    // Issue every read whose slot is free, then wait for this item's reads.
     const auto t_wait = Clock::now();
-    for (;;) {
-      uint64_t seen;
-      {
-        std::lock_guard<std::mutex> lk(sync->mu);
-        seen = sync->events;
-      }
-      while (next < n && next < i + B && (next < B || all_ready(writes[next - B]))) {
-        issue_reads(next++);
-      }
-      if (next > i && all_ready(reads[i])) break;
-      std::unique_lock<std::mutex> lk(sync->mu);
-      sync->cv.wait(lk, [&] { return sync->events != seen; });
-    }
+    st = reads[i].result().status();
     stats.io_wait_seconds += seconds_since(t_wait);
-    st = first_error(reads[i]);
     if (!st.ok()) break;
     // Update.
     const Item& it = items[i];
@@ -136,31 +100,32 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     st = apply_update(*groups[t.group].rule, sp, info, pool.get());
     stats.compute_seconds += seconds_since(t_compute);
     if (!st.ok()) break;
-    // Write back; a chunk shared with the previous item's writes must wait for them.
+    // Write back; a chunk shared with the previous item's writes waits for them.
     if (i > 0 && items[i - 1].t == it.t && (it.begin * 4) % chunk_bytes != 0) {
-      const auto t_w = Clock::now();
-      for (const auto& f : writes[i - 1]) f.wait();
-      stats.io_wait_seconds += seconds_since(t_w);
+      writes[i] = writes[i - 1].then([issue, i](const Result<void>&) { return issue(i, true); });
+    } else {
+      writes[i] = issue(i, true);
     }
-    for (int s = 0; s < S; ++s) {
-      auto f = store->write_range(t.keys[s], it.begin * 4, it.count * 4, slot_stream(slot, s));
-      watch(f);
-      writes[i].push_back(std::move(f));
+    // The slot is free once these writes are done: then the reads of item i + B start.
+    if (i + B < n) {
+      reads[i + B] = writes[i].then([issue, stop, j = i + B](const Result<void>&) {
+        if (stop->load()) return make_ready_future(Result<void>(cancelled("offload step stopped")));
+        return issue(j, false);
+      });
     }
     stats.bytes_read += static_cast<uint64_t>(S) * it.count * 4;
     stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
   }
+  stop->store(true);
   // Every issued request completes before the slots can be reused or the step returns.
   const auto t_drain = Clock::now();
   for (size_t j = 0; j < n; ++j) {
-    for (const auto& f : reads[j]) f.wait();
-    for (const auto& f : writes[j]) f.wait();
+    reads[j].wait();
+    writes[j].wait();
   }
   stats.io_wait_seconds += seconds_since(t_drain);
   if (!st.ok() || *skipped) return st;
-  for (size_t j = 0; j < n; ++j) {
-    STRATA_RETURN_IF_ERROR(first_error(writes[j]));
-  }
+  for (size_t j = 0; j < n; ++j) STRATA_RETURN_IF_ERROR(writes[j].result().status());
   return Status::OK();
 }
 

@@ -12,7 +12,7 @@
 #include "offload_test_util.hpp"
 #include "optimizer_test_util.hpp"
 #include "strata/optimizer/offload.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -29,7 +29,7 @@ std::vector<Variant> adam_variants() {
 
 TEST(TorchExactAdam, BitIdenticalToTorchsSequenceForEveryVariantDtypeScaleAndSplit) {
   const size_t n = 70001;
-  auto pool = ThreadPool::create({3, -1}).value();
+  auto pool = ThreadPool::create(3).value();
   for (const Variant& v : adam_variants()) {
     auto rule = make_torch_exact_adam(v.adam);
     ASSERT_TRUE(rule.ok()) << rule.status().to_string();

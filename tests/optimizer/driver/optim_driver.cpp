@@ -17,7 +17,7 @@
 
 #include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 #include "strata/optimizer/update.hpp"
 
 namespace opt = strata::optimizer;
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> st(ns, std::vector<float>(numel));
   if (!read_file(params_path, p.data(), numel * 4)) return 1;
   if (!read_file(grads_path, grads.data(), grads.size())) return 1;
-  auto pool = opt::ThreadPool::create({threads, -1});
+  auto pool = strata::ThreadPool::create(threads);
   if (!pool.ok()) {
     std::fprintf(stderr, "optim_driver: %s\n", pool.status().to_string().c_str());
     return 1;
