@@ -1,14 +1,10 @@
 // Private pieces shared by the Gloo and NCCL communicators.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
+#include "strata/base/thread_pool.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/rendezvous.hpp"
 
@@ -35,21 +31,10 @@ struct Bootstrap {
   ~Bootstrap();
 };
 
-/// Runs operations one at a time, in submission order, on one thread.
-class OpQueue {
- public:
-  OpQueue();
-  ~OpQueue();  // runs what is queued, then joins
-  Future<void> submit(std::function<Status()> op);
-
- private:
-  void loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
-  bool stop_ = false;
-  std::thread thread_;
-};
+/// The operation queue of a communicator: a pool of one worker, so operations run one at a
+/// time in the order they were issued (ThreadPool::async() gives each its future).
+/// \error ResourceExhausted when the thread cannot be started.
+Result<std::unique_ptr<ThreadPool>> make_op_queue();
 
 /// Turns a transport failure into a Status naming the lost rank when the store knows one
 /// (polls lost_ranks() for up to ~1 s since the server may notice the death a little after
@@ -60,6 +45,9 @@ Status describe_failure(RendezvousClient& store, int rank, std::string_view what
 
 /// Validates the arguments shared by all collectives.
 Status check_args(std::string_view what, const void* a, const void* b, size_t count, DType dtype);
+
+/// check_args() for a broadcast, plus: InvalidArgument when `root` is not in [0, size).
+Status check_broadcast_args(void* buf, size_t count, DType dtype, int root, int size);
 
 Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boot);
 Result<std::unique_ptr<Communicator>> create_nccl(std::unique_ptr<Bootstrap> boot);

@@ -90,22 +90,6 @@ Result<CommunicatorOptions> communicator_options_from_env() {
 
 Communicator::~Communicator() = default;
 
-Status Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
-  return all_gather_async(send, recv, count, dtype).result().status();
-}
-Status Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                    ReduceOp op) {
-  return reduce_scatter_async(send, recv, recv_count, dtype, op).result().status();
-}
-Status Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype,
-                                ReduceOp op) {
-  return all_reduce_async(send, recv, count, dtype, op).result().status();
-}
-Status Communicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  return broadcast_async(buf, count, dtype, root).result().status();
-}
-Status Communicator::barrier() { return barrier_async().result().status(); }
-
 Result<std::unique_ptr<Communicator>> create_communicator(const DistributedEnv& env,
                                                           const CommunicatorOptions& options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
@@ -158,47 +142,7 @@ Bootstrap::~Bootstrap() {
   }
 }
 
-OpQueue::OpQueue() : thread_([this] { loop(); }) {}
-
-OpQueue::~OpQueue() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-Future<void> OpQueue::submit(std::function<Status()> op) {
-  auto p = std::make_shared<Promise<void>>();
-  Future<void> f = p->future();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    q_.push_back([p, op = std::move(op)] {
-      Status s = op();
-      if (s.ok())
-        p->set_value();
-      else
-        p->set_error(std::move(s));
-    });
-  }
-  cv_.notify_one();
-  return f;
-}
-
-void OpQueue::loop() {
-  while (true) {
-    std::function<void()> job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-      if (q_.empty()) return;  // stop_ and drained
-      job = std::move(q_.front());
-      q_.pop_front();
-    }
-    job();
-  }
-}
+Result<std::unique_ptr<ThreadPool>> make_op_queue() { return ThreadPool::create(1); }
 
 Status describe_failure(RendezvousClient& store, int rank, std::string_view what,
                         const std::string& detail, bool timed_out,
@@ -245,6 +189,14 @@ Status check_args(std::string_view what, const void* a, const void* b, size_t co
                             std::to_string(static_cast<int>(dtype)));
   if (count > 0 && (a == nullptr || b == nullptr))
     return invalid_argument(std::string(what) + ": null buffer with count " + std::to_string(count));
+  return Status::OK();
+}
+
+Status check_broadcast_args(void* buf, size_t count, DType dtype, int root, int size) {
+  STRATA_RETURN_IF_ERROR(check_args("broadcast", buf, buf, count, dtype));
+  if (root < 0 || root >= size)
+    return invalid_argument("broadcast: root " + std::to_string(root) +
+                            " is not a rank of a communicator of size " + std::to_string(size));
   return Status::OK();
 }
 

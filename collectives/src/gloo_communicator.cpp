@@ -148,10 +148,11 @@ constexpr size_t kReduceScatterMaxBytes = size_t{1} << 30;
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::unique_ptr<Bootstrap> boot,
+  GlooCommunicator(std::unique_ptr<Bootstrap> boot, std::unique_ptr<ThreadPool> queue,
                    std::shared_ptr<gloo::transport::Device> dev,
                    std::shared_ptr<gloo::rendezvous::Context> ctx)
-      : boot_(std::move(boot)), dev_(std::move(dev)), ctx_(std::move(ctx)) {}
+      : boot_(std::move(boot)), dev_(std::move(dev)), ctx_(std::move(ctx)),
+        queue_(std::move(queue)) {}
 
   ~GlooCommunicator() override {
     queue_.reset();  // finishes queued operations
@@ -215,11 +216,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   Future<void> broadcast_async(void* buf, size_t count, DType dtype, int root) override {
-    STRATA_RETURN_FUTURE_IF_ERROR(check_args("broadcast", buf, buf, count, dtype));
-    if (root < 0 || root >= size())
-      return make_ready_future(Result<void>(invalid_argument(
-          "broadcast: root " + std::to_string(root) + " is not a rank of a communicator of size " +
-          std::to_string(size()))));
+    STRATA_RETURN_FUTURE_IF_ERROR(check_broadcast_args(buf, count, dtype, root, size()));
     return submit("broadcast", count * dtype_size(dtype), [=, this] {
       if (count == 0 || size() == 1) return;
       gloo::BroadcastOptions opts(ctx_);
@@ -273,7 +270,7 @@ class GlooCommunicator final : public Communicator {
 
   Future<void> submit(std::string_view what, size_t nbytes, std::function<void()> body) {
     std::string label = std::string(what) + " of " + std::to_string(nbytes) + " bytes";
-    return queue_->submit([this, label, body = std::move(body)]() -> Status {
+    return queue_->async([this, label, body = std::move(body)]() -> Status {
       if (!broken_.ok())
         return failed_precondition("rank " + std::to_string(rank()) + ": " + label +
                                    ": the communicator is broken by an earlier error: " +
@@ -297,7 +294,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Status broken_;  // touched only on the queue thread
-  std::unique_ptr<OpQueue> queue_ = std::make_unique<OpQueue>();
+  std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
 };
 
 }  // namespace
@@ -318,6 +315,7 @@ Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boo
       return errno_status(errno, "rank " + std::to_string(env.rank) + ": gethostname");
     attr.hostname = host;
   }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> queue, make_op_queue());
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   ignore_default_sigpipe();
@@ -339,7 +337,7 @@ Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boo
   // later is reported as a collective failure rather than a rendezvous one.
   STRATA_RETURN_IF_ERROR(boot->client->barrier(boot->prefix + "ready", env.world_size, opt.timeout));
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(std::move(boot), std::move(dev), std::move(ctx)));
+      new GlooCommunicator(std::move(boot), std::move(queue), std::move(dev), std::move(ctx)));
 }
 
 }  // namespace strata::detail

@@ -53,9 +53,10 @@ ncclRedOp_t nccl_op(DType t, ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<Bootstrap> boot, int device, ncclComm_t comm,
-                   cudaStream_t stream, int* scratch)
-      : boot_(std::move(boot)), device_(device), comm_(comm), stream_(stream), scratch_(scratch) {}
+  NcclCommunicator(std::unique_ptr<Bootstrap> boot, std::unique_ptr<ThreadPool> queue,
+                   int device, ncclComm_t comm, cudaStream_t stream, int* scratch)
+      : boot_(std::move(boot)), device_(device), comm_(comm), stream_(stream), scratch_(scratch),
+        queue_(std::move(queue)) {}
 
   ~NcclCommunicator() override {
     queue_.reset();
@@ -108,11 +109,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   Future<void> broadcast_async(void* buf, size_t count, DType dtype, int root) override {
-    STRATA_RETURN_FUTURE_IF_ERROR(check_args("broadcast", buf, buf, count, dtype));
-    if (root < 0 || root >= size())
-      return make_ready_future(Result<void>(invalid_argument(
-          "broadcast: root " + std::to_string(root) + " is not a rank of a communicator of size " +
-          std::to_string(size()))));
+    STRATA_RETURN_FUTURE_IF_ERROR(check_broadcast_args(buf, count, dtype, root, size()));
     const size_t nbytes = count * dtype_size(dtype);
     return submit("broadcast", nbytes, [=, this] {
       return ncclBroadcast(buf, buf, nbytes, ncclUint8, root, comm_, stream_);
@@ -146,7 +143,7 @@ class NcclCommunicator final : public Communicator {
 
   Future<void> submit(std::string_view what, size_t nbytes, std::function<ncclResult_t()> launch) {
     std::string label = std::string(what) + " of " + std::to_string(nbytes) + " bytes";
-    return queue_->submit([this, label, nbytes, launch = std::move(launch)]() -> Status {
+    return queue_->async([this, label, nbytes, launch = std::move(launch)]() -> Status {
       if (!broken_.ok())
         return failed_precondition("rank " + std::to_string(rank()) + ": " + label +
                                    ": the communicator is broken by an earlier error: " +
@@ -188,12 +185,13 @@ class NcclCommunicator final : public Communicator {
   int* scratch_;
   Status broken_;
   bool aborted_ = false;
-  std::unique_ptr<OpQueue> queue_ = std::make_unique<OpQueue>();
+  std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> create_nccl(std::unique_ptr<Bootstrap> boot) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> queue, make_op_queue());
   const auto& env = boot->env;
   const auto& opt = boot->options;
   const std::string who = "rank " + std::to_string(env.rank);
@@ -254,7 +252,7 @@ Result<std::unique_ptr<Communicator>> create_nccl(std::unique_ptr<Bootstrap> boo
   cudaMemset(scratch, 0, sizeof(int));
   STRATA_RETURN_IF_ERROR(boot->client->barrier(boot->prefix + "ready", env.world_size, opt.timeout));
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(std::move(boot), device, comm, stream, scratch));
+      new NcclCommunicator(std::move(boot), std::move(queue), device, comm, stream, scratch));
 }
 
 }  // namespace detail

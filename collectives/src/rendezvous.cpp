@@ -562,6 +562,9 @@ class RendezvousClient::Impl {
     return exchange(frame, Clock::now() + budget, what);
   }
 
+  // request() for a reply that is kOk (true) or kNotFound (false).
+  Result<bool> request_found(const std::string& frame, const std::string& what);
+
   std::string host_;
   uint16_t port_;
   RendezvousClientOptions opt_;
@@ -663,26 +666,23 @@ Result<int64_t> RendezvousClient::add(const std::string& key, int64_t delta) {
   return v;
 }
 
-Result<bool> RendezvousClient::check(const std::vector<std::string>& keys) {
-  std::string what = "check(" + join_keys(keys) + ")";
-  STRATA_ASSIGN_OR_RETURN(std::string body, impl_->request(Writer().u8(kCheck).strs(keys).frame(),
-                                                           impl_->opt_.timeout, what));
+Result<bool> RendezvousClient::Impl::request_found(const std::string& frame,
+                                                  const std::string& what) {
+  STRATA_ASSIGN_OR_RETURN(std::string body, request(frame, opt_.timeout, what));
   Reader r{body};
   uint8_t code = r.u8();
   if (code == kOk) return true;
   if (code == kNotFound) return false;
-  return bad_reply(what, impl_->where());
+  return bad_reply(what, where());
+}
+
+Result<bool> RendezvousClient::check(const std::vector<std::string>& keys) {
+  return impl_->request_found(Writer().u8(kCheck).strs(keys).frame(),
+                              "check(" + join_keys(keys) + ")");
 }
 
 Result<bool> RendezvousClient::erase(const std::string& key) {
-  std::string what = "erase('" + key + "')";
-  STRATA_ASSIGN_OR_RETURN(std::string body, impl_->request(Writer().u8(kErase).str(key).frame(),
-                                                           impl_->opt_.timeout, what));
-  Reader r{body};
-  uint8_t code = r.u8();
-  if (code == kOk) return true;
-  if (code == kNotFound) return false;
-  return bad_reply(what, impl_->where());
+  return impl_->request_found(Writer().u8(kErase).str(key).frame(), "erase('" + key + "')");
 }
 
 Result<std::vector<int>> RendezvousClient::lost_ranks() {

@@ -2,6 +2,7 @@
 # times through launch_local() (real processes talking over loopback).
 add_executable(strata_coll_worker ${CMAKE_CURRENT_SOURCE_DIR}/collectives/worker/coll_worker.cpp)
 target_link_libraries(strata_coll_worker PRIVATE strata::collectives)
+target_include_directories(strata_coll_worker PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # common/
 if(STRATA_HAVE_CUDA)
   target_link_libraries(strata_coll_worker PRIVATE CUDA::cudart)
   target_compile_definitions(strata_coll_worker PRIVATE STRATA_HAVE_CUDA=1)

@@ -2,54 +2,21 @@
 // and what the survivors see when a rank is killed or hangs.
 #include <gtest/gtest.h>
 
-#include <map>
-#include <mutex>
 #include <regex>
 
-#include "strata/collectives/launcher.hpp"
+#include "common/multiprocess.hpp"
 
 using namespace strata;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct WorkerRun {
-  LaunchReport report;
-  std::map<int, std::vector<std::string>> out, err;
-  std::string dump() const {
-    std::string s;
-    for (auto& [r, lines] : err)
-      for (auto& l : lines) s += "[rank " + std::to_string(r) + " err] " + l + "\n";
-    for (auto& [r, lines] : out)
-      for (auto& l : lines) s += "[rank " + std::to_string(r) + "] " + l + "\n";
-    return s;
-  }
-};
+using multiprocess::WorkerRun;
 
 WorkerRun run_worker(int nproc, const std::string& mode, const std::string& timeout_ms,
-               bool stop_on_failure = true) {
-  WorkerRun run;
-  std::mutex mu;
-  LaunchOptions o;
-  o.nproc = nproc;
-  o.argv = {STRATA_COLL_WORKER, mode};
-  o.env = {{"STRATA_COLL_TIMEOUT_MS", timeout_ms}};
-  o.stop_on_failure = stop_on_failure;
-  o.timeout = 40s;
-  o.on_line = [&](int r, bool e, std::string_view l) {
-    std::lock_guard<std::mutex> lk(mu);
-    (e ? run.err : run.out)[r].emplace_back(l);
-  };
-  auto rep = launch_local(o);
-  EXPECT_TRUE(rep.ok()) << rep.status().to_string();
-  if (rep.ok()) run.report = *rep;
-  return run;
-}
-
-int checks_passed(const std::vector<std::string>& lines) {
-  for (const auto& l : lines)
-    if (l.rfind("CHECKS_PASSED ", 0) == 0) return std::stoi(l.substr(14));
-  return -1;
+                     bool stop_on_failure = true) {
+  return multiprocess::run_workers(nproc, {STRATA_COLL_WORKER, mode}, timeout_ms, stop_on_failure,
+                                   40s);
 }
 
 }  // namespace
@@ -60,9 +27,9 @@ TEST_P(GlooWorld, AllCollectivesExactValues) {
   const int n = GetParam();
   WorkerRun run = run_worker(n, "check", "5000");
   ASSERT_TRUE(run.report.status().ok()) << run.report.status().to_string() << "\n" << run.dump();
-  int first = checks_passed(run.out[0]);
+  int first = run.checks_passed(0);
   EXPECT_GE(first, n == 1 ? 168 : 170) << run.dump();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(checks_passed(run.out[r]), first) << "rank " << r;
+  for (int r = 0; r < n; ++r) EXPECT_EQ(run.checks_passed(r), first) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooWorld, ::testing::Values(1, 2, 3, 4),

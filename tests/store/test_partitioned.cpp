@@ -5,11 +5,9 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <regex>
 
-#include "strata/collectives/launcher.hpp"
+#include "common/multiprocess.hpp"
 #include "strata/store/partitioned.hpp"
 #include "test_store_util.hpp"
 
@@ -52,49 +50,12 @@ TEST(PartitionLayout, ExactValues) {
 
 namespace {
 
-struct WorkerRun {
-  LaunchReport report;
-  std::map<int, std::vector<std::string>> out, err;
-  std::string dump() const {
-    std::string s;
-    for (size_t r = 0; r < report.ranks.size(); ++r) {
-      s += "[rank " + std::to_string(r) + " status] exit " +
-           std::to_string(report.ranks[r].exit_code) + " signal " +
-           std::to_string(report.ranks[r].term_signal) + "\n";
-    }
-    for (auto& [r, lines] : err)
-      for (auto& l : lines) s += "[rank " + std::to_string(r) + " err] " + l + "\n";
-    for (auto& [r, lines] : out)
-      for (auto& l : lines) s += "[rank " + std::to_string(r) + "] " + l + "\n";
-    return s;
-  }
-  const std::string* line_starting(int rank, const std::string& prefix) const {
-    auto it = out.find(rank);
-    if (it == out.end()) return nullptr;
-    for (const auto& l : it->second)
-      if (l.rfind(prefix, 0) == 0) return &l;
-    return nullptr;
-  }
-};
+using multiprocess::WorkerRun;
 
 WorkerRun run_worker(int nproc, const std::string& mode, const std::string& dir,
                      const std::string& timeout_ms = "10000", bool stop_on_failure = true) {
-  WorkerRun run;
-  std::mutex mu;
-  LaunchOptions o;
-  o.nproc = nproc;
-  o.argv = {STRATA_PARTITION_WORKER, mode, dir};
-  o.env = {{"STRATA_COLL_TIMEOUT_MS", timeout_ms}};
-  o.stop_on_failure = stop_on_failure;
-  o.timeout = 60s;
-  o.on_line = [&](int r, bool e, std::string_view l) {
-    std::lock_guard<std::mutex> lk(mu);
-    (e ? run.err : run.out)[r].emplace_back(l);
-  };
-  auto rep = launch_local(o);
-  EXPECT_TRUE(rep.ok()) << rep.status().to_string();
-  if (rep.ok()) run.report = *rep;
-  return run;
+  return multiprocess::run_workers(nproc, {STRATA_PARTITION_WORKER, mode, dir}, timeout_ms,
+                                   stop_on_failure, 60s);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/multiprocess_worker.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/rendezvous.hpp"
 
@@ -29,21 +30,9 @@
 #endif
 
 using namespace strata;
+using namespace strata::multiprocess;
 
 namespace {
-
-int g_checks = 0;
-int g_rank = -1;
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "FAIL rank %d: %s\n", g_rank, msg.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-void ok_or_die(const Status& s, const std::string& what) {
-  if (!s.ok()) die(what + ": " + s.to_string());
-}
 
 uint16_t fp16_of(int v) {
   _Float16 h = static_cast<_Float16>(static_cast<float>(v));
@@ -246,8 +235,7 @@ int run_check() {
   ok_or_die((*c2)->barrier(), "barrier 2");
   c2->reset();
 
-  std::printf("CHECKS_PASSED %d\n", g_checks);
-  std::fflush(stdout);
+  print_checks_passed();
   return 0;
 }
 
@@ -274,10 +262,9 @@ int run_peer_failure(bool kill) {
   Status s;
   for (int i = 0; i < 1000 && s.ok(); ++i)
     s = c.all_gather(send.data(), recv.data(), count, DType::kFloat32);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  const long long ms = ms_since(t0);
   if (s.ok()) die("collectives kept succeeding with rank " + std::to_string(victim) + " gone");
-  std::printf("EXPECTED_FAILURE %s %lld %s\n", std::string(status_code_name(s.code())).c_str(),
-              static_cast<long long>(ms), s.message().c_str());
+  print_expected_failure(s, ms);
   // A broken communicator refuses further work at once.
   Status again = c.barrier();
   std::printf("AFTER %s\n", std::string(status_code_name(again.code())).c_str());
@@ -316,7 +303,7 @@ int run_nccl() {
   ++g_checks;
   cudaFree(d_in);
   cudaFree(d_out);
-  std::printf("CHECKS_PASSED %d\n", g_checks);
+  print_checks_passed();
   return 0;
 #else
   std::printf("NCCL not built\n");

@@ -21,30 +21,16 @@
 #include <thread>
 #include <vector>
 
+#include "common/multiprocess_worker.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/rendezvous.hpp"
 #include "strata/store/partitioned.hpp"
 #include "strata/store/store.hpp"
 
 using namespace strata;
+using namespace strata::multiprocess;
 
 namespace {
-
-int g_checks = 0;
-int g_rank = -1;
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "FAIL rank %d: %s\n", g_rank, msg.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-void ok_or_die(const Status& s, const std::string& what) {
-  if (!s.ok()) die(what + ": " + s.to_string());
-}
-void expect(bool cond, const std::string& what) {
-  if (!cond) die(what);
-  ++g_checks;
-}
 
 // Byte i of tensor `seed`: independent of the world size, so every rank can check.
 uint8_t pat(uint64_t seed, uint64_t i) {
@@ -257,8 +243,7 @@ int run_check(const std::string& dir) {
   check_errors(*st, *c);
   check_reduce_scatter(*c);
   ok_or_die(st->close(), "close");
-  std::printf("CHECKS_PASSED %d\n", g_checks);
-  std::fflush(stdout);
+  print_checks_passed();
   return 0;
 }
 
@@ -282,8 +267,7 @@ int run_refetch(const std::string& dir) {
     expect(dst == full_pattern(7, kW.nbytes()), "refetched bytes");
     std::printf("FETCHED_OK\n");
   } else {
-    std::printf("EXPECTED_FAILURE %s %s\n", std::string(status_code_name(s.code())).c_str(),
-                s.message().c_str());
+    print_expected_failure(s);
   }
   std::fflush(stdout);
   return 0;
@@ -306,12 +290,9 @@ int run_killed(const std::string& dir) {
   po.piece_bytes = 64 << 10;
   for (int i = 0; i < 100 && s.ok(); ++i)
     s = fetch_partitioned(*st, *c, "k", dst.data(), d, po).result().status();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                std::chrono::steady_clock::now() - t0).count();
+  const long long ms = ms_since(t0);
   if (s.ok()) die("fetch kept succeeding with rank " + std::to_string(victim) + " gone");
-  std::printf("EXPECTED_FAILURE %s %lld %s\n", std::string(status_code_name(s.code())).c_str(),
-              static_cast<long long>(ms), s.message().c_str());
-  std::fflush(stdout);
+  print_expected_failure(s, ms);
   // Rank 0 hosts the rendezvous store: keep it until every survivor has diagnosed. A
   // survivor that was not talking to the victim may only notice through the collective
   // timeout, one timeout after the others: wait for it well past that.

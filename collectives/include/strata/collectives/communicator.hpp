@@ -139,13 +139,22 @@ class Communicator {
   /// Completes on every rank only after every rank has called it.
   virtual Future<void> barrier_async() = 0;
 
-  /// Blocking forms: issue the async variant and wait for it.
-  Status all_gather(const void* send, void* recv, size_t count, DType dtype);
+  /// Blocking forms: issue the async variant and wait for it. (Inline, so code that only
+  /// calls a communicator, such as the store's partitioned objects, needs no backend library.)
+  Status all_gather(const void* send, void* recv, size_t count, DType dtype) {
+    return all_gather_async(send, recv, count, dtype).result().status();
+  }
   Status reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                        ReduceOp op);
-  Status all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
-  Status broadcast(void* buf, size_t count, DType dtype, int root);
-  Status barrier();
+                        ReduceOp op) {
+    return reduce_scatter_async(send, recv, recv_count, dtype, op).result().status();
+  }
+  Status all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+    return all_reduce_async(send, recv, count, dtype, op).result().status();
+  }
+  Status broadcast(void* buf, size_t count, DType dtype, int root) {
+    return broadcast_async(buf, count, dtype, root).result().status();
+  }
+  Status barrier() { return barrier_async().result().status(); }
 
   /// The rendezvous client this communicator was created with (for application-level
   /// key-value exchange, e.g. catalog metadata); never null. Keys under "strata/" are

@@ -1,9 +1,10 @@
-// DType table, torchrun environment parsing, single-process communicators.
+// Communicators of one rank in this process: Gloo (collectives, argument errors, SIGPIPE,
+// a port in use) and NCCL (on a GPU).
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <memory>
@@ -18,110 +19,29 @@
 
 using namespace strata;
 
-TEST(DType, SizesNamesAndParse) {
-  const std::pair<DType, size_t> sizes[] = {
-      {DType::kFloat32, 4}, {DType::kFloat16, 2}, {DType::kBFloat16, 2}, {DType::kFloat64, 8},
-      {DType::kInt8, 1},    {DType::kInt16, 2},   {DType::kInt32, 4},    {DType::kInt64, 8},
-      {DType::kUInt8, 1},   {DType::kBool, 1}};
-  for (auto [t, n] : sizes) {
-    EXPECT_EQ(dtype_size(t), n) << dtype_name(t);
-    auto back = parse_dtype(dtype_name(t));
-    ASSERT_TRUE(back.ok());
-    EXPECT_EQ(*back, t);
-  }
-  EXPECT_EQ(*parse_dtype("bfloat16"), DType::kBFloat16);
-  EXPECT_EQ(*parse_dtype("half"), DType::kFloat16);
-  EXPECT_EQ(parse_dtype("fp8").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(parse_dtype("fp8").status().message().find("'fp8'"), std::string::npos);
-  EXPECT_FALSE(dtype_is_valid(static_cast<DType>(42)));
-  static_assert(dtype_size(DType::kBFloat16) == 2);
-}
-
 namespace {
-struct EnvGuard {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  EnvGuard() {
-    for (const char* k : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) {
-      const char* v = getenv(k);
-      saved.emplace_back(k, v ? std::optional<std::string>(v) : std::nullopt);
-    }
-  }
-  ~EnvGuard() {
-    for (auto& [k, v] : saved) {
-      if (v) setenv(k.c_str(), v->c_str(), 1);
-      else unsetenv(k.c_str());
-    }
-  }
-};
-void set_contract(const char* addr, const char* port, const char* rank, const char* world,
-                  const char* local) {
-  auto put = [](const char* k, const char* v) { v ? setenv(k, v, 1) : unsetenv(k); };
-  put("MASTER_ADDR", addr);
-  put("MASTER_PORT", port);
-  put("RANK", rank);
-  put("WORLD_SIZE", world);
-  put("LOCAL_RANK", local);
-}
-void expect_env_error(const char* var) {
-  auto e = read_distributed_env();
-  ASSERT_FALSE(e.ok()) << "expected an error naming " << var;
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(e.status().message().find(var), std::string::npos) << e.status().message();
-}
-}  // namespace
-
-TEST(DistributedEnv, ParsesTorchrunContract) {
-  EnvGuard g;
-  set_contract("10.0.0.1", "29500", "2", "4", "1");
-  auto e = read_distributed_env();
-  ASSERT_TRUE(e.ok()) << e.status().to_string();
-  EXPECT_EQ(e->master_addr, "10.0.0.1");
-  EXPECT_EQ(e->master_port, 29500);
-  EXPECT_EQ(e->rank, 2);
-  EXPECT_EQ(e->world_size, 4);
-  EXPECT_EQ(e->local_rank, 1);
-  set_contract("h", "29500", "3", "4", nullptr);
-  EXPECT_EQ(read_distributed_env()->local_rank, 3);
-}
-
-TEST(DistributedEnv, MissingOrMalformedVariablesAreNamed) {
-  EnvGuard g;
-  set_contract(nullptr, "29500", "0", "1", "0");
-  expect_env_error("MASTER_ADDR");
-  set_contract("h", nullptr, "0", "1", "0");
-  expect_env_error("MASTER_PORT");
-  set_contract("h", "70000", "0", "1", "0");
-  expect_env_error("MASTER_PORT");
-  set_contract("h", "29500x", "0", "1", "0");
-  expect_env_error("MASTER_PORT");
-  set_contract("h", "29500", nullptr, "1", "0");
-  expect_env_error("RANK");
-  set_contract("h", "29500", "-1", "1", "0");
-  expect_env_error("RANK");
-  set_contract("h", "29500", "2", "2", "0");
-  expect_env_error("RANK");
-  set_contract("h", "29500", "0", nullptr, "0");
-  expect_env_error("WORLD_SIZE");
-  set_contract("h", "29500", "0", "0", "0");
-  expect_env_error("WORLD_SIZE");
-  set_contract("h", "29500", "0", "2", "two");
-  expect_env_error("LOCAL_RANK");
-  auto c = create_communicator_from_env();
-  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(GlooCommunicator, WorldSizeOneInProcess) {
+/// A world of one rank on loopback, at a free port.
+DistributedEnv loopback_env() {
   DistributedEnv env;
   env.master_addr = "127.0.0.1";
   env.master_port = *find_free_port();
+  return env;
+}
+CommunicatorOptions options_with_timeout(int ms) {
   CommunicatorOptions o;
-  o.timeout = std::chrono::milliseconds(3000);
-  auto c = create_communicator(env, o);
+  o.timeout = std::chrono::milliseconds(ms);
+  return o;
+}
+}  // namespace
+
+TEST(GlooCommunicator, WorldSizeOneInProcess) {
+  auto c = create_communicator(loopback_env(), options_with_timeout(3000));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   Communicator& comm = **c;
   EXPECT_EQ(comm.rank(), 0);
   EXPECT_EQ(comm.size(), 1);
   EXPECT_EQ(comm.backend(), Backend::kGloo);
+  EXPECT_EQ(comm.device(), -1);  // host memory
   std::vector<int32_t> in{1, 2, 3}, out(3, 0);
   ASSERT_TRUE(comm.all_gather(in.data(), out.data(), 3, DType::kInt32).ok());
   EXPECT_EQ(out, in);
@@ -153,12 +73,7 @@ int write_to_broken_pipe() {
   return e;
 }
 std::unique_ptr<Communicator> world_of_one() {
-  DistributedEnv env;
-  env.master_addr = "127.0.0.1";
-  env.master_port = *find_free_port();
-  CommunicatorOptions o;
-  o.timeout = std::chrono::milliseconds(3000);
-  auto c = create_communicator(env, o);
+  auto c = create_communicator(loopback_env(), options_with_timeout(3000));
   EXPECT_TRUE(c.ok()) << c.status().to_string();
   return c.ok() ? std::move(c).value() : nullptr;
 }
@@ -195,11 +110,8 @@ TEST(GlooCommunicator, SigpipeIsIgnoredUnlessTheApplicationHandlesIt) {
 }
 
 TEST(GlooCommunicator, PortInUseIsUnavailableNamingThePort) {
-  DistributedEnv env;
-  env.master_addr = "127.0.0.1";
-  env.master_port = *find_free_port();
-  CommunicatorOptions o;
-  o.timeout = std::chrono::milliseconds(2000);
+  const DistributedEnv env = loopback_env();
+  const CommunicatorOptions o = options_with_timeout(2000);
   auto first = create_communicator(env, o);
   ASSERT_TRUE(first.ok());
   auto second = create_communicator(env, o);
@@ -213,17 +125,14 @@ TEST(GlooCommunicator, PortInUseIsUnavailableNamingThePort) {
 TEST(NcclCommunicator, WorldSizeOneOnGpu) {
   if (!nccl_available()) GTEST_SKIP() << "no GPU (or NCCL not built): NCCL test skipped";
 #ifdef STRATA_HAVE_CUDA
-  DistributedEnv env;
-  env.master_addr = "127.0.0.1";
-  env.master_port = *find_free_port();
-  CommunicatorOptions o;
+  CommunicatorOptions o = options_with_timeout(20000);
   o.backend = Backend::kNccl;
-  o.timeout = std::chrono::milliseconds(20000);
-  auto c = create_communicator(env, o);
+  auto c = create_communicator(loopback_env(), o);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ((*c)->backend(), Backend::kNccl);
   Communicator& comm = **c;
-  EXPECT_GE(comm.device(), 0);
+  // cuda_device -1 picks LOCAL_RANK (0) modulo the number of devices: device 0.
+  EXPECT_EQ(comm.device(), 0);
   const size_t n = 1001;
   std::vector<float> host(n), back(n, -1.0f);
   for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 13);
