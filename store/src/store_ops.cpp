@@ -75,7 +75,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
           install_locked(o);
           durable_[o->key] = o->current;
         }
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         release();
       });
     }
@@ -103,20 +103,19 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
 }
 
 Status StoreImpl::get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
-  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+  STRATA_RETURN_IF_ERROR(check_damage(*o));
   bool dst_dev = is_device_pointer(dst);
-  uint8_t* mem;
-  bool mem_dev;
-  LayoutPtr cur;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    mem = static_cast<uint8_t*>(o->mem());
-    mem_dev = o->on_device;
-    cur = o->current;
-  }
-  if (o->on_host || o->on_device) return copy_mem(dst, mem + off, n, dst_dev || mem_dev);
-  if (!cur) return internal_error("object '" + o->key + "' has no copy in any tier");
-  return read_layout(o->key, *cur, off, n, dst, dst_dev, opts_.verify_checksums);
+  const Copies c = copies_of(*o);
+  if (o->on_host || o->on_device) return copy_mem(dst, c.mem + off, n, dst_dev || c.mem_dev);
+  if (!c.current) return internal_error("object '" + o->key + "' has no copy in any tier");
+  return read_layout(o->key, *c.current, off, n, dst, dst_dev, opts_.verify_checksums);
+}
+
+Status StoreImpl::read_version(const ObjPtr& o, uint64_t off, uint64_t n, void* dst) {
+  std::shared_lock<std::shared_mutex> rl(o->io);
+  Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
+  lru_touch(o);
+  return st;
 }
 
 Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nbytes,
@@ -125,7 +124,7 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
   if (desc_ptr) desc = *desc_ptr;
   return run_op(false, [=, this]() -> Status {
     return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      STRATA_RETURN_IF_ERROR(check_damage(*o));
       if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
         return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
                                 ", the destination is " + to_string(*desc));
@@ -135,10 +134,7 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
                                 " bytes, the destination " + std::to_string(nbytes) + " bytes");
       }
       if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      return read_version(o, 0, nbytes, dst);
     });
   });
 }
@@ -147,7 +143,7 @@ Future<void> StoreImpl::get_alloc(const std::string& key,
                                   std::function<Result<void*>(const TensorDesc&)> allocate) {
   return run_op(false, [=, this, allocate = std::move(allocate)]() -> Status {
     return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      STRATA_RETURN_IF_ERROR(check_damage(*o));
       // `o` is one version: an overwrite installs a new Obj, and this one's memory and
       // extents stay valid while `o` is held and its io lock is shared.
       STRATA_ASSIGN_OR_RETURN(void* dst, allocate(o->desc));
@@ -155,10 +151,7 @@ Future<void> StoreImpl::get_alloc(const std::string& key,
         return invalid_argument("get '" + key + "': the allocator returned null for " +
                                 std::to_string(o->nbytes) + " bytes");
       }
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, 0, o->nbytes, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      return read_version(o, 0, o->nbytes, dst);
     });
   });
 }
@@ -166,35 +159,25 @@ Future<void> StoreImpl::get_alloc(const std::string& key,
 Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
   return run_op(false, [=, this]() -> Status {
     return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+      STRATA_RETURN_IF_ERROR(check_damage(*o));
       if (off > o->nbytes || n > o->nbytes - off) {
         return range_error("read_range", key, off, n, o->nbytes);
       }
       if (n > 0 && dst == nullptr) {
         return invalid_argument("read_range '" + key + "': dst is null");
       }
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      return read_version(o, off, n, dst);
     });
   });
 }
 
 Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src) {
-  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+  STRATA_RETURN_IF_ERROR(check_damage(*o));
   bool src_dev = is_device_pointer(src);
-  uint8_t* mem;
-  bool mem_dev;
-  LayoutPtr cur;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    mem = static_cast<uint8_t*>(o->mem());
-    mem_dev = o->on_device;
-    cur = o->current;
-  }
+  const Copies copies = copies_of(*o);
+  const LayoutPtr& cur = copies.current;
   if (o->on_host || o->on_device) {
-    STRATA_RETURN_IF_ERROR(copy_mem(mem + off, src, n, src_dev || mem_dev));
+    STRATA_RETURN_IF_ERROR(copy_mem(copies.mem + off, src, n, src_dev || copies.mem_dev));
     std::lock_guard<std::mutex> lk(mu_);
     o->dirty = true;
     return Status::OK();
@@ -265,7 +248,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
                                     const void* src) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live_shared(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::shared_lock<std::shared_mutex> held(o->io, std::adopt_lock);
     if (off > o->nbytes || n > o->nbytes - off) {
       return range_error("write_range", key, off, n, o->nbytes);
@@ -282,7 +265,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
 Future<void> StoreImpl::pin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
     if (!o->on_host && !o->on_device) STRATA_RETURN_IF_ERROR(promote_locked(o, Tier::kHost));
     std::lock_guard<std::mutex> lk(mu_);
@@ -294,7 +277,7 @@ Future<void> StoreImpl::pin(const std::string& key) {
 Future<void> StoreImpl::unpin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
     std::lock_guard<std::mutex> lk(mu_);
     if (o->pins == 0) return failed_precondition("unpin: object '" + key + "' is not pinned");
@@ -306,11 +289,11 @@ Future<void> StoreImpl::unpin(const std::string& key) {
 Future<void> StoreImpl::remove(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
     auto drop = [this, o](bool ok) {
       if (!ok) {
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         return;
       }
       auto it = objects_.find(o->key);
@@ -318,7 +301,7 @@ Future<void> StoreImpl::remove(const std::string& key) {
       o->live = false;
       lru_remove_locked(o);
       durable_.erase(o->key);
-      if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+      end_inflight_locked(o->key);
     };
     Future<void> f;
     {
@@ -396,7 +379,7 @@ Status StoreImpl::flush_impl() {
     f = enqueue_commit(std::move(ops), [this, updates](bool ok) {
       for (auto& [k, l] : updates) {
         if (ok) durable_[k] = l;
-        if (--inflight_[k] == 0) inflight_.erase(k);
+        end_inflight_locked(k);
       }
     });
   }

@@ -60,7 +60,7 @@ Status StoreImpl::with_current_object(const std::string& key,
                                       const std::function<Status(const ObjPtr&)>& attempt) const {
   for (int i = 0;; ++i) {
     ObjPtr o = find(key);
-    Status st = o ? attempt(o) : not_found("object '" + key + "' is not in store " + opts_.path);
+    Status st = o ? attempt(o) : missing(key);
     if (i == 8 || (st.code() != StatusCode::kDataLoss && st.code() != StatusCode::kNotFound)) {
       return st;
     }
