@@ -25,7 +25,7 @@
 #include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
 #include "strata/optimizer/simd.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/optimizer/kernel_pool.hpp"
 #include "strata/optimizer/update.hpp"
 
 namespace strata::cli {
@@ -112,10 +112,10 @@ int run_bench_adam(const BenchAdamArgs& a) {
   const auto& rule = **rule_r;
   auto probe = opt::make_streaming_probe(rule.num_states());
 
-  opt::ThreadPoolOptions po;
+  opt::KernelPoolOptions po;
   po.num_threads = a.threads;
   po.numa_node = a.numa_node;
-  auto pool_r = opt::ThreadPool::create(po);
+  auto pool_r = opt::make_kernel_pool(po);
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
 
@@ -205,7 +205,7 @@ int run_bench_adam(const BenchAdamArgs& a) {
     j["optimizer"] = a.optimizer;
     j["numel"] = n;
     j["threads"] = pool.num_threads();
-    j["numa_node"] = pool.numa_node();
+    j["numa_node"] = po.numa_node >= 0 ? po.numa_node : -1;
     j["grad_dtype"] = dtype_name(*gt);
     j["simd"] = opt::active_simd_target();
     j["steps"] = a.steps;
@@ -232,31 +232,24 @@ int run_bench_adam(const BenchAdamArgs& a) {
 }
 
 void register_bench_adam(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
   auto args = std::make_shared<BenchAdamArgs>();
-  CLI::App* sub = bench.add_subcommand(
-      "adam", "CPU optimizer step throughput vs. a streaming kernel of the same shape");
-  non_negative(sub->add_option("--numel", args->numel,
-                               "parameters (elements, >= 1; memory: 4 B + gradient + 4 B per "
-                               "state, each)"))
-      ->capture_default_str();
-  sub->add_option("--threads", args->threads, "worker threads (0 = one per core)")
-      ->capture_default_str();
-  sub->add_option("--numa-node", args->numa_node, "NUMA node to bind to (-1 = none)")
-      ->capture_default_str();
-  sub->add_option("--grad-dtype", args->grad_dtype, "gradient dtype: fp32, fp16, bf16")
-      ->capture_default_str();
-  sub->add_option("--optimizer", args->optimizer, "adam, adamw, adagrad, sgd (momentum 0.9), lion")
-      ->capture_default_str();
+  CLI::App* sub = add_command(
+      bench_group(r), "adam",
+      "CPU optimizer step throughput vs. a streaming kernel of the same shape", args,
+      run_bench_adam);
+  add_defaulted(sub, "--numel", args->numel,
+                "parameters (elements, >= 1; memory: 4 B + gradient + 4 B per state, each)");
+  add_defaulted(sub, "--threads", args->threads, "worker threads (0 = one per core)");
+  add_defaulted(sub, "--numa-node", args->numa_node, "NUMA node to bind to (-1 = none)");
+  add_defaulted(sub, "--grad-dtype", args->grad_dtype, "gradient dtype: fp32, fp16, bf16");
+  add_defaulted(sub, "--optimizer", args->optimizer,
+                "adam, adamw, adagrad, sgd (momentum 0.9), lion");
   sub->add_option("--simd", args->simd, "force a SIMD target (AVX3, AVX2, SSE4, SSSE3, SCALAR)");
-  sub->add_option("--steps", args->steps, "timed steps (median reported)")
-      ->capture_default_str()
+  add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)")
       ->check(CLI::Range(1, 1000000));
-  sub->add_option("--warmup", args->warmup, "untimed steps first")
-      ->capture_default_str()
+  add_defaulted(sub, "--warmup", args->warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000000));
   sub->add_flag("--json", args->json, "print one JSON object");
-  sub->callback([args] { Registry::set_exit_code(run_bench_adam(*args)); });
 }
 
 STRATA_CLI_COMMAND(register_bench_adam);

@@ -207,20 +207,15 @@ int run_allgather(const AllgatherArgs& a) {
        "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup)});
   if (!run.ok()) return report_error(run.status());
   if (!run->ranks_status.ok()) return report_error(run->ranks_status.with_context("bench allgather"));
-  const std::string& text = run->result;
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
-  if (a.ranks.json)
-    std::printf("%s\n", j.dump().c_str());
-  else
-    print_human(j);
-  return j["verified"].get<bool>() ? 0 : 1;
+  auto j = print_ranks_result(a.ranks, *run, print_human);
+  if (!j.ok()) return report_error(j.status());
+  return (*j)["verified"].get<bool>() ? 0 : 1;
 }
 
 void register_bench_allgather(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks");
-  auto* cmd = bench.add_subcommand("allgather", "All-gather bandwidth (nccl-tests' algbw/busbw)");
   auto a = std::make_shared<AllgatherArgs>();
+  auto* cmd = add_command(bench_group(r), "allgather",
+                          "All-gather bandwidth (nccl-tests' algbw/busbw)", a, run_allgather);
   cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
   cmd->add_option("--bytes", a->bytes_text,
                   "Total gathered size S (e.g. 64MiB); each rank sends floor(S/N) bytes, so "
@@ -229,7 +224,6 @@ void register_bench_allgather(Registry& r) {
   cmd->add_option("--iters", a->iters, "Timed iterations")->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->check(CLI::Range(0, 1000000));
   add_rank_options(cmd, a->ranks);
-  cmd->callback([a] { Registry::set_exit_code(run_allgather(*a)); });
 }
 
 STRATA_CLI_COMMAND(register_bench_allgather);

@@ -37,6 +37,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/io_engine.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -391,37 +392,32 @@ int run_bench_io(const BenchIoArgs& a) {
 }
 
 void register_bench_io(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
   auto args = std::make_shared<BenchIoArgs>();
-  auto* sub = bench.add_subcommand(
-      "io", "Sequential read/write bandwidth through the I/O engine (fio-like; one file per --path, "
-            "striped when several)");
+  auto* sub = add_command(bench_group(r), "io",
+                          "Sequential read/write bandwidth through the I/O engine (fio-like; one "
+                          "file per --path, striped when several)",
+                          args, run_bench_io);
   sub->add_option("--path", args->paths,
                   "directory for the benchmark file (repeat to stripe over distinct directories; "
                   "each file system must have room for its files' share of --size)")
       ->required();
-  sub->add_option("--size", args->size, "total bytes (suffixes KiB, MiB, GiB, K, M, G)")
-      ->capture_default_str();
-  sub->add_option("--block-size", args->block_size, "bytes per request")->capture_default_str();
-  non_negative(sub->add_option("--queue-depth", args->queue_depth, "requests in flight"))
-      ->capture_default_str();
-  sub->add_option("--op", args->op, "read or write")->capture_default_str();
-  sub->add_option("--engine", args->engine, "uring or threads")->capture_default_str();
-  non_negative(sub->add_option("--workers", args->workers, "io_uring worker threads (one ring each)"))
-      ->capture_default_str();
+  add_defaulted(sub, "--size", args->size, "total bytes (suffixes KiB, MiB, GiB, K, M, G)");
+  add_defaulted(sub, "--block-size", args->block_size, "bytes per request");
+  add_defaulted(sub, "--queue-depth", args->queue_depth, "requests in flight");
+  add_defaulted(sub, "--op", args->op, "read or write");
+  add_defaulted(sub, "--engine", args->engine, "uring or threads");
+  add_defaulted(sub, "--workers", args->workers, "io_uring worker threads (one ring each)");
   sub->add_option("--request-size", args->request_size,
                   "bytes per engine request, split into block-size transfers (default: "
                   "queue depth x block size / 4)");
   sub->add_option("--stripe-unit", args->stripe_unit,
                   "stripe unit over several paths (default: the block size)");
-  sub->add_option("--file-name", args->file_name,
-                  "file name inside each path (kept after a successful run; after a failure a "
-                  "file the run created is removed, one that existed is truncated back)")
-      ->capture_default_str();
+  add_defaulted(sub, "--file-name", args->file_name,
+                "file name inside each path (kept after a successful run; after a failure a "
+                "file the run created is removed, one that existed is truncated back)");
   sub->add_flag("--keep", args->keep, "keep the files as they are even after a failure");
   sub->add_flag("--buffered", args->buffered, "buffered I/O instead of O_DIRECT");
   sub->add_flag("--json", args->json, "print one JSON object");
-  sub->callback([args] { Registry::set_exit_code(run_bench_io(*args)); });
 }
 
 }  // namespace

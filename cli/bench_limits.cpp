@@ -96,6 +96,24 @@ Status check_distinct_dirs(const std::vector<std::string>& paths, const std::str
       paths, [&](size_t i) { return option + " #" + std::to_string(i + 1); });
 }
 
+Status check_nonempty_paths(const std::vector<std::string>& paths, const std::string& option) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty()) {
+      return invalid_argument(option + " must name a directory, got an empty string (" + option +
+                              " #" + std::to_string(i + 1) + ")");
+    }
+  }
+  return Status::OK();
+}
+
+RemoveDirsOnExit::~RemoveDirsOnExit() {
+  if (keep) return;
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+  }
+}
+
 Result<uint64_t> checked_mul(uint64_t a, uint64_t b, const std::string& what) {
   uint64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) {

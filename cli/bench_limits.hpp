@@ -1,6 +1,7 @@
 // Checks the `strata bench` commands make before they start, so that a run too large for
 // the machine is refused with a Status naming what it needs instead of crashing (memory)
-// or filling a disk (ENOSPC), and so that a directory given twice is refused.
+// or filling a disk (ENOSPC), and so that a directory given twice is refused; and the
+// removal of a benchmark's directories when it ends.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +47,21 @@ Status check_free_space(const std::vector<DiskNeed>& needs, const std::string& w
 ///     (<canonical path> | device D inode I): each directory may be listed once"; entries
 ///     that are empty strings are left to the caller's own check.
 Status check_distinct_dirs(const std::vector<std::string>& paths, const std::string& option);
+
+/// OK when no entry of `paths` is an empty string (an empty --path would put a benchmark's
+/// directory at the root of the file system, and remove it afterwards).
+/// \error InvalidArgument "<option> must name a directory, got an empty string (<option> #i)"
+///     for the first empty entry (numbered from 1).
+Status check_nonempty_paths(const std::vector<std::string>& paths, const std::string& option);
+
+/// Removes each of `dirs` with everything in it when destroyed, unless `keep` (errors are
+/// ignored): a benchmark's directories, on every return, success or error. Declare it
+/// before the stores and files in those directories, so that it runs after they close.
+struct RemoveDirsOnExit {
+  const std::vector<std::string>& dirs;
+  bool keep = false;
+  ~RemoveDirsOnExit();
+};
 
 /// a x b, or InvalidArgument "<what>: <a> x <b> overflows 64 bits" when it does not fit.
 Result<uint64_t> checked_mul(uint64_t a, uint64_t b, const std::string& what);

@@ -94,11 +94,6 @@ std::optional<uint64_t> partitioned_rank_memory(uint64_t total, uint64_t n, uint
   return static_cast<uint64_t>(need);
 }
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // The slowest rank's value of `x`.
 Result<double> max_over_ranks(Communicator& c, double x) {
   STRATA_RETURN_IF_ERROR(c.all_reduce(&x, &x, 1, DType::kFloat64, ReduceOp::kMax));
@@ -157,7 +152,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(fetch_partitioned(*store, c, key, dst.p, desc, o).result().status());
-    double dt = since(t0);
+    double dt = seconds_since(t0);
     verify();
     return max_over_ranks(c, dt);
   };
@@ -165,13 +160,13 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
     if (own) STRATA_RETURN_IF_ERROR(store->read_range_sync(key + kPartitionDataSuffix, 0, own, rbuf.p));
-    return max_over_ranks(c, since(t0));
+    return max_over_ranks(c, seconds_since(t0));
   };
   auto gather_only = [&]() -> Result<double> {
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(c.all_gather(sendb.p, gbuf.p, cbytes, DType::kUInt8));
-    return max_over_ranks(c, since(t0));
+    return max_over_ranks(c, seconds_since(t0));
   };
 
   // Warm-up (connections, first-touch of buffers), verified too.
@@ -296,25 +291,20 @@ int run_partitioned(const PartArgs& a) {
   if (a.keep) args.push_back("--keep");
   auto run = run_self_as_ranks(a.nproc, a.ranks.master_port, std::move(args));
   if (!run.ok()) return report_error(run.status());
-  const std::string& text = run->result;
   // A rank that found a mismatch exits non-zero after rank 0 wrote its (unverified) result.
-  if (!run->ranks_status.ok() && text.empty())
+  if (!run->ranks_status.ok() && run->result.empty())
     return report_error(run->ranks_status.with_context("bench partitioned-read"));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) return report_error(internal_error("rank 0 wrote no result"));
-  if (a.ranks.json)
-    std::printf("%s\n", j.dump().c_str());
-  else
-    print_human(j);
-  return j["verified"].get<bool>() && run->ranks_status.ok() ? 0 : 1;
+  auto j = print_ranks_result(a.ranks, *run, print_human);
+  if (!j.ok()) return report_error(j.status());
+  return (*j)["verified"].get<bool>() && run->ranks_status.ok() ? 0 : 1;
 }
 
 void register_bench_partitioned(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks");
-  auto* cmd = bench.add_subcommand(
-      "partitioned-read",
-      "Bandwidth-centric partitioned read: each rank reads its slice, all-gather assembles it");
   auto a = std::make_shared<PartArgs>();
+  auto* cmd = add_command(
+      bench_group(r), "partitioned-read",
+      "Bandwidth-centric partitioned read: each rank reads its slice, all-gather assembles it", a,
+      run_partitioned);
   cmd->add_option("--nproc", a->nproc, "Number of local ranks to launch")->check(CLI::Range(1, 1024));
   cmd->add_option("--bytes", a->bytes_text,
                   "Object size S (e.g. 256MiB); each rank stores S/N. Memory: each rank holds "
@@ -327,7 +317,6 @@ void register_bench_partitioned(Registry& r) {
       ->check(CLI::Range(1, 1000000));
   add_rank_options(cmd, a->ranks);
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
-  cmd->callback([a] { Registry::set_exit_code(run_partitioned(*a)); });
 }
 
 STRATA_CLI_COMMAND(register_bench_partitioned);

@@ -30,10 +30,11 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/offload.hpp"
 #include "strata/optimizer/optimizers.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/optimizer/kernel_pool.hpp"
 #include "strata/optimizer/update.hpp"
 #include "strata/store/io_engine.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -43,7 +44,6 @@ namespace strata::cli {
 namespace {
 
 namespace opt = strata::optimizer;
-using Clock = std::chrono::steady_clock;
 
 struct BenchStepArgs {
   uint64_t params = 100'000'000;
@@ -59,8 +59,6 @@ struct BenchStepArgs {
   bool keep = false;
   bool json = false;
 };
-
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 uint64_t peak_rss_bytes() {
   rusage ru{};
@@ -106,17 +104,15 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
   for (auto& f : wq) {
     if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
   }
-  return secs(t0);
+  return seconds_since(t0);
 }
 
 int run_bench_step(const BenchStepArgs& a) {
-  uint64_t host_budget, chunk;
-  try {
-    host_budget = parse_size_or_throw(a.host_budget, "--host-budget");
-    chunk = parse_size_or_throw(a.chunk_size, "--chunk-size");
-  } catch (const CLI::ValidationError& e) {
-    return report_error(invalid_argument(e.what()));
-  }
+  auto host_budget_arg = parse_size_arg(a.host_budget, "--host-budget");
+  if (!host_budget_arg.ok()) return report_error(host_budget_arg.status());
+  auto chunk_arg = parse_size_arg(a.chunk_size, "--chunk-size");
+  if (!chunk_arg.ok()) return report_error(chunk_arg.status());
+  const uint64_t host_budget = *host_budget_arg, chunk = *chunk_arg;
   if (a.paths.empty()) return report_error(invalid_argument("--path is required"));
   if (a.params == 0 || a.steps < 1 || a.tensor_numel == 0) {
     return report_error(invalid_argument("--params, --steps and --tensor-numel must be >= 1"));
@@ -139,12 +135,7 @@ int run_bench_step(const BenchStepArgs& a) {
       !st.ok()) {
     return report_error(st);
   }
-  for (size_t i = 0; i < a.paths.size(); ++i) {
-    if (a.paths[i].empty()) {
-      return report_error(invalid_argument("--path must name a directory, got an empty string "
-                                           "(--path #" + std::to_string(i + 1) + ")"));
-    }
-  }
+  if (Status st = check_nonempty_paths(a.paths, "--path"); !st.ok()) return report_error(st);
   if (Status st = check_distinct_dirs(a.paths, "--path"); !st.ok()) return report_error(st);
   // The I/O probe's file: a read region and a write region of `region` bytes each.
   const uint64_t region =
@@ -186,17 +177,7 @@ int run_bench_step(const BenchStepArgs& a) {
     std::filesystem::create_directories(d, ec);
     if (ec) return report_error(errno_status(ec.value(), "creating " + d));
   }
-  struct Cleanup {
-    const std::vector<std::string>& dirs;
-    bool keep;
-    ~Cleanup() {
-      if (keep) return;
-      for (const auto& d : dirs) {
-        std::error_code ec;
-        std::filesystem::remove_all(d, ec);
-      }
-    }
-  } cleanup{dirs, a.keep};
+  RemoveDirsOnExit cleanup{dirs, a.keep};
 
   auto so_r = StoreOptions::from_env();
   if (!so_r.ok()) return report_error(so_r.status());
@@ -244,7 +225,7 @@ int run_bench_step(const BenchStepArgs& a) {
     }
   }
   if (progress) std::fprintf(stderr, "\n");
-  const double setup_seconds = secs(t_setup);
+  const double setup_seconds = seconds_since(t_setup);
 
   // Limits: the I/O engine alone (probe file over the same directories) and the kernel
   // alone (sub-group buffers in memory).
@@ -255,7 +236,7 @@ int run_bench_step(const BenchStepArgs& a) {
   const int depth = std::max(1, a.buffers);
   const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
   auto rule = factory(hp).value();
-  auto pool_r = opt::ThreadPool::create({a.threads, -1});
+  auto pool_r = opt::make_kernel_pool({a.threads, -1});
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
   std::vector<double> io_runs, compute_runs;
@@ -298,7 +279,7 @@ int run_bench_step(const BenchStepArgs& a) {
           STRATA_RETURN_IF_ERROR(opt::apply_update(*rule, s, {1, 1.0f}, &pool));
         }
       }
-      compute_runs.push_back(secs(t0));
+      compute_runs.push_back(seconds_since(t0));
     }
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
     return Status::OK();
@@ -321,7 +302,7 @@ int run_bench_step(const BenchStepArgs& a) {
   }
   const auto t_ckpt = Clock::now();
   if (Status st = optimizer->checkpoint(); !st.ok()) return report_error(st);
-  const double checkpoint_seconds = secs(t_ckpt);
+  const double checkpoint_seconds = seconds_since(t_ckpt);
 
   // A sanity check that the steps did something: w0[0] (offset 0, one element) moved away
   // from 0. Its gradient is -1e-3 at every step, so each Adam step adds lr x |g| / (|g| + eps)
@@ -338,42 +319,45 @@ int run_bench_step(const BenchStepArgs& a) {
   const double io_s = median(io_runs);
   const double compute_s = median(compute_runs);
   const double eff = step_s > 0 ? std::max(io_s, compute_s) / step_s : 0.0;
+  // Bytes read + bytes written per step, over the step's and the I/O probe's time.
+  const double step_gbps = static_cast<double>(2 * bytes_per_step) / step_s / 1e9;
+  const double io_gbps = static_cast<double>(2 * bytes_per_step) / io_s / 1e9;
   const uint64_t rss = peak_rss_bytes();
   file.reset();
   optimizer.reset();
   (void)store->close();
 
   if (a.json) {
-    nlohmann::json j;
-    j["benchmark"] = "step";
-    j["optimizer"] = "adam";
-    j["params"] = a.params;
-    j["tensors"] = ntensors;
-    j["paths"] = a.paths;
-    j["host_budget_bytes"] = host_budget;
-    j["pinned_budget_bytes"] = pinned_budget;
-    j["chunk_bytes"] = chunk;
-    j["sub_group_numel"] = sg;
-    j["buffers"] = a.buffers;
-    j["store_workers"] = so.worker_threads;
-    j["steps"] = a.steps;
-    j["step_seconds"] = step_s;
-    j["step_seconds_all"] = step_runs;
-    j["io_seconds"] = io_s;
-    j["io_seconds_all"] = io_runs;
-    j["compute_seconds"] = compute_s;
-    j["compute_seconds_all"] = compute_runs;
-    j["overlap_efficiency"] = eff;
-    j["bytes_read"] = last.bytes_read;
-    j["bytes_written"] = last.bytes_written;
-    j["step_gbps"] = static_cast<double>(2 * bytes_per_step) / step_s / 1e9;
-    j["io_gbps"] = static_cast<double>(2 * bytes_per_step) / io_s / 1e9;
-    j["last_step_update_seconds"] = last.compute_seconds;
-    j["last_step_io_wait_seconds"] = last.io_wait_seconds;
-    j["setup_seconds"] = setup_seconds;
-    j["checkpoint_seconds"] = checkpoint_seconds;
-    j["peak_rss_bytes"] = rss;
-    j["w0_0"] = w0;
+    const nlohmann::json j = {
+        {"benchmark", "step"},
+        {"optimizer", "adam"},
+        {"params", a.params},
+        {"tensors", ntensors},
+        {"paths", a.paths},
+        {"host_budget_bytes", host_budget},
+        {"pinned_budget_bytes", pinned_budget},
+        {"chunk_bytes", chunk},
+        {"sub_group_numel", sg},
+        {"buffers", a.buffers},
+        {"store_workers", so.worker_threads},
+        {"steps", a.steps},
+        {"step_seconds", step_s},
+        {"step_seconds_all", step_runs},
+        {"io_seconds", io_s},
+        {"io_seconds_all", io_runs},
+        {"compute_seconds", compute_s},
+        {"compute_seconds_all", compute_runs},
+        {"overlap_efficiency", eff},
+        {"bytes_read", last.bytes_read},
+        {"bytes_written", last.bytes_written},
+        {"step_gbps", step_gbps},
+        {"io_gbps", io_gbps},
+        {"last_step_update_seconds", last.compute_seconds},
+        {"last_step_io_wait_seconds", last.io_wait_seconds},
+        {"setup_seconds", setup_seconds},
+        {"checkpoint_seconds", checkpoint_seconds},
+        {"peak_rss_bytes", rss},
+        {"w0_0", w0}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, "
@@ -381,9 +365,8 @@ int run_bench_step(const BenchStepArgs& a) {
                 static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
                 a.paths.size(), static_cast<unsigned long long>(sg), a.buffers, so.worker_threads);
     std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
-                static_cast<double>(2 * bytes_per_step) / step_s / 1e9);
-    std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s,
-                static_cast<double>(2 * bytes_per_step) / io_s / 1e9);
+                step_gbps);
+    std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s, io_gbps);
     std::printf("  compute alone:        %8.3f s\n", compute_s);
     std::printf("  overlap efficiency:   %8.3f  (max(io, compute) / step)\n", eff);
     std::printf("  bytes read/written:   %s / %s per step\n", format_bytes(last.bytes_read).c_str(),
@@ -395,34 +378,29 @@ int run_bench_step(const BenchStepArgs& a) {
 }
 
 void register_bench_step(Registry& r) {
-  auto& bench = r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
   auto args = std::make_shared<BenchStepArgs>();
-  CLI::App* sub = bench.add_subcommand(
-      "step", "offloaded Adam step with state on NVMe vs. I/O alone and compute alone");
-  non_negative(sub->add_option("--params", args->params,
-                               "fp32 parameters (disk: 12 B each plus the I/O probe file of up "
-                               "to 4 GiB, checked before the run)"))
-      ->capture_default_str();
+  CLI::App* sub =
+      add_command(bench_group(r), "step",
+                  "offloaded Adam step with state on NVMe vs. I/O alone and compute alone", args,
+                  run_bench_step);
+  add_defaulted(sub, "--params", args->params,
+                "fp32 parameters (disk: 12 B each plus the I/O probe file of up to 4 GiB, "
+                "checked before the run)");
   sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
       ->required();
-  sub->add_option("--host-budget", args->host_budget,
-                  "DRAM for buffers: pipeline + store (size, e.g. 1GiB)")
-      ->capture_default_str();
-  non_negative(sub->add_option("--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)"))
-      ->capture_default_str();
-  sub->add_option("--buffers", args->buffers, "pipeline buffer slots (1..16)")->capture_default_str();
-  sub->add_option("--steps", args->steps, "timed steps (median reported)")->capture_default_str();
-  sub->add_option("--chunk-size", args->chunk_size, "store chunk size")->capture_default_str();
-  non_negative(sub->add_option("--tensor-numel", args->tensor_numel,
-                               "largest tensor (the model is cut into tensors)"))
-      ->capture_default_str();
-  sub->add_option("--threads", args->threads, "kernel threads (0 = one per core)")->capture_default_str();
-  sub->add_option("--store-workers", args->store_workers,
-                  "store worker threads (0 = the store default, 4)")
-      ->capture_default_str();
+  add_defaulted(sub, "--host-budget", args->host_budget,
+                "DRAM for buffers: pipeline + store (size, e.g. 1GiB)");
+  add_defaulted(sub, "--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)");
+  add_defaulted(sub, "--buffers", args->buffers, "pipeline buffer slots (1..16)");
+  add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)");
+  add_defaulted(sub, "--chunk-size", args->chunk_size, "store chunk size");
+  add_defaulted(sub, "--tensor-numel", args->tensor_numel,
+                "largest tensor (the model is cut into tensors)");
+  add_defaulted(sub, "--threads", args->threads, "kernel threads (0 = one per core)");
+  add_defaulted(sub, "--store-workers", args->store_workers,
+                "store worker threads (0 = the store default, 4)");
   sub->add_flag("--keep", args->keep, "keep the store directories");
   sub->add_flag("--json", args->json, "print one JSON object");
-  sub->callback([args] { Registry::set_exit_code(run_bench_step(*args)); });
 }
 
 STRATA_CLI_COMMAND(register_bench_step);

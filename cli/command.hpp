@@ -3,14 +3,18 @@
 //   static void register_my_command(strata::cli::Registry& r) { ... }
 //   STRATA_CLI_COMMAND(register_my_command);
 //
-// A registrar adds CLI11 subcommands under r.root() (or r.group("bench", "...")) and sets
-// each subcommand's callback to store the exit code via r.set_exit_code().
+// A registrar adds CLI11 subcommands under r.root(), r.group("store", "...") or
+// bench_group(r), each with add_command(), whose callback stores the exit code its run
+// function returns (Registry::set_exit_code()).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "strata/base/status.hpp"
@@ -43,6 +47,20 @@ int report_error(const Status& status);
 /// CLI11 validator/transformer for byte sizes with suffixes (KiB, MiB, GiB, K, M, G).
 uint64_t parse_size_or_throw(const std::string& text, const std::string& option);
 
+/// The byte size `text` (suffixes as parse_size_or_throw()) given for `option`.
+/// \error InvalidArgument "<option>: <why>" when `text` is not a size.
+Result<uint64_t> parse_size_arg(const std::string& text, const std::string& option);
+
+/// The `strata bench` group, under which every benchmark adds its subcommand.
+CLI::App& bench_group(Registry& r);
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds elapsed since `t0` (steady clock).
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 /// Median of `v` (the mean of the two middle values for an even count; 0 when empty): how
 /// every benchmark summarizes its repeated runs.
 inline double median(std::vector<double> v) {
@@ -74,6 +92,30 @@ class OptionStatusError : public CLI::ParseError {
 ///     "<name> must be a non-negative integer, got '<value>'" (name: the option's first long
 ///     name, e.g. "--params").
 CLI::Option* non_negative(CLI::Option* opt);
+
+/// Adds subcommand `name` of `parent` whose callback runs `run(*args)` and sets the exit code
+/// to what it returns; `args` holds what the subcommand's options are bound to.
+/// \returns the subcommand (to add its options to).
+template <class Args>
+CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& help,
+                      const std::shared_ptr<Args>& args, int (*run)(const Args&)) {
+  CLI::App* sub = parent.add_subcommand(name, help);
+  sub->callback([args, run] { Registry::set_exit_code(run(*args)); });
+  return sub;
+}
+
+/// Adds option `name` bound to `value`, its default shown in --help; an option bound to an
+/// unsigned integer also refuses negative values (non_negative()).
+/// \returns the option (for chaining).
+template <class T>
+CLI::Option* add_defaulted(CLI::App* app, const std::string& name, T& value,
+                           const std::string& help) {
+  CLI::Option* opt = app->add_option(name, value, help);
+  if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+    non_negative(opt);
+  }
+  return opt->capture_default_str();
+}
 
 /// True when stdout/stderr is a terminal (progress lines are shown only then).
 bool stderr_is_tty();

@@ -27,15 +27,8 @@ struct InfoArgs {
 };
 
 const char* source_name(TopologySource s) {
-  switch (s) {
-    case TopologySource::kSynthetic:
-      return "synthetic";
-    case TopologySource::kXml:
-      return "xml";
-    case TopologySource::kSystem:
-      break;
-  }
-  return "system";
+  if (s == TopologySource::kSynthetic) return "synthetic";
+  return s == TopologySource::kXml ? "xml" : "system";
 }
 
 std::string node_str(int n) { return n < 0 ? std::string("all/unknown") : std::to_string(n); }

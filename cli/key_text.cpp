@@ -6,13 +6,31 @@
 #include <cstdio>
 
 namespace strata::cli {
+namespace {
 
-/// Text form of a key (or of a message holding keys) for a terminal: the bytes of valid,
-/// printable UTF-8 as they are; `\` as `\\`; tab, newline, carriage return as `\t`, `\n`,
-/// `\r`; other C0 controls (NUL included) and DEL as `\xNN`; C1 controls (U+0080-U+009F)
-/// as `\u00NN`; bytes that are not valid UTF-8 as `\xNN`. So a key holding NUL prints whole
-/// ("a\x00b", where printf("%s") would stop at the NUL) and no key can move the cursor or
-/// recolor the terminal. unescape_key() inverts it.
+/// The characters escape_key() writes as a backslash and a letter: each entry is the
+/// character, then the letter.
+constexpr const char* kNamedEscapes[] = {"\\\\", "\tt", "\nn", "\rr"};
+
+/// The entry of kNamedEscapes for character `c`, nullptr when it has none.
+const char* named_escape(char c) {
+  for (const char* n : kNamedEscapes) {
+    if (n[0] == c) return n;
+  }
+  return nullptr;
+}
+
+/// The entry of kNamedEscapes whose letter is `e` (the character after a backslash).
+const char* named_escape_of(char e) {
+  for (const char* n : kNamedEscapes) {
+    if (n[1] == e) return n;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// escape_key(), unescape_key(): see key_text.hpp.
 std::string escape_key(std::string_view k, bool escape_backslash) {
   static const char* hex = "0123456789abcdef";
   std::string out;
@@ -27,14 +45,10 @@ std::string escape_key(std::string_view k, bool escape_backslash) {
   for (size_t i = 0; i < n;) {
     const unsigned char c = p[i];
     if (c < 0x80) {
-      if (c == '\\' && escape_backslash) {
-        out += "\\\\";
-      } else if (c == '\t') {
-        out += "\\t";
-      } else if (c == '\n') {
-        out += "\\n";
-      } else if (c == '\r') {
-        out += "\\r";
+      const char* named = named_escape(static_cast<char>(c));
+      if (named != nullptr && (c != '\\' || escape_backslash)) {
+        out += '\\';
+        out += named[1];
       } else if (c < 0x20 || c == 0x7f) {
         byte_escape(c);
       } else {
@@ -77,8 +91,6 @@ std::string escape_key(std::string_view k, bool escape_backslash) {
   return out;
 }
 
-/// Inverse of escape_key(): `\\`, `\t`, `\n`, `\r`, `\xNN`, `\u00NN`; nullopt when `t`
-/// holds another backslash sequence (so it is not an escaped key).
 std::optional<std::string> unescape_key(std::string_view t) {
   auto hexval = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
@@ -94,14 +106,8 @@ std::optional<std::string> unescape_key(std::string_view t) {
     }
     if (++i >= t.size()) return std::nullopt;
     const char e = t[i];
-    if (e == '\\') {
-      out += '\\';
-    } else if (e == 't') {
-      out += '\t';
-    } else if (e == 'n') {
-      out += '\n';
-    } else if (e == 'r') {
-      out += '\r';
+    if (const char* named = named_escape_of(e); named != nullptr) {
+      out += named[0];
     } else if (e == 'x' && i + 2 < t.size() && hexval(t[i + 1]) >= 0 &&
                hexval(t[i + 2]) >= 0) {
       out += static_cast<char>(hexval(t[i + 1]) * 16 + hexval(t[i + 2]));

@@ -63,4 +63,17 @@ void emit_rank_result(const RankOptions& o, int rank, const nlohmann::json& j,
   }
 }
 
+Result<nlohmann::json> print_ranks_result(
+    const RankOptions& o, const RanksRun& run,
+    const std::function<void(const nlohmann::json&)>& print_human) {
+  nlohmann::json j = nlohmann::json::parse(run.result, nullptr, false);
+  if (j.is_discarded()) return internal_error("rank 0 wrote no result");
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    print_human(j);
+  }
+  return j;
+}
+
 }  // namespace strata::cli

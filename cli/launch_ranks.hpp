@@ -42,4 +42,12 @@ struct RanksRun {
 ///     own errors (e.g. fork failure). A rank's failure is reported in ranks_status instead.
 Result<RanksRun> run_self_as_ranks(int nproc, uint32_t master_port, std::vector<std::string> args);
 
+/// Prints rank 0's result line of `run` (a run_self_as_ranks() result): one JSON object
+/// with o.json, else `print_human(j)`.
+/// \returns the result, parsed.
+/// \error Internal "rank 0 wrote no result" when run.result is not JSON (nothing printed).
+Result<nlohmann::json> print_ranks_result(
+    const RankOptions& o, const RanksRun& run,
+    const std::function<void(const nlohmann::json&)>& print_human);
+
 }  // namespace strata::cli

@@ -44,6 +44,16 @@ uint64_t parse_size_or_throw(const std::string& text, const std::string& option)
   return *r;
 }
 
+Result<uint64_t> parse_size_arg(const std::string& text, const std::string& option) {
+  auto r = parse_size(text);
+  if (!r.ok()) return invalid_argument(option + ": " + r.status().message());
+  return r;
+}
+
+CLI::App& bench_group(Registry& r) {
+  return r.group("bench", "Benchmarks (each reports the limit measured in the same run)");
+}
+
 CLI::Option* non_negative(CLI::Option* opt) {
   const std::string name = opt->get_name();
   opt->check(CLI::Validator(

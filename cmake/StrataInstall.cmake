@@ -1,9 +1,11 @@
 # Installs the libraries, headers and the CMake package: find_package(strata CONFIG)
-# gives strata::strata (and strata::base, strata::collectives, strata::store,
-# strata::optimizer).
+# gives strata::strata (and strata::base, strata::communicator, strata::collectives,
+# strata::store, strata::optimizer). strata::store and strata::optimizer do not link Gloo or
+# NCCL (only strata::collectives does).
 include(CMakePackageConfigHelpers)
 set(STRATA_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/strata)
-install(TARGETS strata_base strata_collectives strata_store strata_optimizer strata_strata
+install(TARGETS strata_base strata_communicator strata_collectives strata_store strata_optimizer
+                strata_strata
         EXPORT strataTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -73,21 +73,26 @@ void OptimizerArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_OptimizerStep)->Apply(OptimizerArgs)->Unit(benchmark::kMicrosecond);
 
-void BM_OptimizerGradNorm(benchmark::State& state) {
+/// One pass of `pass(view)` per iteration over range(0) gradient elements of type T, all
+/// `fill`, viewed as `dtype`; bytes processed are the gradient's.
+template <class T, class Pass>
+void grad_pass(benchmark::State& state, T fill, DType dtype, Pass pass) {
   const size_t n = static_cast<size_t>(state.range(0));
-  std::vector<float> g(n, 0.25f);
-  const opt::GradView v{g.data(), DType::kFloat32, n};
-  for (auto _ : state) benchmark::DoNotOptimize(opt::global_l2_norm({&v, 1}).value());
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));
+  std::vector<T> g(n, fill);
+  const opt::GradView v{g.data(), dtype, n};
+  for (auto _ : state) benchmark::DoNotOptimize(pass(v));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(T)));
+}
+
+void BM_OptimizerGradNorm(benchmark::State& state) {
+  grad_pass(state, 0.25f, DType::kFloat32,
+            [](const opt::GradView& v) { return opt::global_l2_norm({&v, 1}).value(); });
 }
 BENCHMARK(BM_OptimizerGradNorm)->Arg(1 << 14)->Arg(1 << 24)->Unit(benchmark::kMicrosecond);
 
 void BM_OptimizerInfNanCheck(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  std::vector<uint16_t> g(n, 0x3C00);
-  const opt::GradView v{g.data(), DType::kFloat16, n};
-  for (auto _ : state) benchmark::DoNotOptimize(opt::has_inf_or_nan({&v, 1}).value());
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 2));
+  grad_pass(state, uint16_t{0x3C00}, DType::kFloat16,
+            [](const opt::GradView& v) { return opt::has_inf_or_nan({&v, 1}).value(); });
 }
 BENCHMARK(BM_OptimizerInfNanCheck)->Arg(1 << 14)->Arg(1 << 24)->Unit(benchmark::kMicrosecond);
 

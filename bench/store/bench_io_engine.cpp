@@ -80,6 +80,24 @@ bool setup(Fixture& fx, benchmark::State& state, EngineKind kind, bool direct,
   return true;
 }
 
+/// Waits for every future of `fs`; on the first failure skips the benchmark with its error
+/// and returns false.
+bool wait_all(benchmark::State& state, std::vector<Future<uint64_t>>& fs) {
+  for (auto& f : fs) {
+    if (!f.result().ok()) {
+      state.SkipWithError(f.result().status().to_string().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+/// Items and bytes processed: `requests` requests of `request_bytes` each per iteration.
+void set_processed(benchmark::State& state, uint64_t requests, uint64_t request_bytes) {
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * requests));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * requests * request_bytes));
+}
+
 void BM_IoSubmitOverhead(benchmark::State& state) {
   const auto kind = state.range(0) == 0 ? EngineKind::kUring : EngineKind::kThreads;
   constexpr uint64_t kReq = 512, kBatch = 64, kFile = 1 << 20;
@@ -92,15 +110,9 @@ void BM_IoSubmitOverhead(benchmark::State& state) {
       fs[i] = fx.engine->read(fx.file, fx.buf + i * kReq, kReq, off);
       off = (off + kReq) % kFile;
     }
-    for (auto& f : fs) {
-      if (!f.result().ok()) {
-        state.SkipWithError(f.result().status().to_string().c_str());
-        return;
-      }
-    }
+    if (!wait_all(state, fs)) return;
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kBatch));
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBatch * kReq));
+  set_processed(state, kBatch, kReq);
   state.SetLabel(std::string(strata::engine_kind_name(kind)));
 }
 BENCHMARK(BM_IoSubmitOverhead)->Arg(0)->Arg(1)->UseRealTime();
@@ -118,15 +130,9 @@ void BM_IoRandRead4K(benchmark::State& state) {
       const uint64_t off = (rng() % (kFile / kBlock)) * kBlock;
       fs[i] = fx.engine->read(fx.file, fx.buf + i * kBlock, kBlock, off);
     }
-    for (auto& f : fs) {
-      if (!f.result().ok()) {
-        state.SkipWithError(f.result().status().to_string().c_str());
-        return;
-      }
-    }
+    if (!wait_all(state, fs)) return;
   }
-  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kBatch));
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBatch * kBlock));
+  set_processed(state, kBatch, kBlock);
   if (fx.file->direct()) state.SetLabel(std::string(strata::engine_kind_name(kind)) + " O_DIRECT qd32");
 }
 BENCHMARK(BM_IoRandRead4K)->Arg(0)->Arg(1)->UseRealTime();

@@ -5,8 +5,9 @@
 (--no-build-isolation: pip then uses the installed setuptools instead of downloading one.)
 The extension is built by CMake from the repository root (the same build as
 scripts/build.sh, target strata_python) in $STRATA_PY_BUILD_DIR (default
-<repo>/build-python); the package is assembled from bindings/python/strata/ plus the built
-strata/_strata*.so. Without pip: build with CMake and use PYTHONPATH=<build>/python.
+<repo>/build-python); the package is assembled from bindings/python/strata/ (with its
+subpackage strata/torch/) plus the built strata/_strata*.so. Without pip: build with CMake
+and use PYTHONPATH=<build>/python.
 """
 
 import glob
@@ -49,9 +50,9 @@ setup(
     name="strata",
     version="0.1.0",
     description="Tiered tensor store (GPU HBM / pinned DRAM / NVMe) and offloaded optimizer",
-    packages=["strata"],
+    packages=["strata", "strata.torch"],
     package_dir={"strata": "strata"},
-    package_data={"strata": ["*.pyi", "py.typed"]},
+    package_data={"strata": ["*.pyi", "py.typed"], "strata.torch": ["*.pyi"]},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"]},

@@ -300,7 +300,6 @@ class GlooCommunicator final : public Communicator {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boot) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> queue, make_op_queue());
   const auto& env = boot->env;
   const auto& opt = boot->options;
   gloo::transport::tcp::attr attr;
@@ -316,6 +315,7 @@ Result<std::unique_ptr<Communicator>> create_gloo(std::unique_ptr<Bootstrap> boo
       return errno_status(errno, "rank " + std::to_string(env.rank) + ": gethostname");
     attr.hostname = host;
   }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> queue, make_op_queue());
   std::shared_ptr<gloo::transport::Device> dev;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   ignore_default_sigpipe();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 namespace {

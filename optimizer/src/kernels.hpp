@@ -1,9 +1,12 @@
-// Internal: the SIMD kernels (kernels_hwy.cpp), dispatched at run time with Highway.
+// Internal: the SIMD kernels (kernels_hwy.cpp), dispatched at run time with Highway, and
+// the scalar torch-exact Adam (torch_exact.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
+#include "strata/optimizer/optimizers.hpp"
 #include "strata/optimizer/update.hpp"
 
 namespace strata::optimizer::kernels {
@@ -13,7 +16,7 @@ namespace strata::optimizer::kernels {
 // -grad followed by the scale).
 struct AdamScalars {
   float gscale, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float neg_step_size, inv_bias_correction2_sqrt, eps;
+  float neg_step_size, inv_bias_correction2_sqrt, bias_correction2_sqrt, eps;
   bool l2, decoupled, amsgrad;
 };
 struct AdagradScalars {
@@ -29,7 +32,12 @@ struct LionScalars {
   bool decoupled;
 };
 
+/// Adam's scalars for step `info` (torch's Python-float arithmetic in double, then fp32).
+AdamScalars adam_scalars(const AdamOptions& o, const StepInfo& info);
+
 void adam(const UpdateSpans& s, const AdamScalars& a);
+/// Adam with torch's exact rounding (torch_exact.cpp), for validated options.
+std::unique_ptr<UpdateRule> torch_exact_adam(const AdamOptions& o);
 void adagrad(const UpdateSpans& s, const AdagradScalars& a);
 void sgd(const UpdateSpans& s, const SgdScalars& a);
 void lion(const UpdateSpans& s, const LionScalars& a);

@@ -1,7 +1,9 @@
-// Built-in rule factories of the offloaded optimizer: torch.optim argument names and
-// defaults mapped onto the option structs of optimizers.hpp.
-#include <cmath>
+// Built-in rule factories of the offloaded optimizer: torch.optim argument names mapped onto
+// the fields of the option structs of optimizers.hpp, whose default values are torch.optim's
+// defaults.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "strata/optimizer/offload.hpp"
 #include "strata/optimizer/optimizers.hpp"
@@ -9,12 +11,17 @@
 namespace strata::optimizer {
 namespace {
 
-// torch.optim defaults (PyTorch 1.13 / 2.x signatures).
-Hyperparams adam_defaults(bool adamw) {
-  return {{"lr", 1e-3},  {"beta1", 0.9},   {"beta2", 0.999},
-          {"eps", 1e-8}, {"weight_decay", adamw ? kAdamWDefaultWeightDecay : 0.0},
-          {"amsgrad", 0}, {"maximize", 0}};
-}
+// One hyperparameter of option struct O: its torch.optim name and its field, a number or a
+// flag (given as 0 or 1).
+template <class O>
+struct Field {
+  const char* key;
+  double O::*number = nullptr;
+  bool O::*flag = nullptr;
+};
+
+template <class O>
+using MakeRule = Result<std::unique_ptr<UpdateRule>> (*)(const O&);
 
 // Fills absent keys from `defaults`; unknown keys are errors.
 Result<Hyperparams> merged(std::string_view optimizer, const Hyperparams& defaults,
@@ -33,13 +40,92 @@ Result<Hyperparams> merged(std::string_view optimizer, const Hyperparams& defaul
   return out;
 }
 
-Result<bool> flag(std::string_view optimizer, const Hyperparams& hp, const char* key) {
-  double v = hp.at(key);
-  if (v != 0.0 && v != 1.0) {
-    return invalid_argument(std::string(optimizer) + ": hyperparameter '" + key +
-                            "' must be 0 or 1, got " + std::to_string(v));
+// A factory and its defaults: what builtin_rule_factory / builtin_default_hyperparams give.
+struct Builtin {
+  RuleFactory factory;
+  Hyperparams defaults;
+};
+
+// The factory of the rules `make` builds from `base` with `fields` set from the
+// hyperparameters; the defaults are `base`'s values.
+template <class O>
+Builtin builtin_of(std::string name, std::vector<Field<O>> fields, O base, MakeRule<O> make) {
+  Builtin b;
+  for (const auto& f : fields) b.defaults[f.key] = f.number ? base.*f.number : (base.*f.flag ? 1.0 : 0.0);
+  b.factory = [name = std::move(name), fields = std::move(fields), base, make,
+               defaults = b.defaults](const Hyperparams& given)
+      -> Result<std::unique_ptr<UpdateRule>> {
+    STRATA_ASSIGN_OR_RETURN(Hyperparams hp, merged(name, defaults, given));
+    O o = base;
+    for (const auto& f : fields) {
+      const double v = hp.at(f.key);
+      if (f.number) {
+        o.*f.number = v;
+      } else if (v != 0.0 && v != 1.0) {
+        return invalid_argument(name + ": hyperparameter '" + f.key + "' must be 0 or 1, got " +
+                                std::to_string(v));
+      } else {
+        o.*f.flag = v == 1.0;
+      }
+    }
+    return make(o);
+  };
+  return b;
+}
+
+Builtin adam_builtin(std::string_view name, MakeRule<AdamOptions> make) {
+  AdamOptions base;
+  if (name == "adamw") {
+    base.decoupled_weight_decay = true;
+    base.weight_decay = kAdamWDefaultWeightDecay;
   }
-  return v == 1.0;
+  return builtin_of<AdamOptions>(std::string(name),
+                                 {{"lr", &AdamOptions::lr},
+                                  {"beta1", &AdamOptions::beta1},
+                                  {"beta2", &AdamOptions::beta2},
+                                  {"eps", &AdamOptions::eps},
+                                  {"weight_decay", &AdamOptions::weight_decay},
+                                  {"amsgrad", nullptr, &AdamOptions::amsgrad},
+                                  {"maximize", nullptr, &AdamOptions::maximize}},
+                                 base, make);
+}
+
+Result<Builtin> builtin(std::string_view optimizer) {
+  if (optimizer == "adam" || optimizer == "adamw") return adam_builtin(optimizer, &make_adam);
+  if (optimizer == "adagrad") {
+    using O = AdagradOptions;
+    return builtin_of<O>("adagrad",
+                         {{"lr", &O::lr},
+                          {"lr_decay", &O::lr_decay},
+                          {"weight_decay", &O::weight_decay},
+                          {"initial_accumulator_value", &O::initial_accumulator_value},
+                          {"eps", &O::eps},
+                          {"maximize", nullptr, &O::maximize}},
+                         O{}, &make_adagrad);
+  }
+  if (optimizer == "sgd") {
+    using O = SgdOptions;
+    return builtin_of<O>("sgd",
+                         {{"lr", &O::lr},
+                          {"momentum", &O::momentum},
+                          {"dampening", &O::dampening},
+                          {"weight_decay", &O::weight_decay},
+                          {"nesterov", nullptr, &O::nesterov},
+                          {"maximize", nullptr, &O::maximize}},
+                         O{}, &make_sgd);
+  }
+  if (optimizer == "lion") {
+    using O = LionOptions;
+    return builtin_of<O>("lion",
+                         {{"lr", &O::lr},
+                          {"beta1", &O::beta1},
+                          {"beta2", &O::beta2},
+                          {"weight_decay", &O::weight_decay},
+                          {"maximize", nullptr, &O::maximize}},
+                         O{}, &make_lion);
+  }
+  return invalid_argument("unknown optimizer '" + std::string(optimizer) +
+                          "' (known: adam, adamw, adagrad, sgd, lion)");
 }
 
 }  // namespace
@@ -54,70 +140,21 @@ std::string_view placement_name(Placement p) {
 }
 
 Result<Hyperparams> builtin_default_hyperparams(std::string_view optimizer) {
-  if (optimizer == "adam") return adam_defaults(false);
-  if (optimizer == "adamw") return adam_defaults(true);
-  if (optimizer == "adagrad") {
-    return Hyperparams{{"lr", 1e-2}, {"lr_decay", 0.0}, {"weight_decay", 0.0},
-                       {"initial_accumulator_value", 0.0}, {"eps", 1e-10}, {"maximize", 0}};
-  }
-  if (optimizer == "sgd") {
-    return Hyperparams{{"lr", 1e-3},       {"momentum", 0.0}, {"dampening", 0.0},
-                       {"weight_decay", 0.0}, {"nesterov", 0},  {"maximize", 0}};
-  }
-  if (optimizer == "lion") {
-    return Hyperparams{{"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0.0},
-                       {"maximize", 0}};
-  }
-  return invalid_argument("unknown optimizer '" + std::string(optimizer) +
-                          "' (known: adam, adamw, adagrad, sgd, lion)");
+  STRATA_ASSIGN_OR_RETURN(Builtin b, builtin(optimizer));
+  return std::move(b.defaults);
 }
 
 Result<RuleFactory> builtin_rule_factory(std::string_view optimizer) {
-  STRATA_ASSIGN_OR_RETURN(Hyperparams defaults, builtin_default_hyperparams(optimizer));
-  std::string name(optimizer);
-  RuleFactory f = [name, defaults](const Hyperparams& given)
-      -> Result<std::unique_ptr<UpdateRule>> {
-    STRATA_ASSIGN_OR_RETURN(Hyperparams hp, merged(name, defaults, given));
-    if (name == "adam" || name == "adamw") {
-      AdamOptions o;
-      o.lr = hp.at("lr");
-      o.beta1 = hp.at("beta1");
-      o.beta2 = hp.at("beta2");
-      o.eps = hp.at("eps");
-      o.weight_decay = hp.at("weight_decay");
-      STRATA_ASSIGN_OR_RETURN(o.amsgrad, flag(name, hp, "amsgrad"));
-      STRATA_ASSIGN_OR_RETURN(o.maximize, flag(name, hp, "maximize"));
-      return name == "adam" ? make_adam(o) : make_adamw(o);
-    }
-    if (name == "adagrad") {
-      AdagradOptions o;
-      o.lr = hp.at("lr");
-      o.lr_decay = hp.at("lr_decay");
-      o.weight_decay = hp.at("weight_decay");
-      o.initial_accumulator_value = hp.at("initial_accumulator_value");
-      o.eps = hp.at("eps");
-      STRATA_ASSIGN_OR_RETURN(o.maximize, flag(name, hp, "maximize"));
-      return make_adagrad(o);
-    }
-    if (name == "sgd") {
-      SgdOptions o;
-      o.lr = hp.at("lr");
-      o.momentum = hp.at("momentum");
-      o.dampening = hp.at("dampening");
-      o.weight_decay = hp.at("weight_decay");
-      STRATA_ASSIGN_OR_RETURN(o.nesterov, flag(name, hp, "nesterov"));
-      STRATA_ASSIGN_OR_RETURN(o.maximize, flag(name, hp, "maximize"));
-      return make_sgd(o);
-    }
-    LionOptions o;
-    o.lr = hp.at("lr");
-    o.beta1 = hp.at("beta1");
-    o.beta2 = hp.at("beta2");
-    o.weight_decay = hp.at("weight_decay");
-    STRATA_ASSIGN_OR_RETURN(o.maximize, flag(name, hp, "maximize"));
-    return make_lion(o);
-  };
-  return f;
+  STRATA_ASSIGN_OR_RETURN(Builtin b, builtin(optimizer));
+  return std::move(b.factory);
+}
+
+Result<RuleFactory> torch_exact_rule_factory(std::string_view optimizer) {
+  if (optimizer != "adam" && optimizer != "adamw") {
+    return invalid_argument("torch-exact arithmetic is available for adam and adamw, not '" +
+                            std::string(optimizer) + "'");
+  }
+  return adam_builtin(optimizer, &make_torch_exact_adam).factory;
 }
 
 }  // namespace strata::optimizer

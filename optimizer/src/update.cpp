@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 

@@ -50,10 +50,10 @@
 #include "extent_allocator.hpp"
 #include "io_lock.hpp"
 #include "gpu_detail.hpp"
+#include "strata/base/thread_pool.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
 #include "strata/store/store.hpp"
-#include "worker_pool.hpp"
 
 namespace strata::store_detail {
 
@@ -469,7 +469,7 @@ class StoreImpl final : public Store {
   bool commit_stop_ = false;
   std::thread committer_;
 
-  WorkerPool pool_;
+  std::unique_ptr<ThreadPool> pool_;  // StoreOptions::worker_threads workers (run_op)
   // Admission: begin_op()/end_op(), also from const queries (CallScope).
   mutable std::mutex ops_mu_;
   mutable std::condition_variable ops_cv_;
@@ -486,7 +486,7 @@ Future<void> StoreImpl::run_op(bool mutating, F f) {
   if (Status st = begin_op(mutating); !st.ok()) return make_ready_future(Result<void>(st));
   auto p = std::make_shared<Promise<void>>();
   Future<void> fut = p->future();
-  pool_.submit([this, p, f = std::move(f)]() mutable {
+  pool_->submit([this, p, f = std::move(f)]() mutable {
     p->set(Result<void>(f()));
     end_op();
   });
@@ -498,7 +498,7 @@ Future<void> StoreImpl::run_op_async(bool mutating, F f) {
   if (Status st = begin_op(mutating); !st.ok()) return make_ready_future(Result<void>(st));
   auto p = std::make_shared<Promise<void>>();
   Future<void> fut = p->future();
-  pool_.submit([this, p, f = std::move(f)]() mutable {
+  pool_->submit([this, p, f = std::move(f)]() mutable {
     f().on_ready([this, p](const Result<void>& r) {
       p->set(r);
       end_op();

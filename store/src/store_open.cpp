@@ -65,7 +65,7 @@ Status StoreImpl::init(StoreOptions options) {
   STRATA_RETURN_IF_ERROR(load_objects());
   STRATA_RETURN_IF_ERROR(create_pools());
   if (!read_only_) committer_ = std::thread([this] { committer_loop(); });
-  pool_.start(opts_.worker_threads);
+  STRATA_ASSIGN_OR_RETURN(pool_, ThreadPool::create(static_cast<int>(opts_.worker_threads)));
   started_ = true;
   return Status::OK();
 }
@@ -407,7 +407,7 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
     std::unique_lock<std::mutex> lk(ops_mu_);
     ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
   }
-  pool_.stop();
+  if (pool_) pool_->shutdown();  // runs what is queued, then joins
   if (committer_.joinable()) {
     {
       std::lock_guard<std::mutex> lk(commit_mu_);

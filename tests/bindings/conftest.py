@@ -18,3 +18,12 @@ def store(store_path):
     yield s
     if not s.closed:
         s.close()
+
+
+@pytest.fixture
+def strata_dir(tmp_path, monkeypatch):
+    """An empty $STRATA_DIR (where strata.torch optimizers make their temporary stores)."""
+    d = tmp_path / "strata_dir"
+    d.mkdir()
+    monkeypatch.setenv("STRATA_DIR", str(d))
+    return d

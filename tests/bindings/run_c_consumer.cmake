@@ -1,24 +1,12 @@
 # cmake -P script: installs strata into PREFIX, then builds tests/bindings/c_consumer/main.c
 # twice against the installed files — with find_package(strata) + strata::c, and with a
 # plain `cc -std=c99 -Wall -Werror ... -lstrata_c` — and runs both.
-file(REMOVE_RECURSE ${PREFIX} ${BIN})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${STRATA_BUILD_DIR} --prefix ${PREFIX}
-                RESULT_VARIABLE rc OUTPUT_QUIET)
-if(rc)
-  message(FATAL_ERROR "cmake --install failed: ${rc}")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/../common/consumer_build.cmake)
+strata_install_fresh()
 if(NOT EXISTS ${PREFIX}/include/strata/strata.h)
   message(FATAL_ERROR "strata.h was not installed to ${PREFIX}/include/strata")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -G ${GENERATOR}
-                        -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "configuring the C consumer against ${PREFIX} failed: ${rc}")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "building the C consumer failed: ${rc}")
-endif()
+strata_build_against_prefix("the C consumer")
 # The plain compiler line a C user would type.
 execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic -I${PREFIX}/include
                         ${SRC}/main.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}

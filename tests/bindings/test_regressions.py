@@ -143,6 +143,19 @@ def test_non_numeric_hyperparameters_are_value_errors(store):
 
 # ---- 5. zero-size parameters are accepted like torch.optim -------------------------------
 
+def _same_grads(gen, params_a, params_b):
+    """Gives each pair (params_a[i], params_b[i]) the same random gradient from `gen`."""
+    for pa, pb in zip(params_a, params_b):
+        grad = torch.randn(pa.shape, generator=gen)
+        pa.grad, pb.grad = grad.clone(), grad.clone()
+
+
+def _assert_bit_identical(params_a, params_b):
+    for pa, pb in zip(params_a, params_b):
+        assert pa.shape == pb.shape
+        assert torch.equal(pa.detach(), pb.detach())  # torch arithmetic: bit-identical
+
+
 @pytest.mark.parametrize("ours,theirs", [(st.OffloadAdam, torch.optim.Adam),
                                          (st.OffloadAdamW, torch.optim.AdamW)])
 def test_zero_size_parameters_like_torch(tmp_path, ours, theirs):
@@ -154,14 +167,10 @@ def test_zero_size_parameters_like_torch(tmp_path, ours, theirs):
     opt_b = theirs(b, lr=1e-2)
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
-        for pa, pb in zip(a, b):
-            grad = torch.randn(pa.shape, generator=g)
-            pa.grad, pb.grad = grad.clone(), grad.clone()
+        _same_grads(g, a, b)
         opt_a.step()
         opt_b.step()
-    for pa, pb in zip(a, b):
-        assert pa.shape == pb.shape
-        assert torch.equal(pa.detach(), pb.detach())  # torch arithmetic: bit-identical
+    _assert_bit_identical(a, b)
     sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
     assert sorted(sd_a["state"]) == sorted(sd_b["state"]) == [0, 1, 2, 3]
     assert sd_a["param_groups"][0]["params"] == sd_b["param_groups"][0]["params"] == [0, 1, 2, 3]
@@ -198,16 +207,10 @@ def test_zero_size_step_counts_survive_checkpoint_and_resume(tmp_path, tier):
     ours = [torch.nn.Parameter(t.clone()) for t in init]
     twin = [torch.nn.Parameter(t.clone()) for t in init]
     g = torch.Generator().manual_seed(2)
-
-    def grads(params_a, params_b):
-        for pa, pb in zip(params_a, params_b):
-            grad = torch.randn(pa.shape, generator=g)
-            pa.grad, pb.grad = grad.clone(), grad.clone()
-
     opt = st.OffloadAdam(ours, lr=1e-2, path=path, tier=tier, arithmetic="torch")
     ref = torch.optim.Adam(twin, lr=1e-2)
     for _ in range(3):
-        grads(ours, twin)
+        _same_grads(g, ours, twin)
         opt.step()
         ref.step()
     opt.checkpoint()
@@ -227,12 +230,10 @@ def test_zero_size_step_counts_survive_checkpoint_and_resume(tmp_path, tier):
     assert sd["state"][3]["exp_avg_sq"].shape == (3, 0)
     for pa, pb in zip(again, twin):
         assert torch.equal(pa.detach(), pb.detach())
-    grads(again, twin)
+    _same_grads(g, again, twin)
     opt2.step()
     ref.step()
-    for pa, pb in zip(again, twin):
-        assert pa.shape == pb.shape
-        assert torch.equal(pa.detach(), pb.detach())  # torch arithmetic: bit-identical
+    _assert_bit_identical(again, twin)
     sd, sd_ref = opt2.state_dict(), ref.state_dict()
     for i in range(4):
         assert sd["state"][i]["step"].item() == sd_ref["state"][i]["step"].item() == 4.0

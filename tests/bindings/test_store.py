@@ -1,4 +1,7 @@
 """strata.Store from Python: round trips per dtype and tier, metadata, movement, futures."""
+import os
+import sqlite3
+
 import numpy as np
 import pytest
 import torch
@@ -139,18 +142,26 @@ def test_sizes_and_usage(store):
     assert u["host_bytes"] >= 4096
 
 
+def _edit_catalog(store_path, *statements):
+    """Runs SQL `statements` (each a str, or a (str, parameters) pair) on the SQLite catalog
+    of the closed store at `store_path`, as another program (or damage) would, and commits."""
+    db = sqlite3.connect(os.path.join(store_path, "catalog.db"))
+    try:
+        for statement in statements:
+            db.execute(*((statement,) if isinstance(statement, str) else statement))
+        db.commit()
+    finally:
+        db.close()
+
+
 def test_keys_that_are_not_utf8_are_listed_with_surrogateescape(store_path):
     """A key that is not valid UTF-8 (renamed in the SQLite catalog: written by another
     program, or damaged) lists as os.fsdecode would show it, never UnicodeDecodeError."""
-    import sqlite3
     opts = dict(host_budget="16MiB", staging="4MiB", chunk_size="1MiB", workers=1)
     with strata.Store.open(store_path, **opts) as s:
         s.put("k", np.arange(4, dtype=np.int32))
-    db = sqlite3.connect(f"{store_path}/catalog.db")
-    for table in ("objects", "chunks"):
-        db.execute(f"UPDATE {table} SET key=? WHERE key=CAST('k' AS BLOB)", (b"bad\xffkey",))
-    db.commit()
-    db.close()
+    _edit_catalog(store_path, *[(f"UPDATE {table} SET key=? WHERE key=CAST('k' AS BLOB)",
+                                 (b"bad\xffkey",)) for table in ("objects", "chunks")])
     with strata.Store.open(store_path, **opts) as s:
         assert s.keys() == ["bad\udcffkey"]
         assert [i.key for i in s.list()] == ["bad\udcffkey"]
@@ -160,7 +171,6 @@ def test_keys_that_are_not_utf8_are_listed_with_surrogateescape(store_path):
 def test_damaged_catalog_row_is_reported_in_object_info(store_path):
     """A damaged catalog row (nbytes edited in the SQLite catalog, as tests/store does) is
     listed with ObjectInfo.damage; reading it is DataLossError; overwriting repairs it."""
-    import sqlite3
     good = np.arange(10, dtype=np.float32)
     bad = np.arange(6, dtype=np.int32)
     opts = dict(host_budget="16MiB", staging="4MiB", chunk_size="1MiB", workers=1)
@@ -169,14 +179,12 @@ def test_damaged_catalog_row_is_reported_in_object_info(store_path):
         s.put("bad", bad)
         s.put("huge", bad)
         assert s.stat("good").damage == ""
-    db = sqlite3.connect(f"{store_path}/catalog.db")
-    db.execute("UPDATE objects SET nbytes=-16 WHERE key=CAST('bad' AS BLOB)")
-    # A shape whose size overflows: get() must not try to allocate it.
-    db.execute("UPDATE objects SET dtype=0, shape='9223372036854775807,4', nbytes=0 "
-               "WHERE key=CAST('huge' AS BLOB)")
-    db.execute("DELETE FROM chunks WHERE key=CAST('huge' AS BLOB)")
-    db.commit()
-    db.close()
+    _edit_catalog(store_path,
+                  "UPDATE objects SET nbytes=-16 WHERE key=CAST('bad' AS BLOB)",
+                  # A shape whose size overflows: get() must not try to allocate it.
+                  "UPDATE objects SET dtype=0, shape='9223372036854775807,4', nbytes=0 "
+                  "WHERE key=CAST('huge' AS BLOB)",
+                  "DELETE FROM chunks WHERE key=CAST('huge' AS BLOB)")
     want = "object 'bad' chunks hold 24 bytes, expected 18446744073709551600"
     huge = "object 'huge' has shape fp32[9223372036854775807, 4] whose size overflows 64 bits"
     with strata.Store.open(store_path, **opts) as s:  # the open does not fail

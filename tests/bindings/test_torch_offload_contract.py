@@ -39,14 +39,6 @@ def _assert_same(m1, m2):
         assert torch.equal(a.detach(), b.detach())
 
 
-@pytest.fixture
-def strata_dir(tmp_path, monkeypatch):
-    d = tmp_path / "strata_dir"
-    d.mkdir()
-    monkeypatch.setenv("STRATA_DIR", str(d))
-    return d
-
-
 # ---- 1. hyperparameters after resume ----------------------------------------------------
 
 def test_resume_takes_checkpoint_hyperparams_warns_and_later_edits_apply(tmp_path):

@@ -1,4 +1,6 @@
 """strata.torch.OffloadAdam / OffloadAdamW against torch.optim.Adam / AdamW."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -245,12 +247,55 @@ def test_parameters_without_grad_are_not_stepped(tmp_path):
 
 
 def test_invalid_hyperparameters_raise_value_error(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as e:
         st.OffloadAdamW(_model().parameters(), lr=-1.0, path=str(tmp_path / "a"))
-    with pytest.raises(ValueError):
+    assert str(e.value) == "Invalid learning rate: -1.0"
+    with pytest.raises(ValueError) as e:
         st.OffloadAdam(_model().parameters(), betas=(1.0, 0.9), path=str(tmp_path / "b"))
-    with pytest.raises(ValueError):
+    assert str(e.value) == "Invalid beta parameter at index 0: 1.0"
+    with pytest.raises(ValueError) as e:
         st.OffloadAdam(_model().parameters(), tier="tape", path=str(tmp_path / "c"))
+    assert str(e.value) == "tier must be 'nvme', 'host' or 'auto', got 'tape'"
+
+
+@pytest.mark.parametrize("ours,theirs", [(st.OffloadAdam, torch.optim.Adam),
+                                         (st.OffloadAdamW, torch.optim.AdamW)])
+@pytest.mark.parametrize("bad", [dict(lr=-1), dict(lr=float("nan")), dict(eps=-1e-8),
+                                 dict(betas=(0.9, 1.0)), dict(betas=(-0.1, 0.9)),
+                                 dict(weight_decay=-0.5), dict(lr=-1.0, eps=-1.0)],
+                         ids=lambda b: ",".join(f"{k}={v}" for k, v in b.items()))
+def test_hyperparameter_errors_are_torchs(strata_dir, ours, theirs, bad):
+    """strata's rule makes the checks (strata._strata.hyperparams_refusal); the messages are
+    torch.optim's, value as given included, first failing check first."""
+    with pytest.raises(ValueError) as want:
+        theirs(_model().parameters(), **bad)
+    with pytest.raises(ValueError) as got:
+        ours(_model().parameters(), **bad)
+    assert str(got.value) == str(want.value)
+    assert os.listdir(strata_dir) == []
+
+
+def test_hyperparams_refusal_names_the_refused_key():
+    from strata import _strata as core
+    assert core.hyperparams_refusal("adam", {"lr": 0.1, "beta2": 0.5}) is None
+    key, message = core.hyperparams_refusal("adamw", {"lr": 0.1, "beta2": 1.5})
+    assert key == "beta2"
+    assert message == "AdamW: invalid beta parameter at index 1 1.5 (must be in [0, 1))"
+    key, message = core.hyperparams_refusal("adam", {"nope": 1.0})
+    assert key == "nope" and "nope" in message
+    with pytest.raises(strata.InvalidArgumentError):
+        core.hyperparams_refusal("adam", {"lr": "x"})
+    with pytest.raises(strata.InvalidArgumentError):
+        core.hyperparams_refusal("no-such-rule", {})
+
+
+def test_betas_must_be_a_pair_checked_after_lr_and_eps(strata_dir):
+    with pytest.raises(ValueError) as e:
+        st.OffloadAdam(_model().parameters(), betas=(0.9, 0.99, 0.5), weight_decay=-1.0)
+    assert str(e.value) == "betas must be a pair, got (0.9, 0.99, 0.5)"
+    with pytest.raises(ValueError) as e:
+        st.OffloadAdam(_model().parameters(), betas=(0.9,), eps=-2)
+    assert str(e.value) == "Invalid epsilon value: -2"
 
 
 def test_low_level_offloaded_optimizer(store):

@@ -26,6 +26,29 @@ def run_json(*args, **kw):
         return json.loads(out.splitlines()[-1])
 
 
+def run_json_rusage(*args):
+    """run_json(*args), and the run's own resource usage (os.wait4: its peak RSS, ...)."""
+    import tempfile
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([STRATA, *map(str, args), "--json"], stdout=subprocess.PIPE,
+                                stderr=err)
+        out = proc.stdout.read().decode()
+        proc.stdout.close()
+        _, status, rusage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        assert proc.returncode == 0, err.read().decode()
+    return json.loads(out.strip().splitlines()[-1]), rusage
+
+
+def error_match(p, pattern):
+    """The match of `pattern` with the whole of p's stderr, asserting that p exited 1 and
+    that it matches."""
+    m = re.fullmatch(pattern, p.stderr)
+    assert p.returncode == 1 and m, p.stderr
+    return m
+
+
 @pytest.fixture
 def disk_dir():
     # /var/tmp is on the real disk (O_DIRECT works); /tmp may be too.
@@ -209,13 +232,18 @@ def test_bench_partitioned_read_json(disk_dir):
 
 
 def test_bench_step_json(disk_dir):
-    j = run_json("bench", "step", "--params", "2000000", "--path", disk_dir, "--host-budget",
-                 "256MiB", "--steps", "2", "--chunk-size", "1MiB", "--tensor-numel", "1000000")
+    j, rusage = run_json_rusage("bench", "step", "--params", "2000000", "--path", disk_dir,
+                                "--host-budget", "256MiB", "--steps", "2", "--chunk-size", "1MiB",
+                                "--tensor-numel", "1000000")
     assert j["params"] == 2000000
-    assert j["bytes_read"] == 2 * 12 * 2000000 or j["bytes_read"] >= 12 * 2000000
+    # One step reads and writes each parameter and its two Adam states once (fp32: 12 B).
+    assert (j["bytes_read"], j["bytes_written"]) == (12 * 2000000, 12 * 2000000)
     assert j["overlap_efficiency"] == pytest.approx(
         max(j["io_seconds"], j["compute_seconds"]) / j["step_seconds"], rel=1e-6)
-    assert j["peak_rss_bytes"] > 0
+    # The process's peak RSS when it wrote its result: at most the peak the kernel reports
+    # for the whole run (ru_maxrss, KiB), and all but what printing the result added.
+    assert j["peak_rss_bytes"] <= rusage.ru_maxrss * 1024
+    assert j["peak_rss_bytes"] == pytest.approx(rusage.ru_maxrss * 1024, rel=0.05)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -439,12 +467,11 @@ def test_bench_adam_refuses_zero_params_and_more_than_memory():
     assert (p.returncode, p.stderr) == (1, "strata: error: InvalidArgument: --numel must be >= 1, got 0\n")
     n = 2**56  # 16 B/param for Adam with fp32 gradients: 2^60 bytes
     p = run("bench", "adam", "--numel", str(n), "--threads", "1", check=False)
-    assert p.returncode == 1
-    m = re.fullmatch(
+    m = error_match(
+        p,
         rf"strata: error: ResourceExhausted: bench adam --numel {n} \(16 B/param\) needs "
         rf"{16 * n} bytes \(\d+\.\d\d GiB\) of memory, but only (\d+) bytes \(\d+\.\d\d GiB\) "
-        r"are available \(MemAvailable\)\n", p.stderr)
-    assert m, p.stderr
+        r"are available \(MemAvailable\)\n")
     assert abs(int(m[1]) - meminfo_available()) < 2**30
 
 
@@ -467,11 +494,11 @@ def test_bench_step_and_io_refuse_to_fill_the_disk(disk_dir):
     params = 100000000000000
     p = run("bench", "step", "--params", str(params), "--path", disk_dir, check=False)
     need = 12 * params + 2 * 2**31 + 64 * 2**20  # state + probe file + one chunk
-    m = re.fullmatch(
+    m = error_match(
+        p,
         rf"strata: error: ResourceExhausted: bench step --params {params} needs {need} bytes "
         rf"\(\d+\.\d\d GiB\) on the file system of --path #1 '{re.escape(disk_dir)}', which has "
-        r"(\d+) bytes \(\d+\.\d\d GiB\) available\n", p.stderr)
-    assert p.returncode == 1 and m, p.stderr
+        r"(\d+) bytes \(\d+\.\d\d GiB\) available\n")
     assert abs(int(m[1]) - _free(disk_dir)) < 2**30
     assert os.listdir(disk_dir) == []
 
@@ -480,11 +507,11 @@ def test_bench_step_and_io_refuse_to_fill_the_disk(disk_dir):
     os.mkdir(b)
     p = run("bench", "io", "--size", "100TiB", "--op", "write", "--path", a, "--path", b,
             check=False)
-    m = re.fullmatch(
+    m = error_match(
+        p,
         rf"strata: error: ResourceExhausted: bench io --size 100TiB needs {100 * 2**40} bytes "
         rf"\(102400.00 GiB\) on the file system of --path #1 '{re.escape(a)}' and --path #2 "
-        rf"'{re.escape(b)}', which has (\d+) bytes \(\d+\.\d\d GiB\) available\n", p.stderr)
-    assert p.returncode == 1 and m, p.stderr
+        rf"'{re.escape(b)}', which has (\d+) bytes \(\d+\.\d\d GiB\) available\n")
     assert os.listdir(a) == [] and os.listdir(b) == []
 
 
@@ -548,11 +575,11 @@ def test_bench_partitioned_read_refuses_more_than_memory(disk_dir):
     per_rank = 2 * s + n * c + 2 * c + (3 + 2 * n) * piece
     p = run("bench", "partitioned-read", "--nproc", n, "--bytes", "4096TiB", "--path", disk_dir,
             check=False)
-    m = re.fullmatch(
+    m = error_match(
+        p,
         rf"strata: error: ResourceExhausted: bench partitioned-read --nproc 2 --bytes 4096TiB "
         rf"\({per_rank} bytes per rank\) needs {n * per_rank} bytes \(\d+\.\d\d GiB\) of memory, "
-        r"but only (\d+) bytes \(\d+\.\d\d GiB\) are available \(MemAvailable\)\n", p.stderr)
-    assert p.returncode == 1 and m, p.stderr
+        r"but only (\d+) bytes \(\d+\.\d\d GiB\) are available \(MemAvailable\)\n")
     assert os.listdir(disk_dir) == []
     h = run("bench", "partitioned-read", "--help").stdout
     assert "2 x S + (N + 2) x ceil(S/N) + (3 + 2N) x piece bytes" in h

@@ -21,3 +21,16 @@ target_link_libraries(offload_crash_child PRIVATE strata::strata)
 add_dependencies(test_optimizer offload_crash_child)
 target_compile_definitions(test_optimizer PRIVATE
   STRATA_OFFLOAD_CRASH_CHILD="$<TARGET_FILE:offload_crash_child>")
+
+# Bit comparisons with torch's fp32 sequence: no FMA contraction beyond the explicit fmaf.
+set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/optimizer/test_torch_exact.cpp
+  PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
+
+# A topology whose kernel (OS) NUMA node numbers differ from hwloc's logical order: the
+# kernel threads and the pinned memory of the offloaded optimizer must target one node.
+set(_swapped_xml ${CMAKE_CURRENT_SOURCE_DIR}/optimizer/data/swapped_numa_nodes.xml)
+target_compile_definitions(test_optimizer PRIVATE STRATA_SWAPPED_NUMA_XML="${_swapped_xml}")
+add_test(NAME optimizer.numa_swapped_xml
+         COMMAND test_optimizer --gtest_filter=OffloadNumaPlacement.*)
+set_tests_properties(optimizer.numa_swapped_xml PROPERTIES
+  LABELS optimizer TIMEOUT 120 ENVIRONMENT "HWLOC_XMLFILE=${_swapped_xml}")

@@ -16,44 +16,19 @@
 #include <string>
 #include <vector>
 
+#include "../common/store_options.hpp"
+#include "../common/temp_dir.hpp"
 #include "strata/optimizer/offload.hpp"
 #include "strata/optimizer/update.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::optimizer::offload_test {
 
-/// A fresh directory under $TMPDIR (default /var/tmp: a real disk, so O_DIRECT works),
-/// removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base && *base ? base : "/var/tmp") + "/strata-offload-test-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = ::mkdtemp(buf.data());
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using strata::testing::TempDir;
 
 /// Store options for tests: 64 KiB chunks (16384 fp32), small pinned budgets.
 inline StoreOptions small_store_options(const std::string& path) {
-  StoreOptions o;
-  o.path = path;
-  o.host_budget_bytes = 4ull << 20;
-  o.staging_bytes = 4ull << 20;
-  o.chunk_bytes = 64ull << 10;
-  o.worker_threads = 4;
-  return o;
+  return strata::testing::test_store_options(path, 4ull << 20, 64ull << 10, 4);
 }
 
 inline constexpr uint64_t kChunkNumel = (64ull << 10) / 4;

@@ -197,6 +197,32 @@ struct Variant {
   }
 };
 
+// One element of torch 1.13's `_single_tensor_adam(w)` in fp32, operation by operation (the
+// sequence make_torch_exact_adam must reproduce bit for bit): `g` is the gradient already
+// multiplied by the grad scale, s[] = exp_avg, exp_avg_sq[, max_exp_avg_sq]. Only the
+// explicit fmaf are fused: this header is compiled without FMA contraction (ISO C++, and
+// -ffp-contract=off on the files that include it for bit comparisons).
+inline void torch_adam_element(const AdamOptions& o, float& p, float g, float* s, int64_t t) {
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
+  if (o.maximize) g = -g;
+  if (o.decoupled_weight_decay) {
+    p = p * static_cast<float>(1.0 - o.lr * o.weight_decay);               // param.mul_
+  } else if (o.weight_decay != 0.0) {
+    g = std::fmaf(p, static_cast<float>(o.weight_decay), g);               // grad.add(param)
+  }
+  s[0] = std::fmaf(g, static_cast<float>(1.0 - o.beta1), s[0] * static_cast<float>(o.beta1));
+  s[1] = std::fmaf(static_cast<float>(1.0 - o.beta2) * g, g, s[1] * static_cast<float>(o.beta2));
+  float vmax = s[1];
+  if (o.amsgrad) {
+    const float larger = s[2] > s[1] ? s[2] : s[1];  // torch.maximum: NaN propagates
+    s[2] = std::isnan(s[2]) ? s[2] : (std::isnan(s[1]) ? s[1] : larger);
+    vmax = s[2];
+  }
+  const float den = std::sqrt(vmax) / static_cast<float>(std::sqrt(bc2)) + static_cast<float>(o.eps);
+  p = p + (static_cast<float>(-(o.lr / bc1)) * s[0]) / den;                // addcdiv_
+}
+
 inline std::vector<Variant> all_variants() {
   std::vector<Variant> v;
   auto add = [&](Variant x) { v.push_back(std::move(x)); };

@@ -1,11 +1,10 @@
-// Custom element-wise rules through the same engine as the built-ins; the thread pool.
+// Custom element-wise rules through the same engine as the built-ins.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 
 #include "optimizer_test_util.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -45,7 +44,7 @@ TEST(CustomRule, AdamAsLambdaMatchesBuiltinAndReference) {
   EXPECT_EQ(custom->name(), "custom_adam");
   EXPECT_EQ(custom->num_states(), 2);
   EXPECT_EQ(custom->state_name(1), "exp_avg_sq");
-  auto pool = ThreadPool::create({2, -1}).value();
+  auto pool = ThreadPool::create(2).value();
   for (DType gt : {DType::kFloat32, DType::kFloat16}) {
     GradBuffer g(gt, n, 1);
     Rng rng(5);
@@ -96,7 +95,7 @@ TEST(CustomRule, SplitAndThreadInvariant) {
     return p;
   };
   const auto whole = run(nullptr, {n});
-  auto pool = ThreadPool::create({3, -1}).value();
+  auto pool = ThreadPool::create(3).value();
   EXPECT_EQ(run(pool.get(), {n}), whole);
   EXPECT_EQ(run(pool.get(), {3, 1027, 99999, n}), whole);
   // Spot-check element 0 by hand: s = 0.25*0.9 + g0, p = 1 - 0.01*sign(s) at t=1 ...
@@ -106,40 +105,6 @@ TEST(CustomRule, SplitAndThreadInvariant) {
   p -= 0.005f * (s > 0 ? 1.0f : -1.0f);
   EXPECT_EQ(whole[0], p);
   EXPECT_EQ(whole[n], s);
-}
-
-TEST(ThreadPool, SplitsWorkIntoContiguousRangesAndIsReusable) {
-  auto pool = ThreadPool::create({3, -1}).value();
-  EXPECT_EQ(pool->num_threads(), 3);
-  EXPECT_EQ(pool->numa_node(), -1);
-  EXPECT_FALSE(pool->bound());
-  for (int round = 0; round < 100; ++round) {
-    std::vector<std::atomic<int>> hits(10);
-    pool->parallel_for(10, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) hits[i]++;
-    });
-    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
-  }
-  std::atomic<int> calls{0};
-  pool->parallel_for(2, [&](size_t b, size_t e) {
-    EXPECT_EQ(e - b, 1u);
-    calls++;
-  });
-  EXPECT_EQ(calls.load(), 2);  // a worker with an empty range is not called
-  pool->parallel_for(0, [&](size_t, size_t) { calls++; });
-  EXPECT_EQ(calls.load(), 2);
-}
-
-TEST(ThreadPool, BindsToANumaNodeAndRejectsMissingOnes) {
-  auto pool = ThreadPool::create({0, 0});
-  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
-  EXPECT_GE((*pool)->num_threads(), 1);
-  EXPECT_EQ((*pool)->numa_node(), 0);
-  auto bad = ThreadPool::create({1, 4096});
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("NUMA node 4096"), std::string::npos);
-  EXPECT_EQ(ThreadPool::create({-1, -1}).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include "optimizer_test_util.hpp"
 #include "strata/optimizer/grad_utils.hpp"
 #include "strata/optimizer/simd.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -51,7 +51,7 @@ TEST(GradUtils, GlobalNormIsBitIdenticalAcrossThreadsTargetsAndChunks) {
   auto g = make_grads(2);
   const double base = global_l2_norm(g.views).value();
   for (int threads : {1, 2, 3}) {
-    auto pool = ThreadPool::create({threads, -1}).value();
+    auto pool = ThreadPool::create(threads).value();
     EXPECT_EQ(global_l2_norm(g.views, pool.get()).value(), base) << threads << " threads";
   }
   for (const auto& target : available_simd_targets()) {
@@ -60,7 +60,7 @@ TEST(GradUtils, GlobalNormIsBitIdenticalAcrossThreadsTargetsAndChunks) {
   }
   ASSERT_TRUE(force_simd_target("").ok());
   // Chunks that are multiples of kNormTileNumel (except each tensor's last).
-  auto pool = ThreadPool::create({2, -1}).value();
+  auto pool = ThreadPool::create(2).value();
   GradNormAccumulator acc;
   for (const auto& v : g.views) {
     const size_t esize = dtype_size(v.type);
@@ -87,7 +87,7 @@ TEST(GradUtils, ClipCoefficientFollowsTorch) {
 }
 
 TEST(GradUtils, DetectsInfAndNanInEveryDtypeAndPosition) {
-  auto pool = ThreadPool::create({2, -1}).value();
+  auto pool = ThreadPool::create(2).value();
   for (const auto& target : available_simd_targets()) {
     ASSERT_TRUE(force_simd_target(target).ok());
     for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {

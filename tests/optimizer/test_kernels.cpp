@@ -8,7 +8,7 @@
 
 #include "optimizer_test_util.hpp"
 #include "strata/optimizer/simd.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -105,7 +105,7 @@ TEST(OptimizerKernels, MatchFp64ReferenceOnEverySimdTarget) {
   const auto targets = available_simd_targets();
   ASSERT_FALSE(targets.empty());
   EXPECT_EQ(targets.back(), "SCALAR");
-  auto pool = ThreadPool::create({2, -1});
+  auto pool = ThreadPool::create(2);
   ASSERT_TRUE(pool.ok());
   for (const auto& target : targets) {
     ASSERT_TRUE(force_simd_target(target).ok());
@@ -184,11 +184,11 @@ TEST(OptimizerKernels, ThreadCountAndSplitInvariance) {
         };
         const auto whole = run(nullptr, {n});
         for (int threads : {1, 2, 3, 4}) {
-          auto pool = ThreadPool::create({threads, -1});
+          auto pool = ThreadPool::create(threads);
           ASSERT_TRUE(pool.ok());
           EXPECT_EQ(run(pool->get(), {n}), whole) << threads << " threads";
         }
-        auto pool = ThreadPool::create({3, -1});
+        auto pool = ThreadPool::create(3);
         ASSERT_TRUE(pool.ok());
         // Uneven sub-groups with odd boundaries (not multiples of any vector width).
         EXPECT_EQ(run(pool->get(), {1, 17, 65537, 65540, 200001, 299999, n}), whole);

@@ -60,13 +60,15 @@ def run_torch(cls, kwargs, p0, grads, keys):
     return param.detach().numpy(), [state[k].numpy() for k in keys]
 
 
-def run_strata(tmp_path, name, lr, extra, p0, grad_bits, grad_dtype, nstates, chunks=1, threads=1):
+def run_strata(tmp_path, name, lr, extra, p0, grad_bits, grad_dtype, nstates, chunks=1, threads=1,
+               arithmetic="simd"):
     pfile, gfile, ofile = tmp_path / "p.bin", tmp_path / "g.bin", tmp_path / "out.bin"
     p0.tofile(pfile)
     grad_bits.tofile(gfile)
     cmd = [DRIVER, "--optimizer", name, "--numel", str(NUMEL), "--steps", str(STEPS),
            "--params", str(pfile), "--grads", str(gfile), "--out", str(ofile), "--lr", repr(lr),
-           "--grad-dtype", grad_dtype, "--chunks", str(chunks), "--threads", str(threads)] + extra
+           "--grad-dtype", grad_dtype, "--chunks", str(chunks), "--threads", str(threads),
+           "--arithmetic", arithmetic] + extra
     subprocess.run(cmd, check=True)
     out = np.fromfile(ofile, dtype=np.float32)
     assert out.size == NUMEL * (1 + nstates)
@@ -133,3 +135,24 @@ def test_sub_groups_and_threads_give_identical_bits(tmp_path):
     assert np.array_equal(a[0], b[0])
     for x, y in zip(a[1], b[1]):
         assert np.array_equal(x, y)
+
+
+ADAM_CASES = [c for c in CASES if c[1] in (torch.optim.Adam, torch.optim.AdamW)]
+
+
+@pytest.mark.parametrize("case", ADAM_CASES, ids=[c[0] for c in ADAM_CASES])
+def test_torch_exact_arithmetic_is_bit_identical_to_torch(tmp_path, case):
+    """make_torch_exact_adam: every parameter and state bit equals torch's after 100 steps,
+    updated in sub-groups on several threads."""
+    case_id, cls, kwargs, extra, keys = case
+    gen = torch.Generator().manual_seed(sum(map(ord, case_id)))
+    p0 = torch.randn(NUMEL, generator=gen).numpy()
+    grads = torch.randn(STEPS, NUMEL, generator=gen)
+    tp, tstates = run_torch(cls, kwargs, p0, grads, keys)
+    sp, sstates = run_strata(tmp_path, torch_name(cls), kwargs["lr"], extra, p0,
+                             grads.numpy(), "fp32", len(keys), chunks=3, threads=2,
+                             arithmetic="torch")
+    assert not np.array_equal(tp, p0)
+    assert np.array_equal(sp.view(np.uint32), tp.view(np.uint32)), f"{case_id} param"
+    for k, (a, b) in enumerate(zip(sstates, tstates)):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{case_id} {keys[k]}"

@@ -3,7 +3,12 @@
 # the lock); its path reaches the tests as STRATA_STORE_CRASH_HELPER.
 add_executable(store_crash_helper ${CMAKE_CURRENT_SOURCE_DIR}/store/store_crash_helper/store_crash_helper.cpp)
 target_link_libraries(store_crash_helper PRIVATE strata::strata GTest::gtest)
+target_include_directories(store_crash_helper PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 if(TARGET test_store)
+  # tests/store/data (topology XML files), by absolute path: __FILE__ is relative when
+  # ccache's base_dir rewrites the compile line, and tests run in the build tree.
+  target_compile_definitions(test_store PRIVATE
+    STRATA_STORE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/store/data")
   add_dependencies(test_store store_crash_helper)
   target_compile_definitions(test_store PRIVATE
     STRATA_STORE_CRASH_HELPER="$<TARGET_FILE:store_crash_helper>")

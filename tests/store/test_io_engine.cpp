@@ -1,5 +1,5 @@
 // Round trips through the I/O engines: odd sizes and offsets with O_DIRECT, unaligned caller
-// memory, registered buffers, striping over 1, 2 and 3 directories, both engines.
+// memory, registered buffers, both engines.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,19 +13,19 @@ namespace strata {
 namespace {
 
 using testing::AlignedBuf;
+using testing::make_engine;
 using testing::pattern;
 using testing::TempDir;
 
-std::shared_ptr<IoEngine> make_engine(EngineKind kind, uint64_t block_size = 1 << 20,
-                                      uint32_t qd = 8) {
-  IoEngineOptions o;
-  o.kind = kind;
-  o.block_size = block_size;
-  o.queue_depth = qd;
-  o.allow_threads_fallback = false;
-  auto r = IoEngine::create(o);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return r.ok() ? *r : nullptr;
+/// Writes `data` to `file` in pieces of `piece` bytes (piece i at byte i x piece), all
+/// submitted before any is waited on. \returns their futures, in order.
+std::vector<Future<uint64_t>> write_in_pieces(IoEngine& e, const std::shared_ptr<IoFile>& file,
+                                              const std::vector<char>& data, uint64_t piece) {
+  std::vector<Future<uint64_t>> fs;
+  for (uint64_t off = 0; off < data.size(); off += piece) {
+    fs.push_back(e.write(file, data.data() + off, std::min<uint64_t>(piece, data.size() - off), off));
+  }
+  return fs;
 }
 
 class IoEngineKinds : public ::testing::TestWithParam<EngineKind> {};
@@ -46,10 +46,9 @@ TEST_P(IoEngineKinds, DrainWithNothingPendingReturnsAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
 }
 
-// Odd sizes at odd offsets, from aligned and from unaligned caller memory, O_DIRECT on /tmp.
+// Odd sizes at odd offsets, from aligned and from unaligned caller memory, O_DIRECT on $TMPDIR (/var/tmp).
 TEST_P(IoEngineKinds, OddSizesAndOffsetsRoundTripWithODirect) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   // Small blocks so that multi-piece requests and their splitting are exercised.
   auto e = make_engine(GetParam(), 64 * 1024, 16);
   ASSERT_NE(e, nullptr);
@@ -98,17 +97,13 @@ TEST_P(IoEngineKinds, OddSizesAndOffsetsRoundTripWithODirect) {
 // Adjacent unaligned writes issued concurrently do not overwrite each other.
 TEST_P(IoEngineKinds, ConcurrentAdjacentUnalignedWritesKeepEveryByte) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam(), 4096, 32);
   ASSERT_NE(e, nullptr);
   auto f = e->open(dir.path() + "/adj", OpenMode::kTruncate);
   ASSERT_TRUE(f.ok());
   const uint64_t piece = 1000, n = 200;
   auto data = pattern(piece * n, 77);
-  std::vector<Future<uint64_t>> fs;
-  for (uint64_t i = 0; i < n; ++i) {
-    fs.push_back(e->write(*f, data.data() + i * piece, piece, i * piece));
-  }
+  auto fs = write_in_pieces(*e, *f, data, piece);
   for (auto& fu : fs) ASSERT_TRUE(fu.result().ok()) << fu.result().status().to_string();
   std::vector<char> back(piece * n);
   auto r = e->read(*f, back.data(), back.size(), 0).result();
@@ -118,7 +113,6 @@ TEST_P(IoEngineKinds, ConcurrentAdjacentUnalignedWritesKeepEveryByte) {
 
 TEST_P(IoEngineKinds, ReadPastEndOfFileIsDataLossNamingPathAndOffset) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   const std::string path = dir.path() + "/short";
@@ -143,7 +137,6 @@ TEST_P(IoEngineKinds, ReadPastEndOfFileIsDataLossNamingPathAndOffset) {
 
 TEST_P(IoEngineKinds, ZeroLengthIsReadyAtOnce) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   auto f = e->open(dir.path() + "/z", OpenMode::kTruncate);
@@ -156,7 +149,6 @@ TEST_P(IoEngineKinds, ZeroLengthIsReadyAtOnce) {
 
 TEST_P(IoEngineKinds, RegisteredBufferRoundTrip) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam(), 256 * 1024, 8);
   ASSERT_NE(e, nullptr);
   const uint64_t n = 4 << 20;
@@ -179,7 +171,6 @@ TEST_P(IoEngineKinds, RegisteredBufferRoundTrip) {
 
 TEST_P(IoEngineKinds, SyncCompletes) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   auto f = e->open(dir.path() + "/s", OpenMode::kTruncate);
@@ -192,15 +183,13 @@ TEST_P(IoEngineKinds, SyncCompletes) {
 
 TEST_P(IoEngineKinds, ManyConcurrentRequestsThenDrain) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam(), 16384, 4);
   ASSERT_NE(e, nullptr);
   auto f = e->open(dir.path() + "/many", OpenMode::kTruncate);
   ASSERT_TRUE(f.ok());
   const uint64_t chunk = 50000, n = 64;
   auto data = pattern(chunk * n, 5);
-  std::vector<Future<uint64_t>> fs;
-  for (uint64_t i = 0; i < n; ++i) fs.push_back(e->write(*f, data.data() + i * chunk, chunk, i * chunk));
+  auto fs = write_in_pieces(*e, *f, data, chunk);
   e->drain();
   for (auto& fu : fs) {
     EXPECT_TRUE(fu.ready());
@@ -216,83 +205,6 @@ INSTANTIATE_TEST_SUITE_P(Engines, IoEngineKinds,
                          ::testing::Values(EngineKind::kUring, EngineKind::kThreads),
                          [](const auto& info) { return std::string(engine_kind_name(info.param)); });
 
-// Striped over 1, 2 and 3 directories, both engines, odd sizes and offsets.
-class StripedRoundTrip : public ::testing::TestWithParam<std::tuple<EngineKind, int>> {};
-
-TEST_P(StripedRoundTrip, OddSizesRoundTripAndLayoutMatchesFormula) {
-  auto [kind, ndirs] = GetParam();
-  TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  std::vector<std::string> dirs;
-  for (int i = 0; i < ndirs; ++i) dirs.push_back(dir.sub("d" + std::to_string(i)));
-  auto e = make_engine(kind, 32768, 16);
-  ASSERT_NE(e, nullptr);
-  const uint64_t unit = 65536;
-  auto sf = StripedFile::open(e, dirs, "x", OpenMode::kTruncate, unit);
-  ASSERT_TRUE(sf.ok()) << sf.status().to_string();
-  EXPECT_EQ((*sf)->stripe_unit(), unit);
-  ASSERT_EQ((*sf)->files().size(), static_cast<size_t>(ndirs));
-  const uint64_t total = 1000003;
-  auto data = pattern(total, 11 + ndirs);
-  auto w = (*sf)->write(data.data(), total, 0).result();
-  ASSERT_TRUE(w.ok()) << w.status().to_string();
-  EXPECT_EQ(*w, total);
-  // Odd sub-ranges read back exactly.
-  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{
-           {0, total}, {1, 1}, {65535, 2}, {65536 * 2 - 3, 65536 * 3 + 7}, {4097, 300001}}) {
-    std::vector<char> back(len);
-    auto r = (*sf)->read(back.data(), len, off).result();
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(*r, len);
-    EXPECT_EQ(0, std::memcmp(back.data(), data.data() + off, len)) << "off " << off;
-  }
-  // Layout: logical byte x is in file (x/u)%k at (x/u/k)*u + x%u.
-  for (uint64_t x : {uint64_t{0}, uint64_t{65536}, uint64_t{200000}, total - 1}) {
-    const uint64_t u = x / unit;
-    const auto& f = (*sf)->files()[u % ndirs];
-    char c = 0;
-    auto r = e->read(f, &c, 1, (u / ndirs) * unit + x % unit).result();
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(c, data[x]) << "x " << x;
-  }
-  ASSERT_TRUE((*sf)->sync().result().ok());
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Engines, StripedRoundTrip,
-    ::testing::Combine(::testing::Values(EngineKind::kUring, EngineKind::kThreads),
-                       ::testing::Values(1, 2, 3)),
-    [](const auto& info) {
-      return std::string(engine_kind_name(std::get<0>(info.param))) + "_" +
-             std::to_string(std::get<1>(info.param)) + "dirs";
-    });
-
-TEST(StripedFile, RejectsBadArguments) {
-  auto e = make_engine(EngineKind::kThreads);
-  ASSERT_NE(e, nullptr);
-  TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  EXPECT_EQ(StripedFile::open(e, {}, "x", OpenMode::kTruncate).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(StripedFile::open(e, {dir.path()}, "x", OpenMode::kTruncate, 0).status().code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(StripedFile::open(e, {dir.path()}, "x", OpenMode::kTruncate, 5000).status().code(),
-            StatusCode::kInvalidArgument);
-  auto missing = StripedFile::open(e, {dir.path(), dir.path() + "/nope"}, "x", OpenMode::kTruncate);
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find(dir.path() + "/nope"), std::string::npos);
-  // One directory twice (here spelled with a trailing "/."): two stripes in one file.
-  auto twice = StripedFile::open(e, {dir.path(), dir.path() + "/."}, "x", OpenMode::kTruncate);
-  ASSERT_FALSE(twice.ok());
-  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(twice.status().message(),
-            "StripedFile::open('x'): directory #1 '" + dir.path() +
-                "' and StripedFile::open('x'): directory #2 '" + dir.path() +
-                "/.' are the same directory (" +
-                std::filesystem::weakly_canonical(dir.path()).string() +
-                "): each directory may be listed once");
-}
-
 }  // namespace
 }  // namespace strata
 
@@ -302,19 +214,15 @@ namespace {
 // Every submit_batch setting and registered/unregistered buffers give the same bytes.
 TEST(IoUringOptions, SubmitBatchAndBufferRegistrationRoundTrip) {
   testing::TempDir dir;
-  ASSERT_TRUE(dir.ok());
   const uint64_t n = (3 << 20) + 4097;
   auto data = testing::pattern(n, 99);
   for (uint32_t batch : {0u, 1u, 4u, 64u}) {
     for (bool reg : {true, false}) {
       SCOPED_TRACE("submit_batch " + std::to_string(batch) + " register_buffers " +
                    std::to_string(reg));
-      IoEngineOptions o;
+      IoEngineOptions o = testing::engine_options(EngineKind::kUring, 256 * 1024, 16);
       o.submit_batch = batch;
       o.register_buffers = reg;
-      o.block_size = 256 * 1024;
-      o.queue_depth = 16;
-      o.allow_threads_fallback = false;
       auto e = IoEngine::create(o);
       ASSERT_TRUE(e.ok()) << e.status().to_string();
       testing::AlignedBuf mem(2 * n + 8192);

@@ -22,28 +22,29 @@ namespace {
 using testing::AlignedBuf;
 using testing::open_fd_count;
 using testing::pattern;
-using testing::ScopedMount;
+using testing::MountedDir;
 using testing::TempDir;
 
 std::shared_ptr<IoEngine> make_engine(EngineKind kind, bool direct = true,
                                       bool buffered_fallback = true) {
-  IoEngineOptions o;
-  o.kind = kind;
-  o.queue_depth = 8;
-  o.block_size = 256 * 1024;
+  IoEngineOptions o = testing::engine_options(kind, 256 * 1024);
   o.direct = direct;
   o.allow_buffered_fallback = buffered_fallback;
-  o.allow_threads_fallback = false;
-  auto r = IoEngine::create(o);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return r.ok() ? *r : nullptr;
+  return testing::make_engine(o);
+}
+
+/// Opening `path` (kTruncate) fails with `code` carrying errno `err`.
+void expect_open_error(IoEngine& e, const std::string& path, StatusCode code, int err) {
+  auto f = e.open(path, OpenMode::kTruncate);
+  ASSERT_FALSE(f.ok()) << path;
+  EXPECT_EQ(f.status().code(), code) << f.status().to_string();
+  EXPECT_EQ(f.status().sys_errno(), err) << f.status().to_string();
 }
 
 class IoErrors : public ::testing::TestWithParam<EngineKind> {};
 
 TEST_P(IoErrors, MissingDirectoryIsNotFoundNamingThePath) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   const std::string path = dir.path() + "/no_such_dir/file";
@@ -58,7 +59,6 @@ TEST_P(IoErrors, MissingDirectoryIsNotFoundNamingThePath) {
 
 TEST_P(IoErrors, WriteToReadOnlyFileIsPermissionDeniedAndDataIntact) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   const std::string path = dir.path() + "/ro";
@@ -82,7 +82,6 @@ TEST_P(IoErrors, WriteToReadOnlyFileIsPermissionDeniedAndDataIntact) {
 
 TEST_P(IoErrors, OpeningADirectoryAsAFileFails) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   auto f = e->open(dir.path(), OpenMode::kReadWrite);
@@ -93,24 +92,17 @@ TEST_P(IoErrors, OpeningADirectoryAsAFileFails) {
 
 // A read-only mount refuses creation even for root: EROFS -> PermissionDenied.
 TEST_P(IoErrors, ReadOnlyFilesystemIsPermissionDenied) {
-  TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  ScopedMount m(dir.path(), "tmpfs", MS_RDONLY, "size=1m");
-  if (!m.ok()) GTEST_SKIP() << m.why() << " (needs CAP_SYS_ADMIN)";
+  MountedDir dir("tmpfs", MS_RDONLY, "size=1m");
+  if (!dir.ok()) GTEST_SKIP() << dir.why();
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
-  auto f = e->open(dir.path() + "/x", OpenMode::kTruncate);
-  ASSERT_FALSE(f.ok());
-  EXPECT_EQ(f.status().code(), StatusCode::kPermissionDenied);
-  EXPECT_EQ(f.status().sys_errno(), EROFS);
+  expect_open_error(*e, dir.path() + "/x", StatusCode::kPermissionDenied, EROFS);
 }
 
 // A 1 MiB tmpfs fills up: ResourceExhausted naming path, offset and errno; earlier data stays.
 TEST_P(IoErrors, FullFilesystemIsResourceExhaustedAndEarlierDataIntact) {
-  TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  ScopedMount m(dir.path(), "tmpfs", 0, "size=1m");
-  if (!m.ok()) GTEST_SKIP() << m.why() << " (needs CAP_SYS_ADMIN)";
+  MountedDir dir("tmpfs", 0, "size=1m");
+  if (!dir.ok()) GTEST_SKIP() << dir.why();
   auto e = make_engine(GetParam());
   ASSERT_NE(e, nullptr);
   const std::string path = dir.path() + "/full";
@@ -134,10 +126,8 @@ TEST_P(IoErrors, FullFilesystemIsResourceExhaustedAndEarlierDataIntact) {
 // O_DIRECT refused (ramfs): buffered I/O with one warning, or InvalidArgument when the
 // fallback is off.
 TEST_P(IoErrors, BufferedFallbackWhereODirectIsRefused) {
-  TempDir dir;
-  ASSERT_TRUE(dir.ok());
-  ScopedMount m(dir.path(), "ramfs", 0, nullptr);
-  if (!m.ok()) GTEST_SKIP() << m.why() << " (needs CAP_SYS_ADMIN)";
+  MountedDir dir("ramfs", 0, nullptr);
+  if (!dir.ok()) GTEST_SKIP() << dir.why();
   {
     int fd = ::open((dir.path() + "/probe").c_str(), O_CREAT | O_RDWR | O_DIRECT, 0644);
     if (fd >= 0) {
@@ -160,15 +150,12 @@ TEST_P(IoErrors, BufferedFallbackWhereODirectIsRefused) {
   }
   auto strict = make_engine(GetParam(), true, /*buffered_fallback=*/false);
   ASSERT_NE(strict, nullptr);
-  auto g = strict->open(dir.path() + "/strict", OpenMode::kTruncate);
-  ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(g.status().sys_errno(), EINVAL);
+  expect_open_error(*strict, dir.path() + "/strict", StatusCode::kInvalidArgument, EINVAL);
 }
 
 // Buffered I/O selected by option (direct=false), on /dev/shm (tmpfs).
 TEST_P(IoErrors, BufferedByOptionOnDevShm) {
-  TempDir dir("/dev/shm");
+  TempDir dir("/dev/shm", std::nothrow);
   if (!dir.ok()) GTEST_SKIP() << "/dev/shm not writable";
   auto e = make_engine(GetParam(), /*direct=*/false);
   ASSERT_NE(e, nullptr);
@@ -184,7 +171,6 @@ TEST_P(IoErrors, BufferedByOptionOnDevShm) {
 
 TEST_P(IoErrors, FdCountStableOverManyEngineCycles) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   const int before = open_fd_count();
   AlignedBuf region(1 << 20);
   auto data = pattern(12345, 51);
@@ -218,7 +204,6 @@ INSTANTIATE_TEST_SUITE_P(Engines, IoErrors,
 // forked child because a seccomp filter cannot be removed.
 TEST(IoFallback, ThreadsEngineWhenIoUringSetupFails) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -302,7 +287,6 @@ TEST(IoOptions, CreateRejectsInvalidOptions) {
 // Several uring workers (one ring each) and opt-in SQPOLL produce the same bytes.
 TEST(IoUring, MultipleWorkersAndSqpollRoundTrip) {
   TempDir dir;
-  ASSERT_TRUE(dir.ok());
   for (bool sqpoll : {false, true}) {
     IoEngineOptions o;
     o.workers = 3;

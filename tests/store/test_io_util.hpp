@@ -1,7 +1,9 @@
-// Helpers for the I/O engine tests: temporary directories and deterministic byte patterns.
+// Helpers for the I/O engine tests: temporary directories, mounts, deterministic byte
+// patterns, aligned buffers.
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -14,6 +16,10 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "common/temp_dir.hpp"
+#include "strata/base/status.hpp"
+#include "strata/store/io_engine.hpp"
 
 namespace strata::testing {
 
@@ -37,34 +43,61 @@ class ScopedMount {
   int err_ = 0;
 };
 
-/// A fresh directory under `parent` (default /tmp, a real disk here), removed on destruction.
-class TempDir {
+/// A file system (mount(2): `fstype`, `flags`, `data`) mounted on TempDir().sub(name) for
+/// the test's lifetime, then unmounted and removed. Mounting needs CAP_SYS_ADMIN: a test
+/// skips when !ok().
+class MountedDir {
  public:
-  explicit TempDir(const std::string& parent = "/tmp") {
-    std::string tmpl = parent + "/strata_io_test_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (::mkdtemp(buf.data()) != nullptr) path_ = buf.data();
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path_, ec);
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  bool ok() const { return !path_.empty(); }
+  MountedDir(const char* fstype, unsigned long flags, const char* data,
+             const std::string& name = "mnt")
+      : path_(dir_.make_sub(name)),
+        mount_(path_, fstype, flags, data),
+        what_(std::string(fstype) + (data != nullptr ? std::string(" ") + data : "")) {}
+  bool ok() const { return mount_.ok(); }
+  /// Why the mount failed, e.g. "mount failed: Operation not permitted (tmpfs size=1m needs
+  /// CAP_SYS_ADMIN)".
+  std::string why() const { return mount_.why() + " (" + what_ + " needs CAP_SYS_ADMIN)"; }
+  /// The mount point.
   const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const {
-    std::string p = path_ + "/" + name;
-    ::mkdir(p.c_str(), 0755);
-    return p;
-  }
+  /// The temporary directory that holds the mount point (room for other directories).
+  const TempDir& parent() const { return dir_; }
 
  private:
+  TempDir dir_;
   std::string path_;
+  ScopedMount mount_;
+  std::string what_;
 };
+
+/// The value of `r`, or nullptr after a test failure (EXPECT) naming r's status.
+template <class T>
+std::shared_ptr<T> value_or_null(Result<std::shared_ptr<T>> r) {
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+/// Options of an engine of exactly `kind` (allow_threads_fallback off): `block_size` bytes
+/// per request, `queue_depth` requests in flight, the other fields at their defaults.
+inline IoEngineOptions engine_options(EngineKind kind, uint64_t block_size = 1 << 20,
+                                      uint32_t queue_depth = 8) {
+  IoEngineOptions o;
+  o.kind = kind;
+  o.block_size = block_size;
+  o.queue_depth = queue_depth;
+  o.allow_threads_fallback = false;
+  return o;
+}
+
+/// The engine IoEngine::create(o) makes, or nullptr after a test failure naming why.
+inline std::shared_ptr<IoEngine> make_engine(const IoEngineOptions& o) {
+  return value_or_null(IoEngine::create(o));
+}
+
+/// make_engine(engine_options(kind, block_size, queue_depth)).
+inline std::shared_ptr<IoEngine> make_engine(EngineKind kind, uint64_t block_size = 1 << 20,
+                                             uint32_t queue_depth = 8) {
+  return make_engine(engine_options(kind, block_size, queue_depth));
+}
 
 /// Bytes i of the pattern for `seed`: a xorshift stream, so shifted copies never match.
 inline std::vector<char> pattern(uint64_t n, uint64_t seed) {

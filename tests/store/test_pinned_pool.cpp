@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "store/test_io_util.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/gpu.hpp"
 #include "strata/store/io_engine.hpp"
@@ -33,9 +34,7 @@ std::shared_ptr<PinnedPool> make_pool(uint64_t budget, uint64_t alignment = 4096
   o.budget_bytes = budget;
   o.alignment = alignment;
   o.numa_node = numa_node;
-  auto p = PinnedPool::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return p.ok() ? *p : nullptr;
+  return testing::value_or_null(PinnedPool::create(o));
 }
 
 uint64_t status_kib(const char* field) {  // "VmLck" from /proc/self/status, in KiB

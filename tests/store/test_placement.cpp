@@ -16,10 +16,8 @@
 namespace strata {
 namespace {
 
-const std::string kHere = std::filesystem::path(__FILE__).parent_path().string();
-
 std::shared_ptr<const Topology> xml(const std::string& name) {
-  auto t = Topology::load_xml(kHere + "/data/" + name);
+  auto t = Topology::load_xml(std::string(STRATA_STORE_TEST_DATA) + "/" + name);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   return t.ok() ? *t : nullptr;
 }
@@ -159,9 +157,7 @@ TEST(Placement, StoreOnThisMachineFollowsItsPlan) {
   // I/O still works through the placed engines and pools.
   auto v = store_test::pattern(3u << 20, 71);
   ASSERT_OK(s->put_sync("x", v.data(), TensorDesc::bytes(v.size())));
-  std::vector<uint8_t> out(v.size());
-  ASSERT_OK(s->get_bytes_sync("x", out.data(), out.size()));
-  EXPECT_EQ(out, v);
+  store_test::expect_reads_back(*s, "x", v);
   ASSERT_OK(s->close());
 
   const int missing = static_cast<int>((*topo)->numa_nodes().back().os_index) + 1;

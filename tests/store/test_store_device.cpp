@@ -6,10 +6,7 @@
 namespace strata {
 namespace {
 
-using store_test::open_or_die;
-using store_test::pattern;
-using store_test::small_options;
-using store_test::TempDir;
+using namespace store_test;
 
 TEST(StoreDevice, PutGetMoveAcrossAllTiers) {
   TempDir d;

@@ -22,10 +22,7 @@ extern char** environ;
 namespace strata {
 namespace {
 
-using store_test::open_or_die;
-using store_test::pattern;
-using store_test::small_options;
-using store_test::TempDir;
+using namespace store_test;
 namespace fs = std::filesystem;
 
 /// A child process running the crash helper with its stdout on a pipe.
@@ -152,9 +149,7 @@ TEST(StoreDurability, SigkillMidStreamLeavesOnlyCompletePuts) {
   // The store keeps working after the crash: new puts reuse the orphaned space.
   auto x = pattern(3 << 20, 99);
   ASSERT_OK(s->put_sync("after", x.data(), TensorDesc::bytes(x.size())));
-  std::vector<uint8_t> out(x.size());
-  ASSERT_OK(s->get_bytes_sync("after", out.data(), out.size()));
-  EXPECT_EQ(out, x);
+  expect_reads_back(*s, "after", x);
 }
 
 TEST(StoreDurability, LockedByAnotherProcessAndSiblingsDoNotCollide) {
@@ -179,11 +174,8 @@ TEST(StoreDurability, LockedByAnotherProcessAndSiblingsDoNotCollide) {
   auto x = pattern(100000, 1), y = pattern(100000, 2);
   ASSERT_OK(sb->put_sync("k", x.data(), TensorDesc::bytes(x.size())));
   ASSERT_OK(sc->put_sync("k", y.data(), TensorDesc::bytes(y.size())));
-  std::vector<uint8_t> out(x.size());
-  ASSERT_OK(sb->get_bytes_sync("k", out.data(), out.size()));
-  EXPECT_EQ(out, x);
-  ASSERT_OK(sc->get_bytes_sync("k", out.data(), out.size()));
-  EXPECT_EQ(out, y);
+  expect_reads_back(*sb, "k", x);
+  expect_reads_back(*sc, "k", y);
   // Same process, second writer: refused, naming this pid.
   auto again = Store::open(o);
   ASSERT_FALSE(again.ok());
@@ -280,13 +272,10 @@ TEST(StoreDurability, WriteRangeIsCopyOnWriteUntilFlush) {
 }
 
 TEST(StoreDurability, NoSpaceOnDirectoryIsResourceExhaustedWithEnospc) {
-  TempDir d;
-  const std::string mnt = d.sub("tiny");
-  fs::create_directories(mnt);
-  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=2m");
-  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 2m tmpfs needs CAP_SYS_ADMIN)";
-  auto o = small_options(d.sub("root"));
-  o.nvme_dirs = {mnt};
+  strata::testing::MountedDir tmpfs("tmpfs", 0, "size=2m", "tiny");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why();
+  const std::string& mnt = tmpfs.path();
+  auto o = small_options(tmpfs.parent().sub("root"), mnt);
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
@@ -299,9 +288,7 @@ TEST(StoreDurability, NoSpaceOnDirectoryIsResourceExhaustedWithEnospc) {
     // Usable afterwards: the failed put's space is free again.
     auto small = pattern(1u << 20, 2);
     ASSERT_OK(s->put_sync("small", small.data(), TensorDesc::bytes(small.size())));
-    std::vector<uint8_t> out(small.size());
-    ASSERT_OK(s->get_bytes_sync("small", out.data(), out.size()));
-    EXPECT_EQ(out, small);
+    expect_reads_back(*s, "small", small);
   }
 }
 
@@ -359,9 +346,7 @@ TEST(StoreDurability, ReadOnlyAndListStore) {
   o.read_only = true;
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
-  std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("ro/a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
+  expect_reads_back(*s, "ro/a", a);
   EXPECT_EQ(s->put_sync("x", a.data(), TensorDesc::bytes(1)).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s->remove_sync("ro/a").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(list_store(d.sub("none")).status().code(), StatusCode::kNotFound);

@@ -13,10 +13,7 @@
 namespace strata {
 namespace {
 
-using store_test::open_or_die;
-using store_test::pattern;
-using store_test::small_options;
-using store_test::TempDir;
+using namespace store_test;
 
 TEST(StoreOps, PutGetNvmeAndHostBitExact) {
   TempDir d;
@@ -429,9 +426,7 @@ TEST(StoreOps, GetAllocErrors) {
   EXPECT_EQ(got.dtype, DType::kFloat32);
   EXPECT_EQ(got.shape, (std::vector<int64_t>{0, 3}));
   // The store is still usable.
-  std::vector<uint8_t> out(v.size());
-  ASSERT_OK(s->get_bytes_sync("k", out.data(), out.size()));
-  EXPECT_EQ(out, v);
+  expect_reads_back(*s, "k", v);
 }
 
 // A prefetch or pin that promotes a version while another thread overwrites the key (to

@@ -11,33 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/store_options.hpp"
+#include "common/temp_dir.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::store_test {
 
-/// A fresh directory under $TMPDIR (default /var/tmp: a real disk, so O_DIRECT works),
-/// removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/strata-store-test-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    char* p = ::mkdtemp(buf.data());
-    EXPECT_NE(p, nullptr);
-    path_ = p ? p : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 /// Deterministic bytes: xorshift64* stream seeded by `seed`.
 inline std::vector<uint8_t> pattern(uint64_t nbytes, uint64_t seed) {
@@ -53,13 +33,15 @@ inline std::vector<uint8_t> pattern(uint64_t nbytes, uint64_t seed) {
 }
 
 /// Small budgets so tests run fast and exercise chunking/eviction.
+/// 8 MiB of host tier, 1 MiB chunks, 2 pool threads (test_store_options()).
 inline StoreOptions small_options(const std::string& path) {
-  StoreOptions o;
-  o.path = path;
-  o.host_budget_bytes = 8ull << 20;
-  o.staging_bytes = 4ull << 20;
-  o.chunk_bytes = 1ull << 20;
-  o.worker_threads = 2;
+  return testing::test_store_options(path, 8ull << 20, 1ull << 20, 2);
+}
+
+/// small_options(root) with `nvme_dir` as the store's one NVMe directory.
+inline StoreOptions small_options(const std::string& root, const std::string& nvme_dir) {
+  StoreOptions o = small_options(root);
+  o.nvme_dirs = {nvme_dir};
   return o;
 }
 
@@ -78,6 +60,16 @@ inline Status put_and_close(const StoreOptions& o, const std::string& key,
   Status st = (*r)->put_sync(key, bytes.data(), TensorDesc::bytes(bytes.size()));
   Status cl = (*r)->close();
   return st.ok() ? cl : st;
+}
+
+/// Reads all of `key` (get_bytes_sync() of expected.size() bytes) and checks that it holds
+/// `expected`.
+inline void expect_reads_back(Store& s, const std::string& key,
+                              const std::vector<uint8_t>& expected) {
+  std::vector<uint8_t> out(expected.size());
+  Status st = s.get_bytes_sync(key, out.data(), out.size());
+  ASSERT_TRUE(st.ok()) << key << ": " << st.to_string();
+  EXPECT_EQ(out, expected) << key;
 }
 
 }  // namespace strata::store_test

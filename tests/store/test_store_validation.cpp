@@ -21,12 +21,43 @@
 namespace strata {
 namespace {
 
-using store_test::open_or_die;
-using store_test::pattern;
-using store_test::put_and_close;
-using store_test::small_options;
-using store_test::TempDir;
+using namespace store_test;
 namespace fs = std::filesystem;
+
+/// `dir` bind-mounted at `at` (created), then remounted read-only, for the object's
+/// lifetime. Needs CAP_SYS_ADMIN: the test skips when !mounted().
+class ReadOnlyBind {
+ public:
+  ReadOnlyBind(const std::string& dir, const std::string& at) : at_(at) {
+    fs::create_directories(at);
+    if (::mount(dir.c_str(), at.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+      error_ = errno;
+      return;
+    }
+    mounted_ = true;
+    if (::mount(nullptr, at.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
+      remount_error_ = errno;
+    }
+  }
+  ~ReadOnlyBind() {
+    if (mounted_) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  int error() const { return error_; }                ///< errno of the bind mount
+  int remount_error() const { return remount_error_; }  ///< errno of the read-only remount
+
+ private:
+  std::string at_;
+  bool mounted_ = false;
+  int error_ = 0, remount_error_ = 0;
+};
+
+/// Overwrites byte `offset` of the file `path` with `c` (to damage a chunk on disk).
+void write_byte(const std::string& path, uint64_t offset, char c) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
 
 /// The single strata-<uuid>.data file in `dir` ("" when none).
 std::string data_file_in(const std::string& dir) {
@@ -137,9 +168,8 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   EXPECT_EQ(l[1].damage, k_damage);
   EXPECT_EQ(l[2].key, "m");
   EXPECT_EQ(l[2].damage, m_damage);
+  expect_reads_back(*s, "good", good);
   std::vector<uint8_t> out(good.size());
-  ASSERT_OK(s->get_bytes_sync("good", out.data(), out.size()));
-  EXPECT_EQ(out, good);
   Status st = s->get_bytes_sync("m", out.data(), 3000);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.message(), "store " + d.path() + ": " + m_damage);
@@ -166,9 +196,7 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   auto r = open_or_die(small_options(d.path()));
   ASSERT_TRUE(r);
   ASSERT_EQ(r->list().size(), 2u);
-  std::vector<uint8_t> got(bad.size());
-  ASSERT_OK(r->get_bytes_sync("m", got.data(), got.size()));
-  EXPECT_EQ(got, bad);
+  expect_reads_back(*r, "m", bad);
   auto v2 = r->verify();
   ASSERT_OK(v2);
   EXPECT_TRUE(v2->errors.empty());
@@ -192,9 +220,8 @@ TEST(StoreValidation, OverlappingCatalogRowsDamageOnlyTheLaterObject) {
   auto info = s->stat("b");
   ASSERT_OK(info);
   EXPECT_EQ(info->damage, damage);
+  expect_reads_back(*s, "a", a);
   std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
   Status st = s->get_bytes_sync("b", out.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.message(), "store " + d.path() + ": " + damage);
@@ -260,9 +287,7 @@ TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
   ASSERT_TRUE(s);
   auto a = pattern(3u << 20, 3);
   ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-  std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
+  expect_reads_back(*s, "a", a);
 }
 
 // ---------------------------------------------------------------- 3. copied / moved stores
@@ -393,16 +418,9 @@ TEST(StoreValidation, ReadOnlyFilesystem) {
   auto a = pattern(70000, 8);
   ASSERT_OK(put_and_close(small_options(d.sub("s")), "a", a));
   const std::string ro = d.sub("ro");
-  fs::create_directories(ro);
-  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{ro};
-  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0)
-      << std::strerror(errno);
+  ReadOnlyBind view(d.sub("s"), ro);
+  if (!view.mounted()) GTEST_SKIP() << "cannot bind-mount (" << std::strerror(view.error()) << ")";
+  ASSERT_EQ(view.remount_error(), 0) << std::strerror(view.remount_error());
   auto l = list_store(ro);
   ASSERT_OK(l);
   ASSERT_EQ(l->size(), 1u);
@@ -412,9 +430,7 @@ TEST(StoreValidation, ReadOnlyFilesystem) {
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
-    std::vector<uint8_t> out(a.size());
-    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-    EXPECT_EQ(out, a);
+    expect_reads_back(*s, "a", a);
     auto v = s->verify();
     ASSERT_OK(v);
     EXPECT_EQ(v->chunks, 1u);
@@ -437,22 +453,14 @@ TEST(StoreValidation, ReadOnlyFilesystemWhileAWriterHoldsTheWal) {
   ASSERT_OK(w->put_sync("a", a.data(), TensorDesc::bytes(a.size())));  // committed in the WAL
   ASSERT_TRUE(fs::exists(d.sub("s/catalog.db-wal")));
   const std::string ro = d.sub("ro");
-  fs::create_directories(ro);
-  if (::mount(d.sub("s").c_str(), ro.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-    GTEST_SKIP() << "cannot bind-mount (" << std::strerror(errno) << ")";
-  }
-  struct Unmount {
-    std::string p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } um{ro};
-  ASSERT_EQ(::mount(nullptr, ro.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0);
+  ReadOnlyBind view(d.sub("s"), ro);
+  if (!view.mounted()) GTEST_SKIP() << "cannot bind-mount (" << std::strerror(view.error()) << ")";
+  ASSERT_EQ(view.remount_error(), 0) << std::strerror(view.remount_error());
   auto o = small_options(ro);
   o.read_only = true;
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
-  std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
+  expect_reads_back(*s, "a", a);
 }
 
 // ---------------------------------------------------------------- 5. deleted catalog
@@ -531,9 +539,7 @@ TEST(StoreValidation, AnEmptyCatalogFileIsNotMadeIntoAStoreWithoutCreate) {
   ASSERT_OK(put_and_close(small_options(d.path()), "a", a));
   auto s = open_or_die(small_options(d.path()));
   ASSERT_TRUE(s);
-  std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
+  expect_reads_back(*s, "a", a);
 }
 
 TEST(StoreValidation, CloseThatCannotWriteBackKeepsTheStoreOpen) {
@@ -597,11 +603,8 @@ TEST(StoreValidation, AWriteBackThatFailsDoesNotStopTheOthers) {
   std::vector<std::string> keys;
   for (const auto& i : s->list()) keys.push_back(i.key);
   EXPECT_EQ(keys, (std::vector<std::string>{"a", "b"}));
-  std::vector<uint8_t> out(a.size());
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
-  EXPECT_EQ(out, a);
-  ASSERT_OK(s->get_bytes_sync("b", out.data(), out.size()));
-  EXPECT_EQ(out, b);
+  expect_reads_back(*s, "a", a);
+  expect_reads_back(*s, "b", b);
 }
 
 TEST(StoreValidation, CallsRacingCloseAndAfterItFailCleanly) {
@@ -705,13 +708,10 @@ TEST(StoreValidation, EmptyOrNulPathsAreInvalidArgument) {
 // ---------------------------------------------------------------- 7. ENOSPC gives space back
 
 TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
-  TempDir d;
-  const std::string mnt = d.sub("tiny");
-  fs::create_directories(mnt);
-  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=6m");
-  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 6m tmpfs needs CAP_SYS_ADMIN)";
-  auto o = small_options(d.sub("root"));
-  o.nvme_dirs = {mnt};
+  strata::testing::MountedDir tmpfs("tmpfs", 0, "size=6m", "tiny");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why();
+  const std::string& mnt = tmpfs.path();
+  auto o = small_options(tmpfs.parent().sub("root"), mnt);
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   auto small = pattern(1u << 20, 10);
@@ -727,9 +727,7 @@ TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
   // The space is usable again: 4 MiB fit where the failed put had grown the file.
   auto mid = pattern(4u << 20, 12);
   ASSERT_OK(s->put_sync("mid", mid.data(), TensorDesc::bytes(mid.size())));
-  std::vector<uint8_t> out(mid.size());
-  ASSERT_OK(s->get_bytes_sync("mid", out.data(), out.size()));
-  EXPECT_EQ(out, mid);
+  expect_reads_back(*s, "mid", mid);
 }
 
 TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
@@ -745,12 +743,7 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   const std::string data = data_file_in(d.path());
   ASSERT_FALSE(data.empty());
   ASSERT_EQ(fs::file_size(data), 4u << 20);
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    char c = static_cast<char>(x[100] ^ 0xff);
-    f.write(&c, 1);
-  }
+  write_byte(data, 100, static_cast<char>(x[100] ^ 0xff));
   uint8_t patch[100];
   std::memset(patch, 0x42, sizeof patch);
   Status st = s->write_range_sync("x", 10, sizeof patch, patch);
@@ -763,9 +756,7 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   EXPECT_TRUE(std::equal(tail.begin(), tail.end(), x.begin() + (1u << 20)));
   auto y = pattern(1u << 20, 22);
   ASSERT_OK(s->put_sync("y", y.data(), TensorDesc::bytes(y.size())));
-  std::vector<uint8_t> out(y.size());
-  ASSERT_OK(s->get_bytes_sync("y", out.data(), out.size()));
-  EXPECT_EQ(out, y);
+  expect_reads_back(*s, "y", y);
 }
 
 TEST(StoreValidation, FailedWriteRangeLeavesEveryChunkAsItWas) {
@@ -780,12 +771,8 @@ TEST(StoreValidation, FailedWriteRangeLeavesEveryChunkAsItWas) {
   ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
   const std::string data = data_file_in(d.path());
   ASSERT_FALSE(data.empty());
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp((3u << 20) + 700000);  // chunk 3, outside the range written below
-    char c = static_cast<char>(x[(3u << 20) + 700000] ^ 0xff);
-    f.write(&c, 1);
-  }
+  const uint64_t damaged = (3u << 20) + 700000;  // chunk 3, outside the range written below
+  write_byte(data, damaged, static_cast<char>(x[damaged] ^ 0xff));
   std::vector<uint8_t> patch((3u << 20) + 4096, 0x5a);
   Status st = s->write_range_sync("x", 0, patch.size(), patch.data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
@@ -828,11 +815,9 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   // one fails; removing an object must still commit (the catalog needs room for its WAL),
   // and the freed space must take new objects. Was: every later commit failed with
   // "database or disk is full", reopen included.
-  TempDir d;
-  const std::string mnt = d.sub("small");
-  fs::create_directories(mnt);
-  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=40m");
-  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 40m tmpfs needs CAP_SYS_ADMIN)";
+  strata::testing::MountedDir tmpfs("tmpfs", 0, "size=40m", "small");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why();
+  const std::string& mnt = tmpfs.path();
   auto o = small_options(mnt);
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
@@ -863,9 +848,7 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   ASSERT_TRUE(r);
   EXPECT_FALSE(r->contains("o0"));
   for (const std::string& k : {std::string("o1"), std::string("again")}) {
-    std::vector<uint8_t> out(obj.size());
-    ASSERT_OK(r->get_bytes_sync(k, out.data(), out.size()));
-    EXPECT_EQ(out, obj) << k;
+    expect_reads_back(*r, k, obj);
   }
   auto v = r->verify();
   ASSERT_TRUE(v.ok()) << v.status().to_string();
@@ -877,11 +860,9 @@ TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
   // Close a store, fill its file system to the last byte, reopen it (SQLite needs room to
   // open the catalog in WAL mode), and remove objects; a put that would grow the data file
   // into the released ballast's room must not take it: removes keep committing.
-  TempDir d;
-  const std::string mnt = d.sub("small");
-  fs::create_directories(mnt);
-  strata::testing::ScopedMount tmpfs(mnt, "tmpfs", 0, "size=40m");
-  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why() << " (a 40m tmpfs needs CAP_SYS_ADMIN)";
+  strata::testing::MountedDir tmpfs("tmpfs", 0, "size=40m", "small");
+  if (!tmpfs.ok()) GTEST_SKIP() << tmpfs.why();
+  const std::string& mnt = tmpfs.path();
   auto o = small_options(mnt);
   auto obj = pattern(4u << 20, 31);
   {
@@ -917,9 +898,7 @@ TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
   auto v = r->verify();
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_TRUE(v->errors.empty());
-  std::vector<uint8_t> out(obj.size());
-  ASSERT_OK(r->get_bytes_sync("o3", out.data(), out.size()));
-  EXPECT_EQ(out, obj);
+  expect_reads_back(*r, "o3", obj);
   EXPECT_TRUE(fs::exists(mnt + "/catalog.ballast"));  // recreated once there was room
 }
 
@@ -996,9 +975,7 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   auto info = r->stat("created-later");
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->nbytes, 5000u);
-  std::vector<uint8_t> cout(c.size());
-  ASSERT_OK(r->get_bytes_sync("created-later", cout.data(), cout.size()));
-  EXPECT_EQ(cout, c);
+  expect_reads_back(*r, "created-later", c);
   PutOptions po;
   po.overwrite = true;
   ASSERT_OK(w->put("created-later", c.data(), TensorDesc::bytes(4000), po).result().status());

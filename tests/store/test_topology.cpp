@@ -21,9 +21,7 @@
 namespace strata {
 namespace {
 
-// This file's directory (CMake compiles globbed sources by absolute path).
-const std::string kHere = std::filesystem::path(__FILE__).parent_path().string();
-const std::string kXml = kHere + "/data/two_socket_gpu_nvme.xml";
+const std::string kXml = std::string(STRATA_STORE_TEST_DATA) + "/two_socket_gpu_nvme.xml";
 
 std::vector<int> range(int lo, int hi) {  // [lo, hi)
   std::vector<int> v(hi - lo);
@@ -255,8 +253,14 @@ TEST(Topology, ThisMachine) {
   EXPECT_EQ(cpus, static_cast<size_t>(topo->num_pus()));
   // GPUs: one per CUDA device (none on a machine without a GPU).
   EXPECT_EQ(topo->gpus().size(), static_cast<size_t>(gpu_count()));
+  // Each GPU's node is the kernel's (its PCI device's numa_node in sysfs); where the kernel
+  // does not say (-1), the only node of a one-node machine, else unknown (-1).
   for (const auto& g : topo->gpus()) {
-    EXPECT_GE(g.numa_node, topo->numa_nodes().size() == 1 ? 0 : -1) << g.pci_bus_id;
+    long kernel_node = -1;
+    std::ifstream("/sys/bus/pci/devices/" + g.pci_bus_id + "/numa_node") >> kernel_node;
+    const int one_node = topo->numa_nodes().size() == 1 ? topo->numa_nodes()[0].os_index : -1;
+    EXPECT_EQ(g.numa_node, kernel_node >= 0 ? static_cast<int>(kernel_node) : one_node)
+        << g.pci_bus_id;
   }
 }
 
@@ -293,7 +297,7 @@ TEST(Topology, BindThreadToNodeAndCpu) {
 TEST(Topology, PathOnBlockDevice) {
   auto topo = this_machine();
   ASSERT_TRUE(topo);
-  const std::string path = kHere;  // the source tree, on a disk
+  const std::string path = STRATA_STORE_TEST_DATA;  // the source tree, on a disk
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   auto info = topo->path_info(path);
@@ -329,7 +333,7 @@ TEST(Topology, PathOnBlockDevice) {
   }
 
   // A regular file on the same device reports the same device and statx values.
-  auto file_info = topo->path_info(path + "/test_topology.cpp");
+  auto file_info = topo->path_info(path + "/two_socket_gpu_nvme.xml");
   ASSERT_TRUE(file_info.ok());
   EXPECT_EQ(file_info->device->name, info->device->name);
   EXPECT_EQ(file_info->dio_from_statx, info->dio_from_statx);

@@ -47,7 +47,14 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
         o->version < 1)
       return invalid("options not initialized with STRATA_OPTIMIZER_OPTIONS_INIT");
     const std::string name = o->optimizer ? o->optimizer : "adamw";
-    auto factory = so::builtin_rule_factory(name);
+    const bool has_arithmetic =
+        o->struct_size >= offsetof(strata_optimizer_options_t, arithmetic) + sizeof(const char*);
+    const std::string arithmetic =
+        has_arithmetic && o->arithmetic != nullptr ? o->arithmetic : "simd";
+    if (arithmetic != "simd" && arithmetic != "torch")
+      return invalid("arithmetic must be \"simd\" or \"torch\", got \"" + arithmetic + "\"");
+    auto factory = arithmetic == "torch" ? so::torch_exact_rule_factory(name)
+                                         : so::builtin_rule_factory(name);
     if (!factory.ok()) return set_error(factory.status());
     so::Hyperparams hp;
     const std::pair<const char*, double> doubles[] = {{"lr", o->lr},

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <pybind11/pybind11.h>
+// The STL casters (std::optional, std::vector, std::map, ...) in every binding file alike:
+// a caster seen by one file and not another would be an ODR violation.
+#include <pybind11/stl.h>
 
 #include <exception>
 #include <string>
@@ -33,7 +36,12 @@ T check(Result<T> r) {
   return std::move(r).value();
 }
 
-/// Registers the exception translator (call once from the module init).
+/// The strata.Error subclass instance for an error Status (strata._errors._from_status),
+/// not raised. Needs the GIL; Python errors of the import propagate as error_already_set.
+pybind11::object exception_of(const Status& s);
+
+/// Registers the translator that raises exception_of(status) for a StatusError escaping a
+/// binding (call once from the module init).
 void register_errors(pybind11::module_& m);
 
 }  // namespace strata::py_bindings

@@ -82,30 +82,19 @@ DType dtype_from_format(const std::string& format, ssize_t itemsize) {
       "int64, uint8 and bool (pass dtype='bf16' for a 16-bit array holding bfloat16)");
 }
 
+/// The DLPack type code of `t`: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
+uint8_t dlpack_code(DType t) {
+  if (t == DType::kBool) return 6;
+  if (t == DType::kBFloat16) return 4;
+  if (dtype_is_floating(t)) return 2;
+  return t == DType::kUInt8 ? 1 : 0;
+}
+
 DType dtype_from_dlpack(const DLDataType& t) {
   if (t.lanes != 1) bad("DLPack tensors with lanes != 1 are not supported");
-  switch (t.code) {
-    case 0:
-      if (t.bits == 8) return DType::kInt8;
-      if (t.bits == 16) return DType::kInt16;
-      if (t.bits == 32) return DType::kInt32;
-      if (t.bits == 64) return DType::kInt64;
-      break;
-    case 1:
-      if (t.bits == 8) return DType::kUInt8;
-      break;
-    case 2:
-      if (t.bits == 16) return DType::kFloat16;
-      if (t.bits == 32) return DType::kFloat32;
-      if (t.bits == 64) return DType::kFloat64;
-      break;
-    case 4:
-      if (t.bits == 16) return DType::kBFloat16;
-      break;
-    case 6:
-      if (t.bits == 8) return DType::kBool;
-      break;
-    default: break;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const auto d = static_cast<DType>(i);
+    if (dlpack_code(d) == t.code && dtype_size(d) * 8 == t.bits) return d;
   }
   bad("unsupported DLPack dtype (code " + std::to_string(t.code) + ", " +
       std::to_string(t.bits) + " bits)");
@@ -130,20 +119,10 @@ void finish(TensorRef& r) {
 
 }  // namespace
 
-const char* numpy_dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "uint16";
-    case DType::kFloat64: return "float64";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
-    case DType::kBool: return "bool";
-  }
-  return "uint8";
+std::string numpy_dtype_name(DType t) {
+  if (t == DType::kBFloat16) return "uint16";  // numpy has no bfloat16: its bits
+  if (t == DType::kBool || t == DType::kUInt8) return std::string(dtype_name(t));
+  return (dtype_is_floating(t) ? "float" : "int") + std::to_string(dtype_size(t) * 8);
 }
 
 TensorRef view_tensor(const py::handle& obj_in, bool writable,

@@ -39,7 +39,8 @@ struct TensorRef {
 TensorRef view_tensor(const py::handle& obj, bool writable,
                       const std::optional<std::string>& dtype_override);
 
-/// The numpy dtype name of a strata dtype ("float32", ..., bf16 -> "uint16").
-const char* numpy_dtype_name(DType t);
+/// The numpy dtype name of a strata dtype ("float32", "int64", "bool", ...; bf16, which
+/// numpy lacks, -> "uint16", its bits).
+std::string numpy_dtype_name(DType t);
 
 }  // namespace strata::py_bindings

@@ -57,94 +57,44 @@ class _OSErrorMixin(Error):
         return f"{self.code}: {self.message}{suffix}"
 
 
-class InvalidArgumentError(Error, ValueError):
-    code = "InvalidArgument"
-
-
-class NotFoundError(Error, KeyError):
-    code = "NotFound"
-
-
-class AlreadyExistsError(Error, KeyError):
-    code = "AlreadyExists"
-
-
-class OutOfRangeError(Error, ValueError):
-    code = "OutOfRange"
-
-
-class ResourceExhaustedError(Error, MemoryError):
-    code = "ResourceExhausted"
-
-
-class FailedPreconditionError(Error):
-    code = "FailedPrecondition"
-
-
-class DataLossError(_OSErrorMixin, OSError):
-    code = "DataLoss"
-
-
-class UnavailableError(Error):
-    code = "Unavailable"
-
-
-class IoError(_OSErrorMixin, OSError):
-    code = "IoError"
-
-
-class DeadlineExceededError(Error, TimeoutError):
-    code = "DeadlineExceeded"
-
-
-class CancelledError(Error):
-    code = "Cancelled"
-
-
-class UnimplementedError(Error, NotImplementedError):
-    code = "Unimplemented"
-
-
-class InternalError(Error):
-    code = "Internal"
-
-
-class PermissionDeniedError(_OSErrorMixin, PermissionError):
-    code = "PermissionDenied"
-
-
-# Index = strata::StatusCode value (base/include/strata/base/status.hpp).
-_BY_CODE = [
-    None,
-    InvalidArgumentError,
-    NotFoundError,
-    AlreadyExistsError,
-    OutOfRangeError,
-    ResourceExhaustedError,
-    FailedPreconditionError,
-    DataLossError,
-    UnavailableError,
-    IoError,
-    DeadlineExceededError,
-    CancelledError,
-    UnimplementedError,
-    InternalError,
-    PermissionDeniedError,
-]
-
-
 def _errno_of(self: Error) -> int:
     return self._strata_errno
 
 
 # `errno` is a read-only view for the non-OSError classes (OSError has its own attribute).
 Error.errno = property(_errno_of)  # type: ignore[assignment]
-for _cls in (DataLossError, IoError, PermissionDeniedError):
-    # OSError's C-level errno wins through the MRO only if we drop the property there.
-    _cls.errno = OSError.errno  # type: ignore[attr-defined]
+
+
+def _define(code: str, *also: type) -> type:
+    """The strata.Error subclass of StatusCode ``code`` that is also each of ``also``:
+    ``<code>Error`` (``IoError`` for IoError), an OSError one through _OSErrorMixin."""
+    os_error = any(issubclass(b, OSError) for b in also)
+    name = code if code.endswith("Error") else code + "Error"
+    cls = type(name, (_OSErrorMixin if os_error else Error, *also),
+               {"code": code, "__module__": __name__, "__qualname__": name,
+                "__doc__": f"strata StatusCode {code}."})
+    if os_error:
+        # OSError's C-level errno wins through the MRO only if we drop the property there.
+        cls.errno = OSError.errno  # type: ignore[attr-defined]
+    return cls
+
+
+# (StatusCode name, built-in exceptions it also is), in StatusCode order
+# (base/include/strata/base/status.hpp): entry i has code value i + 1. The table above.
+_TABLE = (
+    ("InvalidArgument", ValueError), ("NotFound", KeyError), ("AlreadyExists", KeyError),
+    ("OutOfRange", ValueError), ("ResourceExhausted", MemoryError), ("FailedPrecondition",),
+    ("DataLoss", OSError), ("Unavailable",), ("IoError", OSError),
+    ("DeadlineExceeded", TimeoutError), ("Cancelled",), ("Unimplemented", NotImplementedError),
+    ("Internal",), ("PermissionDenied", PermissionError),
+)
+# Index = strata::StatusCode value.
+_BY_CODE = [None] + [_define(code, *also) for code, *also in _TABLE]
+globals().update((cls.__name__, cls) for cls in _BY_CODE[1:])
+__all__ = ["Error"] + [cls.__name__ for cls in _BY_CODE[1:]]
 
 
 def _from_status(code: int, message: str, errno: int) -> Error:
     """Builds the exception for a strata::Status (called by the C++ translator)."""
-    cls = _BY_CODE[code] if 0 < code < len(_BY_CODE) else InternalError
+    cls = _BY_CODE[code] if 0 < code < len(_BY_CODE) else globals()["InternalError"]
     return cls(message, errno)

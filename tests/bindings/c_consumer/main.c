@@ -33,6 +33,17 @@ static int failures = 0;
     }                                                                         \
   } while (0)
 
+/* Sets `o` for the store at `dir`: `host_mib` MiB of host tier, `staging_mib` MiB of staging
+ * buffers, 1 MiB chunks and `workers` pool threads (0: the default). */
+static void set_store_options(strata_store_options_t* o, const char* dir, uint64_t host_mib,
+                              uint64_t staging_mib, int workers) {
+  o->path = dir;
+  o->host_budget_bytes = host_mib << 20;
+  o->staging_bytes = staging_mib << 20;
+  o->chunk_bytes = 1u << 20;
+  if (workers > 0) o->worker_threads = workers;
+}
+
 static void test_store(const char* dir) {
   strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
   strata_store_t* store = NULL;
@@ -56,11 +67,7 @@ static void test_store(const char* dir) {
   EXPECT(store == NULL);
   EXPECT(strstr(strata_last_error(), "path") != NULL);
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
-  o.worker_threads = 2;
+  set_store_options(&o, dir, 64, 16, 2);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
 
@@ -151,11 +158,7 @@ static void test_damage(const char* dir) {
   const char* want = "object 'b' chunks hold 24 bytes, expected 18446744073709551600";
 
   EXPECT(info.struct_size == sizeof(strata_object_info_t) && info.damaged == 0);
-  o.path = dir;
-  o.host_budget_bytes = 16u << 20;
-  o.staging_bytes = 4u << 20;
-  o.chunk_bytes = 1u << 20;
-  o.worker_threads = 1;
+  set_store_options(&o, dir, 16, 4, 1);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
   EXPECT_RC(strata_store_put(store, "a", a, STRATA_FLOAT32, 1, sa, STRATA_TIER_NVME, 0), STRATA_OK);
@@ -222,6 +225,85 @@ static void adamw_ref(double* p, double* m, double* v, const float* g, int n, in
   }
 }
 
+/* torch.optim.AdamW's fp32 sequence (torch 1.13 `_single_tensor_adamw`): the arithmetic of
+ * strata's "torch" option, which must match it bit for bit. Only the explicit fmaf are fused
+ * (ISO C contracts nothing else). */
+static void adamw_torch_ref(float* p, float* m, float* v, const float* g, int n, int step,
+                            double lr, double b1, double b2, double eps, double wd) {
+  const double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
+  const float decay = (float)(1.0 - lr * wd), fb1 = (float)b1, omb1 = (float)(1.0 - b1);
+  const float fb2 = (float)b2, omb2 = (float)(1.0 - b2), bc2s = (float)sqrt(bc2);
+  const float feps = (float)eps, neg_ss = (float)(-(lr / bc1));
+  int i;
+  for (i = 0; i < n; ++i) {
+    float den;
+    p[i] = p[i] * decay;
+    m[i] = fmaf(g[i], omb1, m[i] * fb1);
+    v[i] = fmaf(omb2 * g[i], g[i], v[i] * fb2);
+    den = sqrtf(v[i]) / bc2s + feps;
+    p[i] = p[i] + (neg_ss * m[i]) / den;
+  }
+}
+
+/* arithmetic = "torch": bit-identical to torch's sequence; bad values refused; a struct from
+ * a version-2 header (no arithmetic field) gets the default. */
+static void test_optimizer_torch_arithmetic(const char* dir) {
+  enum { N = 3000 };
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  strata_optimizer_t* opt = NULL;
+  static float p[N], m[N], v[N], g[N], out[N];
+  uint32_t h = 99;
+  int i, s, same = 1;
+
+  o.path = dir;
+  o.host_budget_bytes = 64u << 20;
+  o.staging_bytes = 16u << 20;
+  o.chunk_bytes = 1u << 20;
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+  EXPECT(oo.arithmetic == NULL);
+  oo.optimizer = "sgd";
+  oo.arithmetic = "torch";
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_ERR_INVALID_ARGUMENT);
+  oo.optimizer = "adamw";
+  oo.arithmetic = "fast";
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(strata_last_error(), "arithmetic") != NULL);
+  /* A version-2 struct ends before `arithmetic`: the bad value there is not read. */
+  oo.struct_size = offsetof(strata_optimizer_options_t, arithmetic);
+  oo.key_prefix = "v2/";
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_OK);
+  strata_optimizer_free(opt);
+  opt = NULL;
+  oo.struct_size = sizeof oo;
+  oo.key_prefix = "torch/";
+  oo.arithmetic = "torch";
+  oo.lr = 0.01;
+  oo.weight_decay = 0.1;
+  oo.sub_group_numel = 1000;
+  oo.num_threads = 2;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_OK);
+  if (opt == NULL) return;
+  for (i = 0; i < N; ++i) {
+    p[i] = (float)((i % 89) - 44) / 40.0f;
+    m[i] = v[i] = 0.0f;
+  }
+  EXPECT_RC(strata_optimizer_add_param(opt, "w", N, p, STRATA_PLACEMENT_NVME, &h), STRATA_OK);
+  for (s = 1; s <= 4; ++s) {
+    for (i = 0; i < N; ++i) g[i] = (float)(((i * 37 + s * 11) % 103) - 51) / 97.0f;
+    EXPECT_RC(strata_optimizer_set_grad(opt, h, g, STRATA_FLOAT32), STRATA_OK);
+    EXPECT_RC(strata_optimizer_step(opt, 0.0, 1.0f, NULL), STRATA_OK);
+    adamw_torch_ref(p, m, v, g, N, s, 0.01, 0.9, 0.999, 1e-8, 0.1);
+  }
+  EXPECT_RC(strata_optimizer_read_param(opt, h, out, 0, N), STRATA_OK);
+  for (i = 0; i < N; ++i) same &= memcmp(&out[i], &p[i], sizeof(float)) == 0;
+  EXPECT(same);
+  strata_optimizer_free(opt);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
 static void test_optimizer(const char* dir) {
   enum { N = 5000 };
   strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
@@ -236,10 +318,7 @@ static void test_optimizer(const char* dir) {
   int i, s;
   double maxdiff = 0.0;
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
+  set_store_options(&o, dir, 64, 16, 0);
   EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
   if (store == NULL) return;
   oo.optimizer = "adamw";
@@ -345,6 +424,8 @@ int main(void) {
   test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);
   test_optimizer(sub);
+  snprintf(sub, sizeof sub, "%s/optim-torch", tmpl);
+  test_optimizer_torch_arithmetic(sub);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

@@ -7,10 +7,14 @@
 #include "strata/base/future.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/io_engine.hpp"
+#include "strata/store/partitioned.hpp"
 
 int main() {
   auto size = strata::parse_size("4KiB");
   if (!size.ok() || *size != 4096) return 1;
+  // Partitioned objects are part of the store (and need no communicator backend).
+  auto layout = strata::partition_layout(10, 4);
+  if (!layout.ok() || layout->chunk_numel != 3 || layout->owned_numel(3) != 1) return 1;
   // Real I/O through the installed engine: write and read back 4097 bytes.
   strata::IoEngineOptions opts;
   auto engine = strata::IoEngine::create(opts);

@@ -3,10 +3,11 @@
 //
 //   optim_driver --optimizer adam --numel N --steps S --params p.bin --grads g.bin
 //                --out out.bin [hyperparameters] [--grad-dtype fp32|fp16|bf16]
-//                [--threads T] [--chunks K]
+//                [--threads T] [--chunks K] [--arithmetic simd|torch]
 // p.bin: N fp32; g.bin: S*N gradients of --grad-dtype (step-major); out.bin: the N final
 // fp32 params followed by each state stream (N fp32 each, in rule.state_name() order).
 // --chunks K updates each step in K sub-groups (apply_update per chunk, one step count).
+// --arithmetic torch (adam, adamw): make_torch_exact_adam instead of the SIMD make_adam.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -16,7 +17,7 @@
 
 #include "strata/base/dtype.hpp"
 #include "strata/optimizer/optimizers.hpp"
-#include "strata/optimizer/thread_pool.hpp"
+#include "strata/base/thread_pool.hpp"
 #include "strata/optimizer/update.hpp"
 
 namespace opt = strata::optimizer;
@@ -37,6 +38,7 @@ bool read_file(const std::string& path, void* dst, size_t nbytes) {
 int main(int argc, char** argv) {
   CLI::App app{"strata optimizer test driver"};
   std::string optimizer = "adam", params_path, grads_path, out_path, grad_dtype = "fp32";
+  std::string arithmetic = "simd";
   size_t numel = 0;
   int steps = 1, threads = 1, chunks = 1;
   opt::AdamOptions adam;
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--grad-dtype", grad_dtype);
   app.add_option("--threads", threads);
   app.add_option("--chunks", chunks);
+  app.add_option("--arithmetic", arithmetic)->check(CLI::IsMember({"simd", "torch"}));
   app.add_option("--lr", lr);
   app.add_option("--weight-decay", weight_decay);
   app.add_option("--eps", eps);
@@ -79,7 +82,10 @@ int main(int argc, char** argv) {
     set(beta1, adam.beta1);
     set(beta2, adam.beta2);
     adam.maximize = maximize;
-    rule = optimizer == "adam" ? opt::make_adam(adam) : opt::make_adamw(adam);
+    adam.decoupled_weight_decay = optimizer == "adamw";
+    rule = arithmetic == "torch" ? opt::make_torch_exact_adam(adam) : opt::make_adam(adam);
+  } else if (arithmetic == "torch") {
+    rule = strata::invalid_argument("--arithmetic torch is for adam and adamw");
   } else if (optimizer == "adagrad") {
     set(lr, adagrad.lr);
     set(weight_decay, adagrad.weight_decay);
@@ -115,7 +121,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> st(ns, std::vector<float>(numel));
   if (!read_file(params_path, p.data(), numel * 4)) return 1;
   if (!read_file(grads_path, grads.data(), grads.size())) return 1;
-  auto pool = opt::ThreadPool::create({threads, -1});
+  auto pool = strata::ThreadPool::create(threads);
   if (!pool.ok()) {
     std::fprintf(stderr, "optim_driver: %s\n", pool.status().to_string().c_str());
     return 1;

@@ -43,8 +43,9 @@ extern "C" {
 #endif
 
 /** Version of this header's structs and functions.
- *  2: strata_object_info_t.damaged and strata_store_object_damage(). */
-#define STRATA_C_API_VERSION 2
+ *  2: strata_object_info_t.damaged and strata_store_object_damage().
+ *  3: strata_optimizer_options_t.arithmetic. */
+#define STRATA_C_API_VERSION 3
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -308,6 +309,12 @@ typedef struct strata_optimizer_options {
   uint64_t host_budget_bytes;
   /** Kernel threads, 0 = one per core. Default 0. */
   int num_threads;
+  /* ---- STRATA_C_API_VERSION 3 ---- */
+  /** Update arithmetic: NULL or "simd" (default): the vectorized kernels, each step within
+   *  1-2 ulp of torch.optim; "torch" (adam and adamw only): torch.optim.Adam / AdamW's exact
+   *  rounding, bit-identical to torch, slower. Either resumes the other's checkpoint. A
+   *  struct from an older header (smaller struct_size) gets the default. */
+  const char* arithmetic;
 } strata_optimizer_options_t;
 
 #define STRATA_OPTIMIZER_OPTIONS_INIT                                                       \
@@ -315,13 +322,14 @@ typedef struct strata_optimizer_options {
     sizeof(strata_optimizer_options_t), STRATA_C_API_VERSION, NULL, NULL,                   \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_INT, STRATA_UNDEF_U64, STRATA_UNDEF_INT,          \
-        STRATA_UNDEF_U64, STRATA_UNDEF_INT                                                  \
+        STRATA_UNDEF_U64, STRATA_UNDEF_INT, NULL                                            \
   }
 
 /** Creates an offloaded optimizer whose fp32 masters and states live in `store` (which must
  *  stay open until strata_optimizer_free). With `resume` = 1 the optimizer checkpointed
  *  under key_prefix is reopened instead (hyperparameters then come from the checkpoint).
- *  \error INVALID_ARGUMENT (bad option or hyperparameter); ALREADY_EXISTS (a checkpoint
+ *  \error INVALID_ARGUMENT (bad option or hyperparameter, an arithmetic other than "simd"
+ *      or "torch", "torch" for an optimizer other than adam/adamw); ALREADY_EXISTS (a checkpoint
  *      exists and resume = 0); NOT_FOUND (resume = 1 and none exists); RESOURCE_EXHAUSTED. */
 STRATA_C_API strata_status_t strata_optimizer_create(strata_store_t* store,
                                                      const strata_optimizer_options_t* options,

@@ -9,9 +9,11 @@
 #include "strata/base/status.hpp"
 #include "strata/base/dtype.hpp"
 
-namespace strata::optimizer {
+namespace strata {
+class ThreadPool;  // strata/base/thread_pool.hpp; the optimizer's: make_kernel_pool()
+}  // namespace strata
 
-class ThreadPool;
+namespace strata::optimizer {
 
 /// A read-only view of `numel` gradient elements of type `type` (kFloat32, kFloat16 or
 /// kBFloat16) in host memory. No alignment required.

@@ -86,6 +86,13 @@ using RuleFactory = std::function<Result<std::unique_ptr<UpdateRule>>(const Hype
 /// \error InvalidArgument for an unknown optimizer name.
 Result<RuleFactory> builtin_rule_factory(std::string_view optimizer);
 
+/// As builtin_rule_factory("adam" / "adamw"), but the rules are make_torch_exact_adam's:
+/// bit-identical to torch.optim.Adam / AdamW (scalar, slower than the SIMD rules). Same
+/// hyperparameters, defaults and checks; same rule names, so a checkpoint made with either
+/// factory resumes with the other.
+/// \error InvalidArgument for any other optimizer name.
+Result<RuleFactory> torch_exact_rule_factory(std::string_view optimizer);
+
 /// torch.optim's defaults of a built-in optimizer, every key it accepts (e.g. adamw:
 /// lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 1e-2, amsgrad 0, maximize 0).
 /// \error InvalidArgument for an unknown optimizer name.
@@ -127,10 +134,13 @@ struct OffloadOptions {
   /// Explicit kHost placements count too but are never refused. Default 0 (all kAuto
   /// tensors go to NVMe).
   uint64_t host_budget_bytes = 0;
-  /// Worker threads of the update kernel (ThreadPoolOptions::num_threads). 0 = one per core
-  /// of numa_node. Default 0.
+  /// Worker threads of the update kernel (KernelPoolOptions::num_threads). 0 = one per
+  /// core of numa_node. Default 0.
   int num_threads = 0;
-  /// NUMA node for the kernel threads (hwloc logical index), -1 = unbound. Default -1.
+  /// NUMA node of the kernel threads and of the pinned pipeline memory: a kernel node
+  /// number (the store's Topology os_index, as StoreOptions::numa_node and numactl), -1 =
+  /// unbound. With a foreign topology (HWLOC_XMLFILE / HWLOC_SYNTHETIC) the targets are
+  /// taken from it but nothing is bound (see placement()). Default -1.
   int numa_node = -1;
   /// open(): re-read every NVMe chunk of the store and check its checksum
   /// (Store::verify()) before restoring; any bad chunk fails open() with DataLoss.
@@ -153,6 +163,19 @@ struct ParamInfo {
   int group = 0;                           ///< param group index
   int64_t step = 0;                        ///< the tensor's step counter (torch state["step"])
   bool has_grad = false;                   ///< a gradient is attached
+};
+
+/// Where an optimizer put its kernel threads and its pinned pipeline memory (placement()):
+/// both target OffloadOptions::numa_node of the store's Topology (Topology::system()).
+struct OffloadPlacement {
+  int numa_node = -1;  ///< OffloadOptions::numa_node, -1 = none
+  /// The kernel threads' binding target: the node's CPUs (kernel CPU numbers, ascending);
+  /// empty when numa_node is -1 (or the topology lacks the node).
+  std::vector<int> thread_cpus;
+  /// The pinned slots' binding target (numa_node when set), -1 = none.
+  int memory_node = -1;
+  bool threads_bound = false;  ///< every kernel thread is bound to thread_cpus
+  bool memory_bound = false;   ///< the pinned slots' pages are bound to memory_node
 };
 
 /// Per-call options of step().
@@ -338,6 +361,8 @@ class OffloadedOptimizer {
   uint64_t pinned_bytes() const;
   /// Bytes of DRAM held by host-tier tensors (masters + states).
   uint64_t host_bytes() const;
+  /// Where the kernel threads and the pinned slots went (fixed at create()/open()).
+  const OffloadPlacement& placement() const;
   const std::shared_ptr<Store>& store() const;
 
   struct Impl;

@@ -81,6 +81,15 @@ Result<std::unique_ptr<UpdateRule>> make_adam(const AdamOptions& options);
 /// make_adam with decoupled_weight_decay forced to true (AdamW). Note torch.optim.AdamW's
 /// default weight_decay is kAdamWDefaultWeightDecay (1e-2), AdamOptions' is 0: set it.
 Result<std::unique_ptr<UpdateRule>> make_adamw(AdamOptions options);
+/// Adam / AdamW (options.decoupled_weight_decay) with torch.optim's exact rounding: the
+/// same formulas as make_adam, computed in torch 1.13's order of fp32 operations
+/// (`_single_tensor_adam(w)`), so a step is bit-identical to torch.optim.Adam / AdamW on
+/// contiguous fp32 CPU tensors (make_adam's SIMD kernel is within 1-2 ulp per step). Scalar
+/// code: several times slower than make_adam. Its name() and state names are make_adam's,
+/// so a checkpoint resumes with either arithmetic.
+/// \error InvalidArgument as make_adam.
+/// \threadsafety as every UpdateRule (immutable; update() concurrent on disjoint spans).
+Result<std::unique_ptr<UpdateRule>> make_torch_exact_adam(const AdamOptions& options);
 Result<std::unique_ptr<UpdateRule>> make_adagrad(const AdagradOptions& options);
 Result<std::unique_ptr<UpdateRule>> make_sgd(const SgdOptions& options);
 Result<std::unique_ptr<UpdateRule>> make_lion(const LionOptions& options);

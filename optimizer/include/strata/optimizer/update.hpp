@@ -24,9 +24,11 @@
 #include "strata/base/status.hpp"
 #include "strata/base/dtype.hpp"
 
-namespace strata::optimizer {
+namespace strata {
+class ThreadPool;  // strata/base/thread_pool.hpp; the optimizer's: make_kernel_pool()
+}  // namespace strata
 
-class ThreadPool;
+namespace strata::optimizer {
 
 /// Most state streams a rule may have (Adam with amsgrad has 3).
 inline constexpr int kMaxStateStreams = 4;

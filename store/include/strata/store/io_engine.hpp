@@ -122,25 +122,4 @@ class IoEngine {
 Status check_distinct_directories(const std::vector<std::string>& dirs,
                                   const std::function<std::string(size_t)>& label);
 
-/// One logical extent striped RAID-0 over files in several directories (one per device):
-/// stripe unit u, k files; logical byte x lives in file (x / u) % k at offset
-/// (x / u / k) * u + x % u. Reads and writes drive all files in parallel.
-class StripedFile {
- public:
-  /// Opens (or creates) `name` inside each of `dirs`.
-  /// \error InvalidArgument if dirs is empty, names one directory twice
-  ///     (check_distinct_directories), or stripe_unit is 0 or not a multiple of 4096;
-  ///     NotFound naming a missing directory.
-  static Result<std::shared_ptr<StripedFile>> open(std::shared_ptr<IoEngine> engine,
-                                                   const std::vector<std::string>& dirs,
-                                                   const std::string& name, OpenMode mode,
-                                                   uint64_t stripe_unit = 1ull << 20);
-  virtual ~StripedFile() = default;
-  virtual Future<uint64_t> read(void* dst, uint64_t nbytes, uint64_t offset) = 0;
-  virtual Future<uint64_t> write(const void* src, uint64_t nbytes, uint64_t offset) = 0;
-  virtual Future<void> sync() = 0;
-  virtual uint64_t stripe_unit() const = 0;
-  virtual const std::vector<std::shared_ptr<IoFile>>& files() const = 0;
-};
-
 }  // namespace strata

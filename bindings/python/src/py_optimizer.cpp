@@ -1,0 +1,383 @@
+#include "py_optimizer.hpp"
+
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "errors.hpp"
+#include "py_convert.hpp"
+#include "py_futures.hpp"
+#include "py_store.hpp"
+#include "strata/optimizer/offload.hpp"
+#include "tensor_ref.hpp"
+
+namespace strata::py_bindings {
+
+Result<optimizer::RuleFactory> torch_exact_rule_factory(const std::string& optimizer);
+
+namespace {
+
+using namespace pybind11::literals;
+
+/// A dict of hyperparameters: keys are str()-ed; values are anything float() accepts without
+/// parsing text (int, float, bool, numpy scalars, 0-d tensors). Strings and ints beyond
+/// double range are InvalidArgument (ValueError) naming the key.
+optimizer::Hyperparams to_hyperparams(const py::dict& d) {
+  optimizer::Hyperparams hp;
+  for (auto kv : d) {
+    const std::string k = py::str(kv.first);
+    if (py::isinstance<py::bool_>(kv.second)) {
+      hp[k] = kv.second.cast<bool>() ? 1.0 : 0.0;
+      continue;
+    }
+    const bool text = py::isinstance<py::str>(kv.second) || py::isinstance<py::bytes>(kv.second);
+    const double x = text ? -1.0 : PyFloat_AsDouble(kv.second.ptr());
+    if (text || (x == -1.0 && PyErr_Occurred())) {
+      PyErr_Clear();
+      throw StatusError(invalid_argument(
+          "hyperparameter '" + k + "' must be a number (int, float or bool), got " +
+          type_name(kv.second) + " " + std::string(py::repr(kv.second))));
+    }
+    hp[k] = x;
+  }
+  return hp;
+}
+
+py::dict from_hyperparams(const optimizer::Hyperparams& hp) {
+  py::dict d;
+  for (const auto& [k, v] : hp) d[py::str(k)] = v;
+  return d;
+}
+
+/// None when built-in rule `optimizer` accepts `hyperparams` (absent keys at their
+/// defaults); else (key, message): `message` is the rule's InvalidArgument message and `key`
+/// the hyperparameter it refuses -- the first, in key order, whose value alone (the others at
+/// their defaults) the rule refuses with the same message -- or None when no single key is
+/// to blame. Calls the rule's own checks (optimizer/src/optimizers.cpp), so Python repeats
+/// none of them.
+/// \error InvalidArgument for an unknown optimizer or a non-number value (to_hyperparams).
+py::object hyperparams_refusal(const std::string& optimizer, const py::dict& hyperparams) {
+  auto factory = check(optimizer::builtin_rule_factory(optimizer));
+  const optimizer::Hyperparams hp = to_hyperparams(hyperparams);
+  auto rule = factory(hp);
+  if (rule.ok()) return py::none();
+  const std::string message = rule.status().message();
+  for (const auto& [k, v] : hp) {
+    auto alone = factory(optimizer::Hyperparams{{k, v}});
+    if (!alone.ok() && alone.status().message() == message) return py::make_tuple(k, message);
+  }
+  return py::make_tuple(py::none(), message);
+}
+
+optimizer::Placement to_placement(const std::string& s) {
+  if (s == "auto") return optimizer::Placement::kAuto;
+  if (s == "host") return optimizer::Placement::kHost;
+  if (s == "nvme") return optimizer::Placement::kNvme;
+  throw StatusError(invalid_argument("placement must be 'auto', 'host' or 'nvme', got '" + s +
+                                     "'"));
+}
+
+py::dict stats_dict(const optimizer::StepStats &s) {
+  return py::dict(
+      "skipped"_a = s.skipped, "grad_norm"_a = s.grad_norm,
+      "clip_coef"_a = s.clip_coef, "tensors_updated"_a = s.tensors_updated,
+      "numel_updated"_a = s.numel_updated, "bytes_read"_a = s.bytes_read,
+      "bytes_written"_a = s.bytes_written, "seconds"_a = s.seconds,
+      "compute_seconds"_a = s.compute_seconds,
+      "io_wait_seconds"_a = s.io_wait_seconds);
+}
+
+struct StepFutureImpl : FutureImplOf<optimizer::StepStats> {
+  using FutureImplOf<optimizer::StepStats>::FutureImplOf;
+  py::object value() const override { return stats_dict(*f.result()); }
+};
+
+optimizer::StepOptions step_options(double max_grad_norm, float grad_scale,
+                                    bool skip_if_nonfinite) {
+  optimizer::StepOptions so;
+  so.max_grad_norm = max_grad_norm;
+  so.grad_scale = grad_scale;
+  so.skip_if_nonfinite = skip_if_nonfinite;
+  return so;
+}
+
+/// A state stream index (>= 0; the upper bound is the optimizer's check).
+int state_stream(int stream) {
+  if (stream < 0) throw StatusError(out_of_range("state stream must be >= 0"));
+  return stream;
+}
+
+/// One OffloadedOptimizer with the gradient and parameter-copy arrays attached to it.
+/// Methods need the GIL and release it around steps, reads, writes and checkpoints.
+class PyOptimizer {
+ public:
+  static std::unique_ptr<PyOptimizer> make(PyStore& store, const std::string& optimizer_name,
+                                           const py::dict& hyperparams, bool resume,
+                                           const std::string& key_prefix,
+                                           uint64_t sub_group_numel, int num_buffers,
+                                           py::object pinned_budget, py::object host_budget,
+                                           const std::string& default_placement,
+                                           int num_threads, bool verify_on_open,
+                                           const std::string& arithmetic) {
+    optimizer::OffloadOptions o;
+    o.key_prefix = key_prefix;
+    o.sub_group_numel = sub_group_numel;
+    o.num_buffers = num_buffers;
+    if (!pinned_budget.is_none()) o.pinned_budget_bytes = to_size(pinned_budget, "pinned_budget");
+    if (!host_budget.is_none()) o.host_budget_bytes = to_size(host_budget, "host_budget");
+    o.default_placement = to_placement(default_placement);
+    o.num_threads = num_threads;
+    o.verify_on_open = verify_on_open;
+    if (arithmetic != "simd" && arithmetic != "torch")
+      throw StatusError(invalid_argument("arithmetic must be 'simd' or 'torch', got '" +
+                                         arithmetic + "'"));
+    auto factory = check(arithmetic == "torch" ? torch_exact_rule_factory(optimizer_name)
+                                               : optimizer::builtin_rule_factory(optimizer_name));
+    auto hp = to_hyperparams(hyperparams);
+    auto shared = store.shared();
+    auto r = release_gil([&] {
+      return resume ? optimizer::OffloadedOptimizer::open(shared, factory, o)
+                    : optimizer::OffloadedOptimizer::create(shared, factory, hp, o);
+    });
+    auto p = std::make_unique<PyOptimizer>();
+    p->opt_ = check(std::move(r));
+    return p;
+  }
+
+  ~PyOptimizer() { close(); }
+
+  /// \error FailedPrecondition once closed.
+  optimizer::OffloadedOptimizer& o() {
+    if (!opt_) throw StatusError(failed_precondition("the optimizer is closed"));
+    return *opt_;
+  }
+
+  /// Releases the optimizer (waits for an in-flight step, GIL released). Idempotent.
+  void close() {
+    if (!opt_) return;
+    py::gil_scoped_release nogil;
+    opt_.reset();
+  }
+
+  uint32_t add_param(const std::string& name, uint64_t numel, py::object init, int group,
+                     const std::string& placement) {
+    // The fp32 master and each state stream take numel * 4 bytes; byte sizes and file
+    // offsets are int64 (off_t) in the store, so numel * 4 must stay <= 2^63 - 1.
+    constexpr uint64_t kMaxNumel = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) /
+                                   sizeof(float);
+    if (numel > kMaxNumel)
+      throw StatusError(invalid_argument(
+          "parameter '" + name + "' has numel " + std::to_string(numel) +
+          ": its fp32 master would take numel * 4 bytes, more than the 2^63 - 1 byte limit "
+          "(numel <= " + std::to_string(kMaxNumel) + ")"));
+    std::optional<TensorRef> r;
+    if (!init.is_none()) {
+      r = view_tensor(init, false, std::nullopt);
+      if (r->device) throw StatusError(invalid_argument("init must be in host memory"));
+      if (r->dtype != DType::kFloat32 || r->numel != numel)
+        throw StatusError(invalid_argument("init of '" + name + "' must hold " +
+                                           std::to_string(numel) + " float32 values, got " +
+                                           std::to_string(r->numel) + " " +
+                                           std::string(dtype_name(r->dtype))));
+    }
+    const float* p = r ? static_cast<const float*>(r->data) : nullptr;
+    const auto pl = to_placement(placement);
+    auto& opt = o();
+    return check(release_gil([&] { return opt.add_param(name, numel, p, group, pl); }));
+  }
+
+  /// Attaches `grad` (fp32/fp16/bf16 host array of numel elements) or detaches (None).
+  /// The array is kept referenced until replaced.
+  void set_grad(uint32_t h, py::object grad) {
+    attach(h, grad, false, "gradient", DType::kFloat32, grads_,
+           [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
+  }
+
+  /// Attaches `dst` (a writable fp16/bf16 host array of numel elements) to receive the
+  /// rounded parameter after each step, or detaches (None). Kept referenced until replaced.
+  void set_param_copy(uint32_t h, py::object dst) {
+    attach(h, dst, true, "parameter copy", DType::kBFloat16, copies_,
+           [this](uint32_t p, void* data, DType t) { return o().set_param_copy(p, data, t); });
+  }
+
+  void clear_grads() {
+    o().clear_grads();
+    grads_.clear();
+  }
+
+  py::dict step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+    auto& opt = o();
+    return stats_dict(check(release_gil([&] { return opt.step(so); })));
+  }
+
+  PyFuture step_async(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+    auto& opt = o();
+    auto f = release_gil([&] { return opt.step_async(so); });
+    // The attached gradient/copy buffers are referenced by grads_/copies_ (this object);
+    // the future's destructor waits for the step.
+    return PyFuture(std::make_unique<StepFutureImpl>(std::move(f)), py::none(), {});
+  }
+
+  /// Reads (stream < 0: the master) into `out` (fp32, count elements) or a new array.
+  py::object read(uint32_t h, int stream, py::object out, uint64_t offset, uint64_t count) {
+    const uint64_t numel = check(o().param_info(h)).numel;
+    if (count == optimizer::kToEnd) count = offset <= numel ? numel - offset : 0;
+    if (out.is_none()) out = numpy().attr("empty")(py::int_(count), "dtype"_a = "float32");
+    TensorRef r = view_tensor(out, true, std::nullopt);
+    if (r.device || r.dtype != DType::kFloat32 || r.numel != count)
+      throw StatusError(invalid_argument("out must be a host float32 array of " +
+                                         std::to_string(count) + " elements"));
+    auto& opt = o();
+    auto* dst = static_cast<float*>(r.data);
+    check(release_gil([&] {
+      return stream < 0 ? opt.read_param(h, dst, offset, count)
+                        : opt.read_state(h, stream, dst, offset, count);
+    }));
+    return out;
+  }
+
+  /// Writes `src` (host fp32) at element `offset` of the master (stream < 0) or a state.
+  void write(uint32_t h, int stream, py::handle src, uint64_t offset) {
+    TensorRef r = view_tensor(src, false, std::nullopt);
+    if (r.device || r.dtype != DType::kFloat32)
+      throw StatusError(invalid_argument("src must be a host float32 array"));
+    auto& opt = o();
+    const auto* data = static_cast<const float*>(r.data);
+    check(release_gil([&] {
+      return stream < 0 ? opt.write_param(h, data, offset, r.numel)
+                        : opt.write_state(h, stream, data, offset, r.numel);
+    }));
+  }
+
+  void checkpoint() {
+    auto& opt = o();
+    check(release_gil([&] { return opt.checkpoint(); }));
+  }
+
+  py::dict param_info(uint32_t h) {
+    auto i = check(o().param_info(h));
+    return py::dict(
+        "name"_a = i.name, "numel"_a = i.numel,
+        "placement"_a = std::string(optimizer::placement_name(i.placement)),
+        "group"_a = i.group, "step"_a = i.step, "has_grad"_a = i.has_grad);
+  }
+
+ private:
+  /// set_grad / set_param_copy: views `arr` (None detaches: `set(h, nullptr, none_dtype)`),
+  /// checks it is host memory of the parameter's numel (InvalidArgument naming `what` and the
+  /// parameter), hands it to `set` and keeps it referenced in `held`.
+  template <class Set>
+  void attach(uint32_t h, py::object arr, bool writable, const char* what, DType none_dtype,
+              std::map<uint32_t, TensorRef>& held, Set set) {
+    if (arr.is_none()) {
+      check(set(h, nullptr, none_dtype));
+      held.erase(h);
+      return;
+    }
+    TensorRef r = view_tensor(arr, writable, std::nullopt);
+    auto info = check(o().param_info(h));
+    const std::string of = std::string(what) + " of '" + info.name + "'";
+    if (r.device) throw StatusError(invalid_argument(of + " must be in host memory"));
+    if (r.numel != info.numel)
+      throw StatusError(invalid_argument(of + " has " + std::to_string(r.numel) +
+                                         " elements, expected " + std::to_string(info.numel)));
+    check(set(h, r.data, r.dtype));
+    held[h] = std::move(r);
+  }
+
+  std::unique_ptr<optimizer::OffloadedOptimizer> opt_;
+  std::map<uint32_t, TensorRef> grads_;
+  std::map<uint32_t, TensorRef> copies_;
+};
+
+}  // namespace
+
+void register_optimizer(py::module_& m) {
+  py::class_<PyOptimizer>(m, "_OffloadedOptimizer")
+      .def_static("create", [](PyStore& store, const std::string& name, const py::dict& hp,
+                               bool resume, py::handle key_prefix,
+                               py::handle sub_group_numel, int num_buffers,
+                               py::object pinned_budget, py::object host_budget,
+                               const std::string& default_placement, int num_threads,
+                               bool verify_on_open, const std::string& arithmetic) {
+        return PyOptimizer::make(store, name, hp, resume, to_text(key_prefix, "key_prefix"),
+                                 to_u64(sub_group_numel, "sub_group_numel"),
+                                 num_buffers, pinned_budget, host_budget, default_placement,
+                                 num_threads, verify_on_open, arithmetic);
+      }, "store"_a, "optimizer"_a = "adamw", "hyperparams"_a = py::dict(), "resume"_a = false,
+         "key_prefix"_a = "optim/", "sub_group_numel"_a = 0, "num_buffers"_a = 4,
+         "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
+         "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
+         "arithmetic"_a = "simd")
+      .def("close", &PyOptimizer::close)
+      .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
+        return check(o.o().add_param_group(to_hyperparams(hp)));
+      })
+      .def("num_param_groups", [](PyOptimizer& o) { return o.o().num_param_groups(); })
+      .def("hyperparams", [](PyOptimizer& o, int g) {
+        return from_hyperparams(check(o.o().hyperparams(g)));
+      })
+      .def("set_hyperparams", [](PyOptimizer& o, int g, const py::dict& hp) {
+        check(o.o().set_hyperparams(g, to_hyperparams(hp)));
+      })
+      .def("add_param", [](PyOptimizer& o, py::handle name, py::handle numel, py::object init,
+                           int group, const std::string& placement) {
+        return o.add_param(to_text(name, "name"), to_u64(numel, "numel"), std::move(init), group,
+                           placement);
+      }, "name"_a, "numel"_a, "init"_a = py::none(), "group"_a = 0, "placement"_a = "auto")
+      .def("num_params", [](PyOptimizer& o) { return o.o().num_params(); })
+      .def("param_info", &PyOptimizer::param_info)
+      .def("find_param", [](PyOptimizer& o, const std::string& n) {
+        return check(o.o().find_param(n));
+      })
+      .def("set_grad", &PyOptimizer::set_grad, "param"_a, "grad"_a)
+      .def("set_param_copy", &PyOptimizer::set_param_copy, "param"_a, "dst"_a)
+      .def("clear_grads", &PyOptimizer::clear_grads)
+      .def("step", &PyOptimizer::step, "max_grad_norm"_a = 0.0, "grad_scale"_a = 1.0f,
+           "skip_if_nonfinite"_a = true)
+      .def("step_async", &PyOptimizer::step_async, "max_grad_norm"_a = 0.0,
+           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
+      .def("read_param", [](PyOptimizer& o, uint32_t h, py::object out, py::handle off,
+                            py::handle count) {
+        return o.read(h, -1, out, to_u64(off, "offset"), to_u64(count, "count"));
+      }, "param"_a, "out"_a = py::none(), "offset"_a = 0, "count"_a = optimizer::kToEnd)
+      .def("write_param", [](PyOptimizer& o, uint32_t h, py::handle src, py::handle off) {
+        o.write(h, -1, src, to_u64(off, "offset"));
+      }, "param"_a, "src"_a, "offset"_a = 0)
+      .def("read_state", [](PyOptimizer& o, uint32_t h, int stream, py::object out,
+                            py::handle off, py::handle count) {
+        return o.read(h, state_stream(stream), out, to_u64(off, "offset"),
+                      to_u64(count, "count"));
+      }, "param"_a, "stream"_a, "out"_a = py::none(), "offset"_a = 0,
+         "count"_a = optimizer::kToEnd)
+      .def("write_state", [](PyOptimizer& o, uint32_t h, int stream, py::handle src,
+                             py::handle off) {
+        o.write(h, state_stream(stream), src, to_u64(off, "offset"));
+      }, "param"_a, "stream"_a, "src"_a, "offset"_a = 0)
+      .def("step_count", [](PyOptimizer& o, uint32_t h) { return check(o.o().step_count(h)); })
+      .def("set_step_count", [](PyOptimizer& o, uint32_t h, int64_t s) {
+        check(o.o().set_step_count(h, s));
+      })
+      .def("checkpoint", &PyOptimizer::checkpoint)
+      .def("num_states", [](PyOptimizer& o) { return o.o().num_states(); })
+      .def("state_name", [](PyOptimizer& o, int i) { return o.o().state_name(i); })
+      .def("rule_name", [](PyOptimizer& o) { return o.o().rule_name(); })
+      .def("sub_group_numel", [](PyOptimizer& o) { return o.o().sub_group_numel(); })
+      .def("pinned_bytes", [](PyOptimizer& o) { return o.o().pinned_bytes(); })
+      .def("host_bytes", [](PyOptimizer& o) { return o.o().host_bytes(); });
+
+  m.def("builtin_default_hyperparams", [](const std::string& name) {
+    return from_hyperparams(check(optimizer::builtin_default_hyperparams(name)));
+  }, "optimizer"_a);
+  m.def("hyperparams_refusal", &hyperparams_refusal, "optimizer"_a, "hyperparams"_a,
+        "None when the built-in rule `optimizer` accepts `hyperparams` (a dict of numbers; "
+        "absent keys take their defaults), else (key, message): the rule's InvalidArgument "
+        "message and the hyperparameter it refuses (None when no single one is to blame). "
+        "InvalidArgumentError for an unknown optimizer or a value that is not a number.");
+}
+
+}  // namespace strata::py_bindings

@@ -1,0 +1,224 @@
+// The offloaded optimizer's checkpoint (see offload.hpp, CHECKPOINT CONTRACT): the text
+// record under key_prefix + "meta", checkpoint(), and the restore of open().
+//
+// Record (version 1), one item per line, doubles in C99 hex (%a) so they round-trip:
+//   strata-offload-meta 1
+//   rule <name> <num_states>
+//   groups <n>            then n lines: group <count> <key>=<value> ...
+//   params <n>            then n lines: param <name> <numel> host|nvme <group> <step>
+//                                       <durable_step>
+//   end
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "offload_impl.hpp"
+
+namespace strata::optimizer {
+
+using namespace offload_detail;
+
+namespace {
+
+constexpr const char* kMetaMagic = "strata-offload-meta";
+constexpr int kMetaVersion = 1;
+
+std::string hexdouble(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+struct MetaRecord {
+  std::string rule;
+  int num_states = 0;
+  std::vector<Hyperparams> groups;
+  struct P {
+    std::string name;
+    uint64_t numel;
+    Placement placement;
+    int group;
+    int64_t step, durable_step;
+  };
+  std::vector<P> params;
+};
+
+Result<MetaRecord> parse_meta(const std::string& text, const std::string& key) {
+  auto bad = [&](const std::string& what) {
+    return data_loss("offload: checkpoint record '" + key + "' is malformed: " + what);
+  };
+  std::istringstream in(text);
+  std::string word;
+  int version = 0;
+  MetaRecord m;
+  if (!(in >> word >> version) || word != kMetaMagic) return bad("bad magic");
+  if (version != kMetaVersion) return bad("unsupported version " + std::to_string(version));
+  if (!(in >> word >> m.rule >> m.num_states) || word != "rule") return bad("no rule line");
+  size_t ng = 0;
+  if (!(in >> word >> ng) || word != "groups" || ng == 0 || ng > 1000000) return bad("groups");
+  for (size_t g = 0; g < ng; ++g) {
+    size_t nk = 0;
+    if (!(in >> word >> nk) || word != "group") return bad("group " + std::to_string(g));
+    Hyperparams hp;
+    for (size_t k = 0; k < nk; ++k) {
+      std::string kv;
+      if (!(in >> kv)) return bad("group " + std::to_string(g) + " values");
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) return bad("hyperparameter '" + kv + "'");
+      char* end = nullptr;
+      std::string val = kv.substr(eq + 1);
+      double v = std::strtod(val.c_str(), &end);
+      if (end == val.c_str() || *end != '\0') return bad("hyperparameter value '" + kv + "'");
+      hp[kv.substr(0, eq)] = v;
+    }
+    m.groups.push_back(std::move(hp));
+  }
+  size_t np = 0;
+  if (!(in >> word >> np) || word != "params") return bad("params");
+  for (size_t i = 0; i < np; ++i) {
+    MetaRecord::P p;
+    std::string tier;
+    if (!(in >> word >> p.name >> p.numel >> tier >> p.group >> p.step >> p.durable_step) ||
+        word != "param") {
+      return bad("param line " + std::to_string(i));
+    }
+    if (tier == "host") {
+      p.placement = Placement::kHost;
+    } else if (tier == "nvme") {
+      p.placement = Placement::kNvme;
+    } else {
+      return bad("tier '" + tier + "'");
+    }
+    if (p.group < 0 || static_cast<size_t>(p.group) >= ng || p.step < 0 || p.durable_step < 0) {
+      return bad("param '" + p.name + "' fields");
+    }
+    m.params.push_back(std::move(p));
+  }
+  if (!(in >> word) || word != "end") return bad("no end marker");
+  return m;
+}
+
+}  // namespace
+
+std::string OffloadedOptimizer::Impl::serialize_meta() const {
+  std::ostringstream o;
+  o << kMetaMagic << ' ' << kMetaVersion << '\n';
+  o << "rule " << rule_name << ' ' << num_states << '\n';
+  o << "groups " << groups.size() << '\n';
+  for (const auto& g : groups) {
+    o << "group " << g.hp.size();
+    for (const auto& [k, v] : g.hp) o << ' ' << k << '=' << hexdouble(v);
+    o << '\n';
+  }
+  o << "params " << tensors.size() << '\n';
+  for (const auto& t : tensors) {
+    const bool host = t.placement == Placement::kHost;
+    o << "param " << t.name << ' ' << t.numel << ' ' << (host ? "host" : "nvme") << ' '
+      << t.group << ' ' << t.state.step() << ' ' << (host ? t.durable_step : t.state.step())
+      << '\n';
+  }
+  o << "end\n";
+  return o.str();
+}
+
+Status OffloadedOptimizer::Impl::put_meta() {
+  std::string text = serialize_meta();
+  PutOptions po;
+  po.tier = Tier::kHost;
+  po.overwrite = true;
+  po.pin = true;
+  return store
+      ->put(meta_key(), text.data(), TensorDesc::bytes(text.size()), po)
+      .result()
+      .status()
+      .with_context("offload: writing the checkpoint record");
+}
+
+Status OffloadedOptimizer::Impl::checkpoint() {
+  std::vector<Future<void>> futs;
+  for (const auto& t : tensors) {
+    if (t.placement != Placement::kHost) continue;
+    for (int s = 0; s < num_streams(); ++s) {
+      futs.push_back(store->write_range(t.keys[s], 0, t.numel * 4, t.host[s].data()));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
+      "offload checkpoint: writing host-tier tensors"));
+  std::vector<int64_t> saved;
+  for (auto& t : tensors) {
+    saved.push_back(t.durable_step);
+    t.durable_step = t.state.step();
+  }
+  Status st = put_meta();
+  if (st.ok()) st = store->flush_sync().with_context("offload checkpoint: Store::flush");
+  if (!st.ok()) {
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].durable_step = saved[i];
+  }
+  return st;
+}
+
+Status OffloadedOptimizer::Impl::restore() {
+  const std::string key = meta_key();
+  STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store->stat(key));
+  std::string text(info.nbytes, '\0');
+  STRATA_RETURN_IF_ERROR(store->get_bytes_sync(key, text.data(), text.size()));
+  STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
+  if (!factory) {
+    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+  }
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    auto built = build_rule(m.groups[g]);
+    if (!built.ok()) {
+      return failed_precondition("offload open: the rule factory does not accept the "
+                                 "hyperparameters recorded for group " + std::to_string(g) +
+                                 " of rule '" + m.rule + "': " + built.status().to_string());
+    }
+    auto rule = std::move(built).value();
+    if (g == 0) {
+      if (rule->name() != m.rule || rule->num_states() != m.num_states) {
+        return failed_precondition("offload open: the checkpoint under '" + opts.key_prefix +
+                                   "' was made by rule '" + m.rule + "' with " +
+                                   std::to_string(m.num_states) +
+                                   " state streams; the factory builds '" +
+                                   std::string(rule->name()) + "' with " +
+                                   std::to_string(rule->num_states()));
+      }
+      STRATA_RETURN_IF_ERROR(init_from_rule(*rule));
+    }
+    groups.push_back({m.groups[g], std::move(rule)});
+  }
+  STRATA_RETURN_IF_ERROR(setup_resources());
+  for (const auto& p : m.params) {
+    Tensor t;
+    t.name = p.name;
+    t.numel = p.numel;
+    t.placement = p.placement;
+    t.group = p.group;
+    const bool host = p.placement == Placement::kHost;
+    t.state.set_step(host ? p.durable_step : p.step);
+    t.durable_step = t.state.step();
+    for (int s = 0; s < num_streams(); ++s) {
+      t.keys.push_back(key_of(p.name, s));
+      STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store->stat(t.keys[s]));
+      if (oi.nbytes != p.numel * 4) {
+        return data_loss("offload open: object '" + t.keys[s] + "' holds " +
+                         std::to_string(oi.nbytes) + " bytes, the record says " +
+                         std::to_string(p.numel) + " fp32 elements");
+      }
+    }
+    if (host) {
+      for (int s = 0; s < num_streams(); ++s) {
+        STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(p.numel * 4));
+        STRATA_RETURN_IF_ERROR(store->read_range_sync(t.keys[s], 0, p.numel * 4, a.data()));
+        t.host.push_back(std::move(a));
+      }
+      host_bytes += p.numel * 4 * static_cast<uint64_t>(num_streams());
+    }
+    if (by_name.count(t.name)) return data_loss("offload open: duplicate parameter '" + t.name + "'");
+    by_name[t.name] = static_cast<ParamHandle>(tensors.size());
+    tensors.push_back(std::move(t));
+  }
+  return Status::OK();
+}
+
+}  // namespace strata::optimizer

@@ -1,0 +1,182 @@
+// Internal: the state of an OffloadedOptimizer (offload.hpp), shared by its files:
+//   offload_optimizer.cpp   create/open, rules and resources, the public members
+//   offload_tensors.cpp     host-tier memory, add_param, the range accessors
+//   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
+//   offload_checkpoint.cpp  the checkpoint record, checkpoint(), restore at open()
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/optimizer/offload.hpp"
+#include "strata/base/thread_pool.hpp"
+#include "strata/store/pinned_pool.hpp"
+
+namespace strata::optimizer {
+
+namespace offload_detail {
+
+using Clock = std::chrono::steady_clock;
+inline constexpr uint64_t kAlign = 4096;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Non-empty printable ASCII without whitespace (parameter and state-stream names).
+bool valid_name(std::string_view name);
+
+/// Anonymous private memory (transparent huge pages when allowed), zero-filled.
+class HostArray {
+ public:
+  HostArray() = default;
+  /// \error IoError (errno of mmap) when the memory cannot be mapped.
+  static Result<HostArray> allocate(uint64_t nbytes);
+  HostArray(HostArray&& o) noexcept : p_(o.p_), nbytes_(o.nbytes_) { o.p_ = nullptr; }
+  HostArray& operator=(HostArray&& o) noexcept;
+  ~HostArray();
+  float* data() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
+  uint64_t nbytes_ = 0;
+};
+
+}  // namespace offload_detail
+
+struct OffloadedOptimizer::Impl {
+  using HostArray = offload_detail::HostArray;
+
+  struct Group {
+    Hyperparams hp;
+    std::unique_ptr<UpdateRule> rule;
+  };
+  struct Tensor {
+    std::string name;
+    uint64_t numel = 0;
+    Placement placement = Placement::kNvme;
+    int group = 0;
+    ParamState state;
+    int64_t durable_step = 0;  // host tensors: step of the backing objects' contents
+    const void* grad = nullptr;
+    DType grad_type = DType::kFloat32;
+    void* copy = nullptr;
+    DType copy_type = DType::kBFloat16;
+    std::vector<std::string> keys;  // [0] master, [1 + k] state stream k
+    std::vector<HostArray> host;    // kHost only: same indexing as keys
+  };
+
+  std::shared_ptr<Store> store;
+  RuleFactory factory;
+  OffloadOptions opts;
+  std::string rule_name;
+  int num_states = 0;
+  std::vector<std::string> state_names;
+  std::vector<float> state_inits;
+  std::vector<Group> groups;
+  std::vector<Tensor> tensors;
+  std::unordered_map<std::string, ParamHandle> by_name;
+  uint64_t host_bytes = 0;
+
+  std::unique_ptr<ThreadPool> pool;  // the kernel threads (make_kernel_pool)
+  std::shared_ptr<PinnedPool> pinned;
+  OffloadPlacement placement;
+  std::vector<PinnedBuffer> slots;
+  uint64_t sg = 0;             // sub-group elements
+  uint64_t stream_stride = 0;  // bytes between streams inside a slot
+  uint64_t chunk_bytes = 0;
+
+  // Serialization of members: the baton (busy) is held by one call at a time.
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  mutable bool busy = false;
+  std::thread async_thread;
+
+  /// Holds the baton for its lifetime (waits for the holder, e.g. an in-flight step).
+  class Baton {
+   public:
+    explicit Baton(const Impl* impl);
+    ~Baton();
+    Baton(const Baton&) = delete;
+    Baton& operator=(const Baton&) = delete;
+
+   private:
+    const Impl* impl_;
+  };
+
+  std::string key_of(const std::string& name, int stream) const {
+    return opts.key_prefix + "p/" + name + "/" +
+           (stream == 0 ? std::string("param") : state_names[stream - 1]);
+  }
+  std::string meta_key() const { return opts.key_prefix + "meta"; }
+  int num_streams() const { return 1 + num_states; }
+  float* slot_stream(size_t slot, int stream) const {
+    return reinterpret_cast<float*>(static_cast<char*>(slots[slot].data()) +
+                                    static_cast<uint64_t>(stream) * stream_stride);
+  }
+
+  // ---- offload_optimizer.cpp: rules and resources ---------------------------------------
+
+  Status check_handle(ParamHandle h) const;
+  /// Builds a group's rule and checks it matches the optimizer's state streams.
+  Result<std::unique_ptr<UpdateRule>> build_rule(const Hyperparams& hp) const;
+  /// Takes the rule name and state streams from the first rule.
+  Status init_from_rule(const UpdateRule& rule);
+  /// Resolves the sub-group size and allocates the pinned slots and the kernel threads,
+  /// both on opts.numa_node of Topology::system().
+  Status setup_resources();
+
+  // ---- offload_tensors.cpp --------------------------------------------------------------
+
+  Result<ParamHandle> add_param(std::string_view name, uint64_t numel, const float* init,
+                                int group, Placement placement);
+  /// Elements [offset, offset + count) of stream `stream` (0 master, 1 + k state k) of `h`.
+  Status read_stream(ParamHandle h, int stream, float* dst, uint64_t offset, uint64_t count);
+  Status write_stream(ParamHandle h, int stream, const float* src, uint64_t offset,
+                      uint64_t count);
+
+  // ---- offload_pipeline.cpp -------------------------------------------------------------
+
+  Result<StepStats> step(const StepOptions& o);
+
+  // ---- offload_checkpoint.cpp -----------------------------------------------------------
+
+  /// Replaces the record by the current state: a pinned, dirty host-tier object, committed
+  /// by the next Store::flush() together with the NVMe tensors' pending chunks.
+  Status put_meta();
+  Status checkpoint();
+  /// open(): the groups, rules, resources and tensors of the record under meta_key().
+  Status restore();
+
+ private:
+  // offload_tensors.cpp
+  Status fill_object(const std::string& key, uint64_t numel, float value);
+  Status check_range(ParamHandle h, int stream, uint64_t offset, uint64_t& count) const;
+
+  // offload_pipeline.cpp
+  struct Item {
+    uint32_t t;
+    uint64_t begin, count;
+  };
+  /// Decides, once the first reads are in flight, whether the step goes ahead and with
+  /// which gradient scale: nullopt skips the step (nothing is written).
+  using Gate = std::function<Result<std::optional<float>>()>;
+  UpdateSpans host_spans(const Tensor& t) const;
+  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
+                      bool* skipped);
+
+  // offload_checkpoint.cpp
+  std::string serialize_meta() const;
+};
+
+}  // namespace strata::optimizer

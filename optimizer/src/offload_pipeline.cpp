@@ -1,0 +1,198 @@
+// The offloaded optimizer's step (see offload.hpp): gradient checks, DRAM tensors in place,
+// and the sub-group pipeline of the NVMe tensors over the pinned slots.
+//
+// Pipeline (one step, NVMe tensors): the work is a list of items (tensor, begin, count) of
+// at most sub_group_numel elements, in handle order. Item j uses slot j % B. The reads of
+// the first B items (one read_range per stream) are issued at once; the reads of item
+// j >= B are a continuation (Future::then) of the writes of item j - B, issued the moment
+// they complete and the slot is free, whatever the calling thread is doing. The calling
+// thread waits for the reads of item i, runs apply_update() on the slot (the kernel
+// threads), issues the writes of item i (write_range per stream) and moves on. Two items of
+// one tensor whose boundary is not on a store chunk boundary share a chunk; the store
+// forbids concurrent write_range() on one chunk (read-modify-write), so the writes of the
+// second are a continuation of those of the first.
+#include <atomic>
+#include <cmath>
+#include <memory>
+
+#include "offload_impl.hpp"
+#include "strata/optimizer/grad_utils.hpp"
+
+namespace strata::optimizer {
+
+using namespace offload_detail;
+
+UpdateSpans OffloadedOptimizer::Impl::host_spans(const Tensor& t) const {
+  UpdateSpans s;
+  s.param = t.host[0].data();
+  s.grad = t.grad;
+  s.grad_type = t.grad_type;
+  for (int k = 0; k < num_states; ++k) s.states[k] = t.host[1 + k].data();
+  s.param_copy = t.copy;
+  s.param_copy_type = t.copy_type;
+  s.numel = t.numel;
+  return s;
+}
+
+/// Runs the NVMe pipeline over `items`. The reads of the first B items are issued before
+/// `gate` runs, so the gradient checks (inf/NaN scan, global norm: a pass over every
+/// gradient) and the in-place update of DRAM tensors overlap the first reads instead of
+/// leaving the disk idle. Sets *skipped when the gate says skip.
+Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, const Gate& gate,
+                                              StepStats& stats, bool* skipped) {
+  *skipped = false;
+  float grad_scale = 1.0f;
+  const size_t n = items.size();
+  const size_t B = slots.size();
+  const int S = num_streams();
+  // reads[j] / writes[j]: every stream of item j read into / written from its slot.
+  std::vector<Future<void>> reads(n), writes(n);
+  // Set when the loop ends: reads chained on earlier writes are no longer issued.
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  // Issues the reads or the writes of item j; may run on the thread completing a previous
+  // future (a continuation), which only issues requests and never blocks.
+  auto issue = [this, &items, B, S](size_t j, bool write) -> Future<void> {
+    const Item& it = items[j];
+    const Tensor& t = tensors[it.t];
+    std::vector<Future<void>> fs;
+    for (int s = 0; s < S; ++s) {
+      float* buf = slot_stream(j % B, s);
+      fs.push_back(write ? store->write_range(t.keys[s], it.begin * 4, it.count * 4, buf)
+                         : store->read_range(t.keys[s], it.begin * 4, it.count * 4, buf));
+    }
+    return when_all(fs);
+  };
+  for (size_t j = 0; j < n && j < B; ++j) reads[j] = issue(j, false);
+  Status st;
+  {
+    auto g = gate();
+    if (!g.ok()) {
+      st = g.status();
+    } else if (!g->has_value()) {
+      *skipped = true;
+    } else {
+      grad_scale = **g;
+    }
+  }
+  for (size_t i = 0; i < n && st.ok() && !*skipped; ++i) {
+    const auto t_wait = Clock::now();
+    st = reads[i].result().status();
+    stats.io_wait_seconds += seconds_since(t_wait);
+    if (!st.ok()) break;
+    // Update.
+    const Item& it = items[i];
+    Tensor& t = tensors[it.t];
+    const size_t slot = i % B;
+    UpdateSpans sp;
+    sp.param = slot_stream(slot, 0);
+    sp.grad = static_cast<const char*>(t.grad) + it.begin * dtype_size(t.grad_type);
+    sp.grad_type = t.grad_type;
+    for (int k = 0; k < num_states; ++k) sp.states[k] = slot_stream(slot, 1 + k);
+    if (t.copy != nullptr) {
+      sp.param_copy = static_cast<char*>(t.copy) + it.begin * dtype_size(t.copy_type);
+      sp.param_copy_type = t.copy_type;
+    }
+    sp.numel = it.count;
+    StepInfo info;
+    info.step = t.state.step() + 1;
+    info.grad_scale = grad_scale;
+    const auto t_compute = Clock::now();
+    st = apply_update(*groups[t.group].rule, sp, info, pool.get());
+    stats.compute_seconds += seconds_since(t_compute);
+    if (!st.ok()) break;
+    // Write back; a chunk shared with the previous item's writes waits for them.
+    if (i > 0 && items[i - 1].t == it.t && (it.begin * 4) % chunk_bytes != 0) {
+      writes[i] = writes[i - 1].then([issue, i](const Result<void>&) { return issue(i, true); });
+    } else {
+      writes[i] = issue(i, true);
+    }
+    // The slot is free once these writes are done: then the reads of item i + B start.
+    if (i + B < n) {
+      reads[i + B] = writes[i].then([issue, stop, j = i + B](const Result<void>&) {
+        if (stop->load()) return make_ready_future(Result<void>(cancelled("offload step stopped")));
+        return issue(j, false);
+      });
+    }
+    stats.bytes_read += static_cast<uint64_t>(S) * it.count * 4;
+    stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
+  }
+  stop->store(true);
+  // Every issued request completes before the slots can be reused or the step returns.
+  const auto t_drain = Clock::now();
+  for (size_t j = 0; j < n; ++j) {
+    reads[j].wait();
+    writes[j].wait();
+  }
+  stats.io_wait_seconds += seconds_since(t_drain);
+  if (!st.ok() || *skipped) return st;
+  for (size_t j = 0; j < n; ++j) STRATA_RETURN_IF_ERROR(writes[j].result().status());
+  return Status::OK();
+}
+
+Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
+  const auto t0 = Clock::now();
+  StepStats stats;
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
+    return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite");
+  }
+  std::vector<uint32_t> active;
+  std::vector<GradView> views;
+  for (uint32_t h = 0; h < tensors.size(); ++h) {
+    if (tensors[h].grad != nullptr) {
+      active.push_back(h);
+      views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
+    }
+  }
+  std::vector<Item> items;
+  for (uint32_t h : active) {
+    const Tensor& t = tensors[h];
+    if (t.placement == Placement::kHost) continue;
+    for (uint64_t b = 0; b < t.numel; b += sg) items.push_back({h, b, std::min(sg, t.numel - b)});
+  }
+  // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
+  // place. nullopt = skip the step (nothing has changed yet).
+  auto gate = [&]() -> Result<std::optional<float>> {
+    float scale = o.grad_scale;
+    if (o.max_grad_norm > 0.0) {
+      STRATA_ASSIGN_OR_RETURN(double norm, global_l2_norm(views, pool.get()));
+      stats.grad_norm = norm * std::fabs(static_cast<double>(o.grad_scale));
+      if (!std::isfinite(stats.grad_norm)) {
+        if (o.skip_if_nonfinite) return std::optional<float>();
+      } else {
+        stats.clip_coef = clip_coefficient(stats.grad_norm, o.max_grad_norm);
+        scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
+      }
+    } else if (o.skip_if_nonfinite) {
+      STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(views, pool.get()));
+      if (bad) return std::optional<float>();
+    }
+    for (uint32_t h : active) {
+      Tensor& t = tensors[h];
+      stats.tensors_updated += 1;
+      stats.numel_updated += t.numel;
+      if (t.placement != Placement::kHost) continue;
+      StepInfo info;
+      info.step = t.state.step() + 1;
+      info.grad_scale = scale;
+      const auto tc = Clock::now();
+      STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, host_spans(t), info, pool.get()));
+      stats.compute_seconds += seconds_since(tc);
+    }
+    return std::optional<float>(scale);
+  };
+  bool skipped = false;
+  STRATA_RETURN_IF_ERROR(run_pipeline(items, gate, stats, &skipped));
+  if (skipped) {
+    stats.skipped = true;
+    stats.tensors_updated = 0;
+    stats.numel_updated = 0;
+    stats.seconds = seconds_since(t0);
+    return stats;
+  }
+  for (uint32_t h : active) tensors[h].state.advance();
+  STRATA_RETURN_IF_ERROR(put_meta());
+  stats.seconds = seconds_since(t0);
+  return stats;
+}
+
+}  // namespace strata::optimizer

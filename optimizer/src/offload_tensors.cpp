@@ -1,0 +1,208 @@
+// The offloaded optimizer's tensors (see offload.hpp): host-tier memory, add_param, and the
+// range accessors behind read_param / write_param / read_state / write_state.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "offload_impl.hpp"
+#include "strata/base/units.hpp"
+
+namespace strata::optimizer {
+
+using namespace offload_detail;
+
+namespace {
+
+// A read-only view of `nbytes` zero bytes that costs no DRAM: untouched anonymous pages
+// all map the kernel's shared zero page (not counted in RSS).
+class ZeroView {
+ public:
+  explicit ZeroView(uint64_t nbytes) : nbytes_(std::max<uint64_t>(align_up(nbytes, kAlign), kAlign)) {
+    void* p = ::mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    p_ = p == MAP_FAILED ? nullptr : p;
+  }
+  ~ZeroView() {
+    if (p_ != nullptr) ::munmap(p_, nbytes_);
+  }
+  ZeroView(const ZeroView&) = delete;
+  ZeroView& operator=(const ZeroView&) = delete;
+  const void* data() const { return p_; }
+
+ private:
+  uint64_t nbytes_;
+  void* p_ = nullptr;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ HostArray
+
+bool offload_detail::valid_name(std::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
+Result<HostArray> HostArray::allocate(uint64_t nbytes) {
+  HostArray a;
+  a.nbytes_ = std::max<uint64_t>(align_up(nbytes, kAlign), kAlign);
+  void* p = ::mmap(nullptr, a.nbytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  if (p == MAP_FAILED) {
+    return errno_status(errno, "host tier: mmap of " + format_bytes(a.nbytes_));
+  }
+  (void)::madvise(p, a.nbytes_, MADV_HUGEPAGE);
+  a.p_ = static_cast<float*>(p);
+  return a;
+}
+
+HostArray& HostArray::operator=(HostArray&& o) noexcept {
+  std::swap(p_, o.p_);
+  std::swap(nbytes_, o.nbytes_);
+  return *this;
+}
+
+HostArray::~HostArray() {
+  if (p_ != nullptr) ::munmap(p_, nbytes_);
+}
+
+// ------------------------------------------------------------------------------ tensors
+
+// Writes `value` over elements [0, numel) of NVMe object `key` through slot 0.
+Status OffloadedOptimizer::Impl::fill_object(const std::string& key, uint64_t numel,
+                                             float value) {
+  float* buf = slot_stream(0, 0);
+  const uint64_t n = std::min<uint64_t>(sg, numel);
+  std::fill(buf, buf + n, value);
+  for (uint64_t b = 0; b < numel; b += sg) {
+    const uint64_t c = std::min(sg, numel - b);
+    STRATA_RETURN_IF_ERROR(store->write_range_sync(key, b * 4, c * 4, buf));
+  }
+  return Status::OK();
+}
+
+Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in, uint64_t numel,
+                                                        const float* init, int group,
+                                                        Placement placement) {
+  std::string name(name_in);
+  if (!valid_name(name)) {
+    return invalid_argument("offload: parameter name '" + name +
+                            "' must be non-empty printable ASCII without whitespace");
+  }
+  if (by_name.count(name)) {
+    return invalid_argument("offload: parameter '" + name + "' already exists");
+  }
+  if (numel == 0) return invalid_argument("offload: parameter '" + name + "' has numel 0");
+  if (group < 0 || static_cast<size_t>(group) >= groups.size()) {
+    return invalid_argument("offload: parameter '" + name + "': no param group " +
+                            std::to_string(group));
+  }
+  const uint64_t bytes_all = numel * 4 * static_cast<uint64_t>(num_streams());
+  if (placement == Placement::kAuto) placement = opts.default_placement;
+  if (placement == Placement::kAuto) {
+    placement = host_bytes + bytes_all <= opts.host_budget_bytes ? Placement::kHost
+                                                                  : Placement::kNvme;
+  }
+  Tensor t;
+  t.name = name;
+  t.numel = numel;
+  t.placement = placement;
+  t.group = group;
+  for (int s = 0; s < num_streams(); ++s) t.keys.push_back(key_of(name, s));
+  const TensorDesc desc{DType::kFloat32, {static_cast<int64_t>(numel)}};
+  PutOptions po;
+  po.tier = Tier::kNvme;
+  po.overwrite = true;  // leftovers of a crashed, never-checkpointed add_param
+  // The objects' initial bytes: the host arrays, or `init` and zeros that cost no DRAM.
+  std::vector<const void*> srcs;
+  std::optional<ZeroView> zeros;
+  if (placement == Placement::kHost) {
+    for (int s = 0; s < num_streams(); ++s) {
+      STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(numel * 4));
+      if (s == 0 && init != nullptr) std::memcpy(a.data(), init, numel * 4);
+      if (s > 0 && state_inits[s - 1] != 0.0f) {
+        std::fill(a.data(), a.data() + numel, state_inits[s - 1]);
+      }
+      srcs.push_back(a.data());
+      t.host.push_back(std::move(a));
+    }
+  } else {
+    zeros.emplace(numel * 4);
+    if (zeros->data() == nullptr) {
+      return errno_status(errno, "offload: mapping " + format_bytes(numel * 4) + " of zeros");
+    }
+    for (int s = 0; s < num_streams(); ++s) {
+      srcs.push_back(s == 0 && init != nullptr ? static_cast<const void*>(init) : zeros->data());
+    }
+  }
+  std::vector<Future<void>> futs;
+  for (int s = 0; s < num_streams(); ++s) futs.push_back(store->put(t.keys[s], srcs[s], desc, po));
+  STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
+      "offload: creating parameter '" + name + "'"));
+  if (placement == Placement::kHost) {
+    host_bytes += bytes_all;
+  } else {
+    for (int s = 1; s < num_streams(); ++s) {
+      if (state_inits[s - 1] != 0.0f) {
+        STRATA_RETURN_IF_ERROR(fill_object(t.keys[s], numel, state_inits[s - 1]));
+      }
+    }
+  }
+  const ParamHandle h = static_cast<ParamHandle>(tensors.size());
+  by_name[name] = h;
+  tensors.push_back(std::move(t));
+  return h;
+}
+
+// ------------------------------------------------------------------------------ ranges
+
+Status OffloadedOptimizer::Impl::check_range(ParamHandle h, int stream, uint64_t offset,
+                                             uint64_t& count) const {
+  STRATA_RETURN_IF_ERROR(check_handle(h));
+  if (stream < 0 || stream >= num_streams()) {
+    return out_of_range("offload: state stream " + std::to_string(stream - 1) +
+                        " is out of range (" + std::to_string(num_states) + " streams)");
+  }
+  const uint64_t numel = tensors[h].numel;
+  if (count == kToEnd) count = offset <= numel ? numel - offset : 0;
+  if (offset > numel || count > numel - offset) {
+    return out_of_range("offload: elements [" + std::to_string(offset) + ", " +
+                        std::to_string(offset + count) + ") of '" + tensors[h].name +
+                        "' are past its end (" + std::to_string(numel) + ")");
+  }
+  return Status::OK();
+}
+
+Status OffloadedOptimizer::Impl::read_stream(ParamHandle h, int stream, float* dst,
+                                             uint64_t offset, uint64_t count) {
+  STRATA_RETURN_IF_ERROR(check_range(h, stream, offset, count));
+  if (count == 0) return Status::OK();
+  if (dst == nullptr) return invalid_argument("offload: destination is null");
+  const Tensor& t = tensors[h];
+  if (t.placement == Placement::kHost) {
+    std::memcpy(dst, t.host[stream].data() + offset, count * 4);
+    return Status::OK();
+  }
+  return store->read_range_sync(t.keys[stream], offset * 4, count * 4, dst);
+}
+
+Status OffloadedOptimizer::Impl::write_stream(ParamHandle h, int stream, const float* src,
+                                              uint64_t offset, uint64_t count) {
+  STRATA_RETURN_IF_ERROR(check_range(h, stream, offset, count));
+  if (count == 0) return Status::OK();
+  if (src == nullptr) return invalid_argument("offload: source is null");
+  Tensor& t = tensors[h];
+  if (t.placement == Placement::kHost) {
+    std::memcpy(t.host[stream].data() + offset, src, count * 4);
+    return Status::OK();
+  }
+  return store->write_range_sync(t.keys[stream], offset * 4, count * 4, src);
+}
+
+}  // namespace strata::optimizer
