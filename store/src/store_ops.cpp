@@ -365,14 +365,10 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
           if (r.ok()) return make_ready_future();
           // The failed copy-on-write extents are released: give back the space, on a worker
           // (file system calls stay off the completion thread).
-          auto p = std::make_shared<Promise<void>>();
-          Future<void> f = p->future();
-          Status st = r.status();
-          pool_.submit([this, p, st] {
+          return pool_->async([this, st = r.status()]() -> Status {
             trim_data_files();
-            p->set_error(st);
+            return st;
           });
-          return f;
         });
   });
 }

@@ -73,19 +73,11 @@ Future<void> StoreImpl::with_current_object_async(
   if (!read_only_) return f;  // no catch-up: the result stands
   return f.then([this, key, o, attempt, retries](const Result<void>& r) -> Future<void> {
     if (!may_retry(r.status(), retries)) return make_ready_future(r);
-    auto p = std::make_shared<Promise<void>>();
-    Future<void> out = p->future();
-    pool_.submit([this, key, o, attempt, retries, p, st = r.status()] {
+    return pool_->async([this, key, o, attempt, retries, st = r.status()]() -> Future<void> {
       auto changed = catch_up(key, o);
-      if (!changed.ok() || !*changed) {
-        p->set_error(st);
-        return;
-      }
-      with_current_object_async(key, attempt, retries + 1).on_ready([p](const Result<void>& r2) {
-        p->set(r2);
-      });
+      if (!changed.ok() || !*changed) return make_ready_future(Result<void>(st));
+      return with_current_object_async(key, attempt, retries + 1);
     });
-    return out;
   });
 }
 
