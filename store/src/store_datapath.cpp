@@ -42,8 +42,7 @@ Status StoreImpl::checksum_error(const std::string& key, uint32_t j, uint64_t ch
 
 Future<uint64_t> StoreImpl::staged_write_async(const Extent& ext, uint64_t len, uint8_t* buf,
                                                uint64_t piece, PieceLoad load, PieceFill fill) {
-  struct State {
-    Xxh3Stream h;
+  struct State : Hashed {
     uint8_t* bufs[2];
   };
   auto s = std::make_shared<State>();
@@ -177,6 +176,16 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
   return LayoutPtr(layout);
 }
 
+std::function<Status()> StoreImpl::checksum_check(const std::string& key, uint32_t j,
+                                                  const ChunkRef& c,
+                                                  std::shared_ptr<const Hashed> hashed) const {
+  return [this, hashed = std::move(hashed), key, j, c]() -> Status {
+    const uint64_t got = hashed->h.digest();
+    if (got != c.checksum) return checksum_error(key, j, uint64_t{j} * chunk_bytes_, c, got);
+    return Status::OK();
+  };
+}
+
 Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
                                           uint64_t lo, uint64_t hi, bool verify, uint8_t* buf,
                                           uint64_t piece_cap, PieceSink sink) {
@@ -184,8 +193,7 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
   const uint64_t a = verify ? 0 : align_down(lo, kAlign);
   const uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
   const uint64_t piece = std::min(piece_cap, align_up(b - a, kAlign));
-  struct State {
-    Xxh3Stream h;
+  struct State : Hashed {
     uint8_t* bufs[2];
   };
   auto s = std::make_shared<State>();
@@ -211,14 +219,7 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
     if (s0 < s1) return sink(s->bufs[i % 2] + (s0 - p), s0, s1 - s0);
     return Status::OK();
   };
-  if (verify) {
-    const uint64_t cs = uint64_t{j} * chunk_bytes_;
-    steps.finish = [this, s, key, j, cs, c]() -> Status {
-      const uint64_t got = s->h.digest();
-      if (got != c.checksum) return checksum_error(key, j, cs, c, got);
-      return Status::OK();
-    };
-  }
+  if (verify) steps.finish = checksum_check(key, j, c, s);
   return run_pieces(std::move(steps));
 }
 
@@ -237,8 +238,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
   // Pieces of kHashPiece straight into `d`, all in flight at once, each verified as soon as
   // it is in (in order) while the later ones are still in flight; a partial last 4 KiB
   // block through an aligned tail block.
-  struct State {
-    Xxh3Stream h;
+  struct State : Hashed {
     AlignedBlock tail;
   };
   auto s = std::make_shared<State>();
@@ -269,14 +269,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
     }
     return Status::OK();
   };
-  if (verify) {
-    const uint64_t cs = uint64_t{j} * chunk_bytes_;
-    steps.finish = [this, s, key, j, cs, c]() -> Status {
-      const uint64_t got = s->h.digest();
-      if (got != c.checksum) return checksum_error(key, j, cs, c, got);
-      return Status::OK();
-    };
-  }
+  if (verify) steps.finish = checksum_check(key, j, c, s);
   return run_pieces(std::move(steps));
 }
 

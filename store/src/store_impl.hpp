@@ -47,9 +47,10 @@
 #include <vector>
 
 #include "catalog_sqlite.hpp"
+#include "checksum.hpp"
 #include "extent_allocator.hpp"
-#include "io_lock.hpp"
 #include "gpu_detail.hpp"
+#include "io_lock.hpp"
 #include "strata/base/thread_pool.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -347,6 +348,14 @@ class StoreImpl final : public Store {
   uint64_t staged_piece(uint64_t span) const {
     return std::min(piece_bytes_, align_up(std::max<uint64_t>(span, 1), kAlign));
   }
+  /// The XXH3 stream of a transfer's pieces, hashed as they go through.
+  struct Hashed {
+    Xxh3Stream h;
+  };
+  /// The finish step of a verified chunk read: DataLoss (checksum_error) when what `hashed`
+  /// saw does not match chunk `c` (number `j`).
+  std::function<Status()> checksum_check(const std::string& key, uint32_t j, const ChunkRef& c,
+                                         std::shared_ptr<const Hashed> hashed) const;
   /// Reads bytes [off, off + n) of layout `l` into `dst` (device memory when `dst_dev`),
   /// verifying each chunk read whole (all of it is read when `verify`). Staging memory is
   /// allocated here, before anything is submitted; the future completes (on an engine
@@ -403,6 +412,15 @@ class StoreImpl final : public Store {
   void lru_touch(const ObjPtr& o);
 
   // ---- store_ops.cpp: the data operations
+  /// Where version `o`'s bytes are now (under mu_): its memory copy, if any, and its NVMe
+  /// layout. The caller holds o.io (shared or exclusive), so neither goes away meanwhile.
+  struct Copies {
+    uint8_t* mem;     // the host or device copy (null: none, or an empty object)
+    bool mem_dev;     // `mem` is device memory
+    bool mem_tier;    // the object is in a memory tier (host or device)
+    LayoutPtr nvme;   // NVMe copy (null: none)
+  };
+  Copies copies(const Obj& o) const;
   /// Reads [off, off + n) of version `o` into `dst`: from its memory copy at once, else
   /// from NVMe (read_layout_async), holding `o->io` shared until the last step.
   Future<void> read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst);

@@ -104,28 +104,25 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
   });
 }
 
+StoreImpl::Copies StoreImpl::copies(const Obj& o) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return Copies{static_cast<uint8_t*>(o.mem()), o.on_device, o.on_host || o.on_device, o.current};
+}
+
 Future<void> StoreImpl::read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
   // `o` is one version: an overwrite installs a new Obj, and this one's memory and extents
   // stay valid while `o` is held and its io lock is shared, until the read's last step.
   o->io.lock_shared();
   Future<void> f;
   bool dst_dev = is_device_pointer(dst);
-  uint8_t* mem;
-  bool mem_dev;
-  LayoutPtr cur;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    mem = static_cast<uint8_t*>(o->mem());
-    mem_dev = o->on_device;
-    cur = o->current;
-  }
-  if (o->on_host || o->on_device) {
-    f = make_ready_future(Result<void>(copy_mem(dst, mem + off, n, dst_dev || mem_dev)));
-  } else if (!cur) {
+  Copies c = copies(*o);
+  if (c.mem_tier) {
+    f = make_ready_future(Result<void>(copy_mem(dst, c.mem + off, n, dst_dev || c.mem_dev)));
+  } else if (!c.nvme) {
     f = make_ready_future(
         Result<void>(internal_error("object '" + o->key + "' has no copy in any tier")));
   } else {
-    f = read_layout_async(o->key, std::move(cur), off, n, dst, dst_dev, opts_.verify_checksums);
+    f = read_layout_async(o->key, std::move(c.nvme), off, n, dst, dst_dev, opts_.verify_checksums);
   }
   return f.then([this, o](const Result<void>& r) -> Status {
     o->io.unlock_shared();
@@ -339,17 +336,9 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
     if (!o->damage.empty()) return fail(data_loss("store " + opts_.path + ": " + o->damage));
     const uint8_t* s = static_cast<const uint8_t*>(src);
     bool src_dev = is_device_pointer(s);
-    uint8_t* mem;
-    bool mem_dev;
-    LayoutPtr cur;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      mem = static_cast<uint8_t*>(o->mem());
-      mem_dev = o->on_device;
-      cur = o->current;
-    }
-    if (o->on_host || o->on_device) {
-      Status st = copy_mem(mem + off, s, n, src_dev || mem_dev);
+    Copies c = copies(*o);
+    if (c.mem_tier) {
+      Status st = copy_mem(c.mem + off, s, n, src_dev || c.mem_dev);
       if (st.ok()) {
         std::lock_guard<std::mutex> lk(mu_);
         o->dirty = true;
@@ -358,7 +347,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
       return fail(st);
     }
     held.release();  // from here the last step unlocks, on whichever thread runs it
-    return write_range_nvme(o, std::move(cur), off, n, s, src_dev)
+    return write_range_nvme(o, std::move(c.nvme), off, n, s, src_dev)
         .then([this, o](const Result<void>& r) -> Future<void> {
           o->io.unlock_shared();
           lru_touch(o);

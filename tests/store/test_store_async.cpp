@@ -119,6 +119,18 @@ struct AlignedBytes {
   size_t size;
 };
 
+/// A store at `root` (small_options) with one worker thread over a GatedEngine (*gate).
+std::unique_ptr<Store> open_gated(const std::string& root, std::shared_ptr<GatedEngine>* gate) {
+  auto inner = IoEngine::create(IoEngineOptions{});
+  EXPECT_TRUE(inner.ok()) << inner.status().to_string();
+  if (!inner.ok()) return nullptr;
+  *gate = std::make_shared<GatedEngine>(*inner);
+  auto o = small_options(root);
+  o.worker_threads = 1;
+  o.engine = *gate;
+  return open_or_die(o);
+}
+
 TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   // One worker thread, 1 MiB chunks, 4 MiB of staging (512 KiB pieces, two per staged
   // transfer). With the gate closed, every read_range/get and write_range below must reach
@@ -128,13 +140,8 @@ TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   constexpr int kDirect = 6, kStaged = 2;
   constexpr uint64_t kChunk = 1u << 20;
   TempDir d;
-  auto inner = IoEngine::create(IoEngineOptions{});
-  ASSERT_OK(inner);
-  auto gate = std::make_shared<GatedEngine>(*inner);
-  auto o = small_options(d.path());
-  o.worker_threads = 1;
-  o.engine = gate;
-  auto s = open_or_die(o);
+  std::shared_ptr<GatedEngine> gate;
+  auto s = open_gated(d.path(), &gate);
   ASSERT_TRUE(s);
   std::vector<std::vector<uint8_t>> data;
   for (int i = 0; i < kDirect + kStaged; ++i) {
@@ -194,13 +201,8 @@ TEST(StoreAsync, CloseWaitsForReadsInFlightAtTheEngine) {
   // completed (its last step, on the completion thread, ends the operation).
   constexpr uint64_t kChunk = 1u << 20;
   TempDir d;
-  auto inner = IoEngine::create(IoEngineOptions{});
-  ASSERT_OK(inner);
-  auto gate = std::make_shared<GatedEngine>(*inner);
-  auto o = small_options(d.path());
-  o.worker_threads = 1;
-  o.engine = gate;
-  auto s = open_or_die(o);
+  std::shared_ptr<GatedEngine> gate;
+  auto s = open_gated(d.path(), &gate);
   ASSERT_TRUE(s);
   auto x = pattern(3 * kChunk, 7);
   ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
