@@ -28,7 +28,21 @@ std::vector<Future<uint64_t>> write_in_pieces(IoEngine& e, const std::shared_ptr
   return fs;
 }
 
-class IoEngineKinds : public ::testing::TestWithParam<EngineKind> {};
+class IoEngineKinds : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  /// An engine of the tested kind (`block_size` bytes per request, `queue_depth` in flight)
+  /// and the file `name` in a fresh directory, truncated; either is null after a failure.
+  std::pair<std::shared_ptr<IoEngine>, std::shared_ptr<IoFile>> engine_and_file(
+      const std::string& name, uint64_t block_size = 1 << 20, uint32_t queue_depth = 8) {
+    auto e = make_engine(GetParam(), block_size, queue_depth);
+    if (!e) return {};
+    auto f = e->open(dir_.path() + "/" + name, OpenMode::kTruncate);
+    EXPECT_TRUE(f.ok()) << f.status().to_string();
+    return {e, f.ok() ? *f : nullptr};
+  }
+
+  TempDir dir_;
+};
 
 TEST_P(IoEngineKinds, CreatesRequestedKind) {
   auto e = make_engine(GetParam());
@@ -96,17 +110,14 @@ TEST_P(IoEngineKinds, OddSizesAndOffsetsRoundTripWithODirect) {
 
 // Adjacent unaligned writes issued concurrently do not overwrite each other.
 TEST_P(IoEngineKinds, ConcurrentAdjacentUnalignedWritesKeepEveryByte) {
-  TempDir dir;
-  auto e = make_engine(GetParam(), 4096, 32);
-  ASSERT_NE(e, nullptr);
-  auto f = e->open(dir.path() + "/adj", OpenMode::kTruncate);
-  ASSERT_TRUE(f.ok());
+  auto [e, f] = engine_and_file("adj", 4096, 32);
+  ASSERT_TRUE(e && f);
   const uint64_t piece = 1000, n = 200;
   auto data = pattern(piece * n, 77);
-  auto fs = write_in_pieces(*e, *f, data, piece);
+  auto fs = write_in_pieces(*e, f, data, piece);
   for (auto& fu : fs) ASSERT_TRUE(fu.result().ok()) << fu.result().status().to_string();
   std::vector<char> back(piece * n);
-  auto r = e->read(*f, back.data(), back.size(), 0).result();
+  auto r = e->read(f, back.data(), back.size(), 0).result();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(back, data);
 }
@@ -136,12 +147,9 @@ TEST_P(IoEngineKinds, ReadPastEndOfFileIsDataLossNamingPathAndOffset) {
 }
 
 TEST_P(IoEngineKinds, ZeroLengthIsReadyAtOnce) {
-  TempDir dir;
-  auto e = make_engine(GetParam());
-  ASSERT_NE(e, nullptr);
-  auto f = e->open(dir.path() + "/z", OpenMode::kTruncate);
-  ASSERT_TRUE(f.ok());
-  auto fu = e->read(*f, nullptr, 0, 0);
+  auto [e, f] = engine_and_file("z");
+  ASSERT_TRUE(e && f);
+  auto fu = e->read(f, nullptr, 0, 0);
   EXPECT_TRUE(fu.ready());
   ASSERT_TRUE(fu.result().ok());
   EXPECT_EQ(*fu.result(), 0u);
@@ -170,26 +178,20 @@ TEST_P(IoEngineKinds, RegisteredBufferRoundTrip) {
 }
 
 TEST_P(IoEngineKinds, SyncCompletes) {
-  TempDir dir;
-  auto e = make_engine(GetParam());
-  ASSERT_NE(e, nullptr);
-  auto f = e->open(dir.path() + "/s", OpenMode::kTruncate);
-  ASSERT_TRUE(f.ok());
+  auto [e, f] = engine_and_file("s");
+  ASSERT_TRUE(e && f);
   auto data = pattern(5000, 4);
-  ASSERT_TRUE(e->write(*f, data.data(), data.size(), 0).result().ok());
-  auto s = e->sync(*f).result();
+  ASSERT_TRUE(e->write(f, data.data(), data.size(), 0).result().ok());
+  auto s = e->sync(f).result();
   EXPECT_TRUE(s.ok()) << s.status().to_string();
 }
 
 TEST_P(IoEngineKinds, ManyConcurrentRequestsThenDrain) {
-  TempDir dir;
-  auto e = make_engine(GetParam(), 16384, 4);
-  ASSERT_NE(e, nullptr);
-  auto f = e->open(dir.path() + "/many", OpenMode::kTruncate);
-  ASSERT_TRUE(f.ok());
+  auto [e, f] = engine_and_file("many", 16384, 4);
+  ASSERT_TRUE(e && f);
   const uint64_t chunk = 50000, n = 64;
   auto data = pattern(chunk * n, 5);
-  auto fs = write_in_pieces(*e, *f, data, chunk);
+  auto fs = write_in_pieces(*e, f, data, chunk);
   e->drain();
   for (auto& fu : fs) {
     EXPECT_TRUE(fu.ready());
@@ -197,7 +199,7 @@ TEST_P(IoEngineKinds, ManyConcurrentRequestsThenDrain) {
     EXPECT_EQ(*fu.result(), chunk);
   }
   std::vector<char> back(chunk * n);
-  ASSERT_TRUE(e->read(*f, back.data(), back.size(), 0).result().ok());
+  ASSERT_TRUE(e->read(f, back.data(), back.size(), 0).result().ok());
   EXPECT_EQ(back, data);
 }
 

@@ -15,8 +15,6 @@
 
 namespace strata::py_bindings {
 
-Result<optimizer::RuleFactory> torch_exact_rule_factory(const std::string& optimizer);
-
 namespace {
 
 using namespace pybind11::literals;
@@ -133,8 +131,9 @@ class PyOptimizer {
     if (arithmetic != "simd" && arithmetic != "torch")
       throw StatusError(invalid_argument("arithmetic must be 'simd' or 'torch', got '" +
                                          arithmetic + "'"));
-    auto factory = check(arithmetic == "torch" ? torch_exact_rule_factory(optimizer_name)
-                                               : optimizer::builtin_rule_factory(optimizer_name));
+    auto factory = check(arithmetic == "torch"
+                             ? optimizer::torch_exact_rule_factory(optimizer_name)
+                             : optimizer::builtin_rule_factory(optimizer_name));
     auto hp = to_hyperparams(hyperparams);
     auto shared = store.shared();
     auto r = release_gil([&] {

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-import strata as _strata_pkg
+import strata
 
 from . import _hyperparams
 from ._staging import GRAD_DTYPES, Staging, copy_master_to_param
@@ -48,7 +48,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: Optional[float] = None, amsgrad: bool = False, *,
-                 maximize: bool = False, store: Optional[_strata_pkg.Store] = None,
+                 maximize: bool = False, store: Optional[strata.Store] = None,
                  path: Optional[str] = None, tier: str = "nvme",
                  host_budget: Union[int, str] = "1GiB",
                  pinned_budget: Optional[Union[int, str]] = None,
@@ -159,7 +159,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                     os.makedirs(base, exist_ok=True)
                     path = self._owned_dir = tempfile.mkdtemp(prefix="optim-", dir=base)
                 # resume: never create a store (a missing one is NotFound, nothing is made)
-                store = _strata_pkg.Store.open(path, host_budget="64MiB", staging="64MiB",
+                store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
                                            chunk_size=chunk_size, create=not resume)
             self.store = store
             common = dict(key_prefix=key_prefix, sub_group_numel=sub_group_numel,
@@ -167,11 +167,11 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                           host_budget=host_budget, num_threads=num_threads,
                           arithmetic=arithmetic)
             if resume:
-                self._opt = _strata_pkg.OffloadedOptimizer.resume(store, self._RULE, **common)
+                self._opt = strata.OffloadedOptimizer.resume(store, self._RULE, **common)
                 self._saved_empty_steps = self._read_empty_steps()
                 self._check_checkpoint_layout()
             else:
-                self._opt = _strata_pkg.OffloadedOptimizer.create(
+                self._opt = strata.OffloadedOptimizer.create(
                     store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
                     default_placement=tier, **common)
             for gi, group in enumerate(self.param_groups):
@@ -186,7 +186,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise _strata_pkg.FailedPreconditionError(f"{type(self).__name__} is closed")
+            raise strata.FailedPreconditionError(f"{type(self).__name__} is closed")
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """As torch.optim.Optimizer.add_param_group; the group's parameters must be fp32,
