@@ -281,8 +281,22 @@ class StoreImpl final : public Store {
                       bool alloc) const;
   catalog::ObjectRow row_of(const Obj& o, const Layout& l) const;
   /// The live version of `key`, its io lock held (exclusive or shared); null when absent.
-  ObjPtr lock_live(const std::string& key);
-  ObjPtr lock_live_shared(const std::string& key);
+  ObjPtr lock_live(const std::string& key) { return lock_live_as(key, false); }
+  ObjPtr lock_live_shared(const std::string& key) { return lock_live_as(key, true); }
+  ObjPtr lock_live_as(const std::string& key, bool shared);
+  /// NotFound "object '<key>' is not in store <path>".
+  Status missing(const std::string& key) const;
+  /// DataLoss naming the damage when the catalog row of `o` is damaged; else OK.
+  Status check_damage(const Obj& o) const;
+  /// Where version `o`'s bytes are now (under mu_): its memory copy, if any, and its NVMe
+  /// layout. The caller holds o.io (shared or exclusive), so neither goes away meanwhile.
+  struct Copies {
+    uint8_t* mem;     // the host or device copy (null: none, or an empty object)
+    bool mem_dev;     // `mem` is device memory
+    bool mem_tier;    // the object is in a memory tier (host or device)
+    LayoutPtr nvme;   // NVMe copy (null: none)
+  };
+  Copies copies(const Obj& o) const;
   void install_locked(const ObjPtr& obj);  // under mu_
 
   // ---- store_readonly.cpp: following another process's writer
@@ -319,6 +333,10 @@ class StoreImpl final : public Store {
   };
   Future<void> enqueue_commit(std::vector<catalog::Op> ops, std::function<void(bool)> on_done);
   void committer_loop();
+  /// Uncounts one commit of `key` enqueued by an operation (inflight_), under mu_.
+  void end_inflight_locked(const std::string& key) {
+    if (--inflight_[key] == 0) inflight_.erase(key);
+  }
 
   // ---- store_datapath.cpp: chunk I/O
   /// Writes a new version of `nbytes` from `src` into newly placed extents (put, flush,
@@ -403,7 +421,12 @@ class StoreImpl final : public Store {
   // ---- store_tiers.cpp: LRU and tier changes
   Result<PinnedBuffer> alloc_host(uint64_t nbytes, const Obj* self);
   Result<std::shared_ptr<DeviceMem>> alloc_device(uint64_t nbytes, const Obj* self);
+  /// The least recently used version of the device (else host) tier that is not `self`,
+  /// not pinned and not busy, its io lock held exclusively; null when none.
   ObjPtr pick_victim(bool device, const Obj* self);
+  /// Demotes pick_victim()'s version to NVMe. \returns false when nothing is evictable.
+  /// \error the demotion's, naming the victim.
+  Result<bool> evict_one(bool device, const Obj* self);
   Status demote_locked(const ObjPtr& o);  // o exclusively locked
   Status promote_locked(const ObjPtr& o, Tier tier);
   Status move_impl(const std::string& key, Tier tier, bool prefetch_only);
@@ -412,15 +435,6 @@ class StoreImpl final : public Store {
   void lru_touch(const ObjPtr& o);
 
   // ---- store_ops.cpp: the data operations
-  /// Where version `o`'s bytes are now (under mu_): its memory copy, if any, and its NVMe
-  /// layout. The caller holds o.io (shared or exclusive), so neither goes away meanwhile.
-  struct Copies {
-    uint8_t* mem;     // the host or device copy (null: none, or an empty object)
-    bool mem_dev;     // `mem` is device memory
-    bool mem_tier;    // the object is in a memory tier (host or device)
-    LayoutPtr nvme;   // NVMe copy (null: none)
-  };
-  Copies copies(const Obj& o) const;
   /// Reads [off, off + n) of version `o` into `dst`: from its memory copy at once, else
   /// from NVMe (read_layout_async), holding `o->io` shared until the last step.
   Future<void> read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst);

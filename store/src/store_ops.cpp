@@ -77,7 +77,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
           install_locked(o);
           durable_[o->key] = o->current;
         }
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         release();
       });
     }
@@ -102,11 +102,6 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
     release();
     return make_ready_future();
   });
-}
-
-StoreImpl::Copies StoreImpl::copies(const Obj& o) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return Copies{static_cast<uint8_t*>(o.mem()), o.on_device, o.on_host || o.on_device, o.current};
 }
 
 Future<void> StoreImpl::read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
@@ -138,7 +133,7 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
-      if (!o->damage.empty()) return fail(data_loss("store " + opts_.path + ": " + o->damage));
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
       if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
         return fail(invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
                                      ", the destination is " + to_string(*desc)));
@@ -159,7 +154,7 @@ Future<void> StoreImpl::get_alloc(const std::string& key,
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
-      if (!o->damage.empty()) return fail(data_loss("store " + opts_.path + ": " + o->damage));
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
       auto dst = allocate(o->desc);
       if (!dst.ok()) return fail(dst.status());
       if (o->nbytes > 0 && *dst == nullptr) {
@@ -175,7 +170,7 @@ Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
-      if (!o->damage.empty()) return fail(data_loss("store " + opts_.path + ": " + o->damage));
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
       if (off > o->nbytes || n > o->nbytes - off) {
         return fail(range_error("read_range", key, off, n, o->nbytes));
       }
@@ -326,14 +321,14 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
   return run_op_async(true, [=, this]() -> Future<void> {
     auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
     ObjPtr o = lock_live_shared(key);
-    if (!o) return fail(not_found("object '" + key + "' is not in store " + opts_.path));
+    if (!o) return fail(missing(key));
     std::shared_lock<IoLock> held(o->io, std::adopt_lock);
     if (off > o->nbytes || n > o->nbytes - off) {
       return fail(range_error("write_range", key, off, n, o->nbytes));
     }
     if (n > 0 && src == nullptr) return fail(invalid_argument("write_range '" + key + "': src is null"));
     if (n == 0) return fail(Status::OK());
-    if (!o->damage.empty()) return fail(data_loss("store " + opts_.path + ": " + o->damage));
+    if (Status st = check_damage(*o); !st.ok()) return fail(st);
     const uint8_t* s = static_cast<const uint8_t*>(src);
     bool src_dev = is_device_pointer(s);
     Copies c = copies(*o);
@@ -365,7 +360,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
 Future<void> StoreImpl::pin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     if (!o->on_host && !o->on_device) STRATA_RETURN_IF_ERROR(promote_locked(o, Tier::kHost));
     std::lock_guard<std::mutex> lk(mu_);
@@ -377,7 +372,7 @@ Future<void> StoreImpl::pin(const std::string& key) {
 Future<void> StoreImpl::unpin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     std::lock_guard<std::mutex> lk(mu_);
     if (o->pins == 0) return failed_precondition("unpin: object '" + key + "' is not pinned");
@@ -389,11 +384,11 @@ Future<void> StoreImpl::unpin(const std::string& key) {
 Future<void> StoreImpl::remove(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
+    if (!o) return missing(key);
     std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     auto drop = [this, o](bool ok) {
       if (!ok) {
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         return;
       }
       auto it = objects_.find(o->key);
@@ -401,7 +396,7 @@ Future<void> StoreImpl::remove(const std::string& key) {
       o->live = false;
       lru_remove_locked(o);
       durable_.erase(o->key);
-      if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+      end_inflight_locked(o->key);
     };
     Future<void> f;
     {
@@ -479,7 +474,7 @@ Status StoreImpl::flush_impl() {
     f = enqueue_commit(std::move(ops), [this, updates](bool ok) {
       for (auto& [k, l] : updates) {
         if (ok) durable_[k] = l;
-        if (--inflight_[k] == 0) inflight_.erase(k);
+        end_inflight_locked(k);
       }
     });
   }

@@ -30,7 +30,7 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
   (void)catch_up(key, find(key));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = objects_.find(key);
-  if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);
+  if (it == objects_.end()) return missing(key);
   return info_locked(*it->second);
 }
 

@@ -67,9 +67,7 @@ bool may_retry(const Status& st, int retries) {
 Future<void> StoreImpl::with_current_object_async(
     const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt, int retries) {
   ObjPtr o = find(key);
-  Future<void> f = o ? attempt(o)
-                     : make_ready_future(Result<void>(
-                           not_found("object '" + key + "' is not in store " + opts_.path)));
+  Future<void> f = o ? attempt(o) : make_ready_future(Result<void>(missing(key)));
   if (!read_only_) return f;  // no catch-up: the result stands
   return f.then([this, key, o, attempt, retries](const Result<void>& r) -> Future<void> {
     if (!may_retry(r.status(), retries)) return make_ready_future(r);
