@@ -34,9 +34,9 @@ Status StoreImpl::check_damage(const Obj& o) const {
   return data_loss("store " + opts_.path + ": " + o.damage);
 }
 
-StoreImpl::Copies StoreImpl::copies_of(const Obj& o) const {
+StoreImpl::Copies StoreImpl::copies(const Obj& o) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return Copies{static_cast<uint8_t*>(o.mem()), o.on_device, o.current};
+  return Copies{static_cast<uint8_t*>(o.mem()), o.on_device, o.on_host || o.on_device, o.current};
 }
 
 void StoreImpl::install_locked(const ObjPtr& obj) {

@@ -169,7 +169,7 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
     if (from == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(copy_mem(buf.data(), o->dev->ptr, o->nbytes, true));
     } else {
-      STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+      STRATA_RETURN_IF_ERROR(read_layout(o->key, o->current, 0, o->nbytes,
                                          static_cast<uint8_t*>(buf.data()), false,
                                          opts_.verify_checksums));
     }
@@ -187,8 +187,8 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
   if (from == Tier::kHost) {
     STRATA_RETURN_IF_ERROR(copy_mem(mem->ptr, o->host.data(), o->nbytes, true));
   } else {
-    // NVMe -> pinned staging -> HBM, pipelined piece by piece (staged_read_chunk).
-    STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+    // NVMe -> pinned staging -> HBM, pipelined piece by piece (staged_read_async).
+    STRATA_RETURN_IF_ERROR(read_layout(o->key, o->current, 0, o->nbytes,
                                        static_cast<uint8_t*>(mem->ptr), true,
                                        opts_.verify_checksums));
   }
@@ -205,7 +205,7 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
 Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_only) {
   ObjPtr o = lock_live(key);
   if (!o) return missing(key);
-  std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+  std::unique_lock<IoLock> held(o->io, std::adopt_lock);
   Tier from;
   int pins;
   {
