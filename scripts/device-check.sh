@@ -323,12 +323,15 @@ configure() {
   export PKG_CONFIG_PATH=
   export PKG_CONFIG_SYSROOT_DIR=$PREFIX
   # In the environment too, for the CMake projects the tests configure (tests/consumer).
-  export CMAKE_PREFIX_PATH="$PREFIX/usr;$L/cmake;$PREFIX/usr/share/cmake"
-  export CMAKE_LIBRARY_PATH="$L;$PREFIX/usr/lib"
+  # (The environment's lists are ':'-separated, the cache's ';'-separated.)
+  export CMAKE_PREFIX_PATH=$PREFIX/usr:$L/cmake:$PREFIX/usr/share/cmake
+  export CMAKE_LIBRARY_PATH=$L:$PREFIX/usr/lib
   export CMAKE_INCLUDE_PATH=$PREFIX/usr/include
   local link="-Wl,-rpath-link,$L:$PREFIX/usr/lib"
   local args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
     -DSTRATA_WITH_CUDA=ON -DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf"
+    -DCMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//:/;}" -DCMAKE_LIBRARY_PATH="${CMAKE_LIBRARY_PATH//:/;}"
+    -DCMAKE_INCLUDE_PATH="$CMAKE_INCLUDE_PATH"
     -DPython3_EXECUTABLE="$PY" -DSTRATA_PYTHON="$PY"
     -DCMAKE_EXE_LINKER_FLAGS="$link" -DCMAKE_SHARED_LINKER_FLAGS="$link"
     -DCMAKE_MODULE_LINKER_FLAGS="$link" -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
@@ -521,6 +524,7 @@ cmd_run() {
   local jobs=${STRATA_DEVICE_JOBS:-$(nproc)}
   [[ -d $DEV/debs ]] || die "no $DEV/debs: run 'scripts/device-check.sh prepare' first (and carry .device)"
   mkdir -p "$OUT"
+  rm -f "$OUT"/{run,configure,build,ctest-gpu,ctest-rest,bench,hf}.log "$OUT/summary.json"
   rm -rf "$WORK" && mkdir -p "$WORK" && : >"$WORK/steps.tsv"
   exec > >(tee -a "$OUT/run.log") 2>&1
   PY=$(pick_python)
