@@ -55,6 +55,7 @@ struct BenchStepArgs {
   std::string chunk_size = "64MiB";
   uint64_t tensor_numel = 1ull << 26;
   int threads = 0;
+  uint32_t store_workers = 0;  // 0: the StoreOptions default
   bool keep = false;
   bool json = false;
 };
@@ -186,7 +187,7 @@ int run_bench_step(const BenchStepArgs& a) {
   so.chunk_bytes = chunk;
   so.host_budget_bytes = store_host;
   so.staging_bytes = store_staging;
-  so.worker_threads = std::max<uint32_t>(so.worker_threads, 8);
+  if (a.store_workers > 0) so.worker_threads = a.store_workers;
   auto store_r = Store::open(so);
   if (!store_r.ok()) return report_error(store_r.status());
   std::shared_ptr<Store> store = std::move(store_r).value();
@@ -338,6 +339,7 @@ int run_bench_step(const BenchStepArgs& a) {
         {"chunk_bytes", chunk},
         {"sub_group_numel", sg},
         {"buffers", a.buffers},
+        {"store_workers", so.worker_threads},
         {"steps", a.steps},
         {"step_seconds", step_s},
         {"step_seconds_all", step_runs},
@@ -358,9 +360,10 @@ int run_bench_step(const BenchStepArgs& a) {
         {"w0_0", w0}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, %d buffers\n",
+    std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, "
+                "%d buffers, %u store workers\n",
                 static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
-                a.paths.size(), static_cast<unsigned long long>(sg), a.buffers);
+                a.paths.size(), static_cast<unsigned long long>(sg), a.buffers, so.worker_threads);
     std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
                 step_gbps);
     std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s, io_gbps);
@@ -394,6 +397,8 @@ void register_bench_step(Registry& r) {
   add_defaulted(sub, "--tensor-numel", args->tensor_numel,
                 "largest tensor (the model is cut into tensors)");
   add_defaulted(sub, "--threads", args->threads, "kernel threads (0 = one per core)");
+  add_defaulted(sub, "--store-workers", args->store_workers,
+                "store worker threads (0 = the store default, 4)");
   sub->add_flag("--keep", args->keep, "keep the store directories");
   sub->add_flag("--json", args->json, "print one JSON object");
 }

@@ -15,6 +15,8 @@ namespace {
 // flag (given as 0 or 1).
 template <class O>
 struct Field {
+  Field(const char* k, double O::*n) : key(k), number(n) {}
+  Field(const char* k, bool O::*f) : key(k), flag(f) {}
   const char* key;
   double O::*number = nullptr;
   bool O::*flag = nullptr;
@@ -79,15 +81,12 @@ Builtin adam_builtin(std::string_view name, MakeRule<AdamOptions> make) {
     base.decoupled_weight_decay = true;
     base.weight_decay = kAdamWDefaultWeightDecay;
   }
-  return builtin_of<AdamOptions>(std::string(name),
-                                 {{"lr", &AdamOptions::lr},
-                                  {"beta1", &AdamOptions::beta1},
-                                  {"beta2", &AdamOptions::beta2},
-                                  {"eps", &AdamOptions::eps},
-                                  {"weight_decay", &AdamOptions::weight_decay},
-                                  {"amsgrad", nullptr, &AdamOptions::amsgrad},
-                                  {"maximize", nullptr, &AdamOptions::maximize}},
-                                 base, make);
+  using O = AdamOptions;
+  return builtin_of<O>(std::string(name),
+                       {{"lr", &O::lr}, {"beta1", &O::beta1}, {"beta2", &O::beta2},
+                        {"eps", &O::eps}, {"weight_decay", &O::weight_decay},
+                        {"amsgrad", &O::amsgrad}, {"maximize", &O::maximize}},
+                       base, make);
 }
 
 Result<Builtin> builtin(std::string_view optimizer) {
@@ -95,33 +94,25 @@ Result<Builtin> builtin(std::string_view optimizer) {
   if (optimizer == "adagrad") {
     using O = AdagradOptions;
     return builtin_of<O>("adagrad",
-                         {{"lr", &O::lr},
-                          {"lr_decay", &O::lr_decay},
+                         {{"lr", &O::lr}, {"lr_decay", &O::lr_decay},
                           {"weight_decay", &O::weight_decay},
                           {"initial_accumulator_value", &O::initial_accumulator_value},
-                          {"eps", &O::eps},
-                          {"maximize", nullptr, &O::maximize}},
+                          {"eps", &O::eps}, {"maximize", &O::maximize}},
                          O{}, &make_adagrad);
   }
   if (optimizer == "sgd") {
     using O = SgdOptions;
     return builtin_of<O>("sgd",
-                         {{"lr", &O::lr},
-                          {"momentum", &O::momentum},
-                          {"dampening", &O::dampening},
-                          {"weight_decay", &O::weight_decay},
-                          {"nesterov", nullptr, &O::nesterov},
-                          {"maximize", nullptr, &O::maximize}},
+                         {{"lr", &O::lr}, {"momentum", &O::momentum}, {"dampening", &O::dampening},
+                          {"weight_decay", &O::weight_decay}, {"nesterov", &O::nesterov},
+                          {"maximize", &O::maximize}},
                          O{}, &make_sgd);
   }
   if (optimizer == "lion") {
     using O = LionOptions;
     return builtin_of<O>("lion",
-                         {{"lr", &O::lr},
-                          {"beta1", &O::beta1},
-                          {"beta2", &O::beta2},
-                          {"weight_decay", &O::weight_decay},
-                          {"maximize", nullptr, &O::maximize}},
+                         {{"lr", &O::lr}, {"beta1", &O::beta1}, {"beta2", &O::beta2},
+                          {"weight_decay", &O::weight_decay}, {"maximize", &O::maximize}},
                          O{}, &make_lion);
   }
   return invalid_argument("unknown optimizer '" + std::string(optimizer) +

@@ -98,7 +98,6 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   if (by_name.count(name)) {
     return invalid_argument("offload: parameter '" + name + "' already exists");
   }
-  if (numel == 0) return invalid_argument("offload: parameter '" + name + "' has numel 0");
   if (group < 0 || static_cast<size_t>(group) >= groups.size()) {
     return invalid_argument("offload: parameter '" + name + "': no param group " +
                             std::to_string(group));

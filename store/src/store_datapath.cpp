@@ -4,9 +4,11 @@
 // verify (StoreOptions::verify_checksums).
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "checksum.hpp"
+#include "piece_pipeline.hpp"
 #include "store_impl.hpp"
 
 namespace strata::store_detail {
@@ -38,42 +40,48 @@ Status StoreImpl::checksum_error(const std::string& key, uint32_t j, uint64_t ch
                    hex64(c.checksum) + ", read " + hex64(got));
 }
 
-Result<uint64_t> StoreImpl::staged_write_chunk(
-    const Extent& ext, uint64_t len,
-    const std::function<Status(uint8_t*, uint64_t, uint64_t)>& fill) {
-  const uint64_t piece = std::min(piece_bytes_, align_up(len, kAlign));
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(ext.dir, 2 * piece));
-  uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
-  Future<uint64_t> pending[2];
-  Xxh3Stream h;
-  Status st;
+Future<uint64_t> StoreImpl::staged_write_async(const Extent& ext, uint64_t len, uint8_t* buf,
+                                               uint64_t piece, PieceLoad load, PieceFill fill) {
+  struct State : Hashed {
+    uint8_t* bufs[2];
+  };
+  auto s = std::make_shared<State>();
+  s->bufs[0] = buf;
+  s->bufs[1] = buf + piece;
   mark_dir_dirty(ext.dir);
-  uint64_t i = 0;
-  for (uint64_t p = 0; p < len && st.ok(); p += piece, ++i) {
-    int b = static_cast<int>(i % 2);
-    if (pending[b].valid()) {
-      const auto& r = pending[b].result();
-      if (!r.ok()) {
-        st = r.status();
-        break;
-      }
-    }
-    uint64_t plen = std::min(piece, len - p);
-    st = fill(bufs[b], p, plen);
-    if (!st.ok()) break;
-    h.update(bufs[b], plen);
-    uint64_t padded = align_up(plen, kAlign);
-    if (padded > plen) std::memset(bufs[b] + plen, 0, padded - plen);
-    pending[b] = io(ext.dir).write(files_[ext.dir], bufs[b], padded, ext.offset + p);
+  const std::shared_ptr<IoFile>* file = &files_[ext.dir];
+  IoEngine* engine = &io(ext.dir);
+  const uint64_t offset = ext.offset;
+  auto plen = [len, piece](uint64_t i) { return std::min(piece, len - i * piece); };
+  PieceSteps steps;
+  steps.count = (len + piece - 1) / piece;
+  steps.window = 2;
+  if (load) {
+    steps.load = [s, load = std::move(load), plen, piece](uint64_t i) {
+      return load(s->bufs[i % 2], i * piece, plen(i));
+    };
   }
-  for (auto& f : pending) {
-    if (f.valid()) {
-      const auto& r = f.result();
-      if (st.ok() && !r.ok()) st = r.status();
-    }
-  }
-  if (!st.ok()) return st;
-  return h.digest();
+  steps.process = [s, fill = std::move(fill), plen, piece](uint64_t i) -> Status {
+    uint8_t* b = s->bufs[i % 2];
+    const uint64_t n = plen(i);
+    STRATA_RETURN_IF_ERROR(fill(b, i * piece, n));
+    s->h.update(b, n);
+    const uint64_t padded = align_up(n, kAlign);
+    if (padded > n) std::memset(b + n, 0, padded - n);
+    return Status::OK();
+  };
+  steps.store = [s, file, engine, offset, plen, piece](uint64_t i) {
+    return engine->write(*file, s->bufs[i % 2], align_up(plen(i), kAlign), offset + i * piece);
+  };
+  return run_pieces(std::move(steps)).map([s] { return s->h.digest(); });
+}
+
+Result<uint64_t> StoreImpl::staged_write_chunk(const Extent& ext, uint64_t len, PieceFill fill) {
+  const uint64_t piece = staged_piece(len);
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(ext.dir, 2 * piece));
+  return staged_write_async(ext, len, static_cast<uint8_t*>(buf.data()), piece, nullptr,
+                            std::move(fill))
+      .result();
 }
 
 void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
@@ -168,117 +176,192 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
   return LayoutPtr(layout);
 }
 
-Status StoreImpl::staged_read_chunk(
-    const std::string& key, uint32_t j, uint64_t chunk_start, const ChunkRef& c, uint64_t lo,
-    uint64_t hi, bool verify, const std::function<Status(const uint8_t*, uint64_t, uint64_t)>& sink) {
-  // Range of the chunk to read: all of it when verifying, else the aligned cover of [lo, hi).
-  uint64_t a = verify ? 0 : align_down(lo, kAlign);
-  uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
-  const uint64_t piece = std::min(piece_bytes_, align_up(b - a, kAlign));
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(c.ext->dir, 2 * piece));
-  uint8_t* bufs[2] = {static_cast<uint8_t*>(buf.data()), static_cast<uint8_t*>(buf.data()) + piece};
-  const auto& file = files_[c.ext->dir];
-  Xxh3Stream h;
-  auto submit = [&](uint64_t p, int bi) {
-    uint64_t plen = std::min(piece, b - p);
-    return io(c.ext->dir).read(file, bufs[bi], align_up(plen, kAlign), c.ext->offset + p);
+std::function<Status()> StoreImpl::checksum_check(const std::string& key, uint32_t j,
+                                                  const ChunkRef& c,
+                                                  std::shared_ptr<const Hashed> hashed) const {
+  return [this, hashed = std::move(hashed), key, j, c]() -> Status {
+    const uint64_t got = hashed->h.digest();
+    if (got != c.checksum) return checksum_error(key, j, uint64_t{j} * chunk_bytes_, c, got);
+    return Status::OK();
   };
-  Status st;
-  Future<uint64_t> next = submit(a, 0);
-  uint64_t i = 0;
-  for (uint64_t p = a; p < b; p += piece, ++i) {
-    int bi = static_cast<int>(i % 2);
-    const auto& r = next.result();
-    if (!r.ok()) {
-      st = r.status().with_context("object '" + key + "' chunk " + std::to_string(j));
-      break;
-    }
-    uint64_t plen = std::min(piece, b - p);
-    if (p + piece < b) next = submit(p + piece, 1 - bi);  // overlaps the hash and the copy
-    if (verify) h.update(bufs[bi], plen);
-    uint64_t s0 = std::max(p, lo), s1 = std::min(p + plen, hi);
-    if (s0 < s1) {
-      st = sink(bufs[bi] + (s0 - p), s0, s1 - s0);
-      if (!st.ok()) break;
-    }
-  }
-  if (!st.ok() && next.valid()) next.wait();
-  if (!st.ok()) return st;
-  const uint64_t got = h.digest();
-  if (verify && got != c.checksum) return checksum_error(key, j, chunk_start, c, got);
-  return Status::OK();
 }
 
-Status StoreImpl::read_layout(const std::string& key, const Layout& l, uint64_t off, uint64_t n,
-                              uint8_t* dst, bool dst_dev, bool verify) {
-  if (n == 0) return Status::OK();
-  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
-  struct Direct {
-    uint32_t j;
-    std::vector<Future<uint64_t>> futs;
-    AlignedBlock tail;
-    uint64_t body = 0;
+Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
+                                          uint64_t lo, uint64_t hi, bool verify, uint8_t* buf,
+                                          uint64_t piece_cap, PieceSink sink) {
+  // Range of the chunk to read: all of it when verifying, else the aligned cover of [lo, hi).
+  const uint64_t a = verify ? 0 : align_down(lo, kAlign);
+  const uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
+  const uint64_t piece = std::min(piece_cap, align_up(b - a, kAlign));
+  struct State : Hashed {
+    uint8_t* bufs[2];
   };
-  std::vector<Direct> direct;
-  Status st;
-  // Whole chunks into aligned host memory: straight from the disk (O_DIRECT), all chunks in
-  // flight at once; verified as they complete. The rest streams through staging buffers.
-  for (uint64_t j = j0; j <= j1 && st.ok(); ++j) {
-    const ChunkRef& c = l[j];
+  auto s = std::make_shared<State>();
+  s->bufs[0] = buf;
+  s->bufs[1] = buf + piece;
+  const std::shared_ptr<IoFile>* file = &files_[c.ext->dir];
+  IoEngine* engine = &io(c.ext->dir);
+  const uint64_t offset = c.ext->offset;
+  auto plen = [a, b, piece](uint64_t i) { return std::min(piece, b - (a + i * piece)); };
+  const std::string context = "object '" + key + "' chunk " + std::to_string(j);
+  PieceSteps steps;
+  steps.count = (b - a + piece - 1) / piece;
+  steps.window = 2;
+  steps.load = [s, file, engine, offset, plen, a, piece, context](uint64_t i) {
+    return with_context(engine->read(*file, s->bufs[i % 2], align_up(plen(i), kAlign),
+                                     offset + a + i * piece),
+                        context);
+  };
+  steps.process = [s, sink = std::move(sink), plen, a, piece, lo, hi, verify](uint64_t i) {
+    const uint64_t p = a + i * piece, n = plen(i);
+    if (verify) s->h.update(s->bufs[i % 2], n);
+    const uint64_t s0 = std::max(p, lo), s1 = std::min(p + n, hi);
+    if (s0 < s1) return sink(s->bufs[i % 2] + (s0 - p), s0, s1 - s0);
+    return Status::OK();
+  };
+  if (verify) steps.finish = checksum_check(key, j, c, s);
+  return run_pieces(std::move(steps));
+}
+
+Status StoreImpl::staged_read_chunk(const std::string& key, uint32_t j, const ChunkRef& c,
+                                    uint64_t lo, uint64_t hi, bool verify, PieceSink sink) {
+  const uint64_t piece = staged_piece(c.nbytes);
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(c.ext->dir, 2 * piece));
+  return staged_read_async(key, j, c, lo, hi, verify, static_cast<uint8_t*>(buf.data()), piece,
+                           std::move(sink))
+      .result()
+      .status();
+}
+
+Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
+                                          uint8_t* d, bool verify) {
+  // Pieces of kHashPiece straight into `d`, all in flight at once, each verified as soon as
+  // it is in (in order) while the later ones are still in flight; a partial last 4 KiB
+  // block through an aligned tail block.
+  struct State : Hashed {
+    AlignedBlock tail;
+  };
+  auto s = std::make_shared<State>();
+  const uint64_t body = align_down(c.nbytes, kAlign);
+  const uint64_t nbody = (body + kHashPiece - 1) / kHashPiece;
+  const uint64_t nbytes = c.nbytes;
+  if (nbytes > body) s->tail = aligned_block(kAlign);
+  const std::shared_ptr<IoFile>* file = &files_[c.ext->dir];
+  IoEngine* engine = &io(c.ext->dir);
+  const uint64_t offset = c.ext->offset;
+  const std::string context = "object '" + key + "' chunk " + std::to_string(j);
+  PieceSteps steps;
+  steps.count = nbody + (nbytes > body ? 1 : 0);
+  steps.load = [s, file, engine, offset, d, body, nbody, context](uint64_t i) {
+    const uint64_t p = i * kHashPiece;
+    Future<uint64_t> f = i < nbody
+                             ? engine->read(*file, d + p, std::min(kHashPiece, body - p), offset + p)
+                             : engine->read(*file, s->tail.get(), kAlign, offset + body);
+    return with_context(f, context);
+  };
+  steps.process = [s, d, body, nbody, nbytes, verify](uint64_t i) {
+    const uint64_t p = i * kHashPiece;
+    if (i < nbody) {
+      if (verify) s->h.update(d + p, std::min(kHashPiece, body - p));
+    } else {
+      std::memcpy(d + body, s->tail.get(), nbytes - body);
+      if (verify) s->h.update(d + body, nbytes - body);
+    }
+    return Status::OK();
+  };
+  if (verify) steps.finish = checksum_check(key, j, c, s);
+  return run_pieces(std::move(steps));
+}
+
+Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, uint64_t off,
+                                          uint64_t n, uint8_t* dst, bool dst_dev, bool verify) {
+  if (n == 0) return make_ready_future();
+  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
+  const Layout& lay = *l;
+  // Whole chunks into aligned host memory go straight from the disk (O_DIRECT), all chunks
+  // in flight at once. The rest streams through staging buffers, one chunk after another
+  // per staging pool (NUMA group), from one buffer allocated here, on the calling thread:
+  // allocation may wait for memory, which a completion thread must never do.
+  std::vector<uint64_t> direct;
+  std::map<uint32_t, std::vector<uint64_t>> staged;  // group -> chunks
+  std::map<uint32_t, uint64_t> staged_span;          // group -> longest span
+  for (uint64_t j = j0; j <= j1; ++j) {
+    const ChunkRef& c = lay[j];
     const uint64_t cs = j * chunk_bytes_;
     const uint64_t lo = std::max(off, cs), hi = std::min(off + n, cs + c.nbytes);
-    uint8_t* d = dst + (lo - off);
     const auto& file = files_[c.ext->dir];
-    if (!file) return not_found("object '" + key + "': data file of directory " +
-                                dirs_[c.ext->dir] + " is missing");
+    if (!file) {
+      return make_ready_future(Result<void>(not_found(
+          "object '" + key + "': data file of directory " + dirs_[c.ext->dir] + " is missing")));
+    }
     bool whole = lo == cs && hi == cs + c.nbytes;
-    if (whole && !dst_dev && is_aligned_ptr(d, std::max<uint32_t>(file->memory_alignment(), 1))) {
-      Direct x;
-      x.j = static_cast<uint32_t>(j);
-      x.body = align_down(c.nbytes, kAlign);
-      for (uint64_t p = 0; p < x.body; p += kHashPiece) {
-        x.futs.push_back(io(c.ext->dir).read(file, d + p, std::min(kHashPiece, x.body - p),
-                                       c.ext->offset + p));
-      }
-      if (c.nbytes > x.body) {
-        x.tail = aligned_block(kAlign);
-        x.futs.push_back(io(c.ext->dir).read(file, x.tail.get(), kAlign,
-                                             c.ext->offset + x.body));
-      }
-      direct.push_back(std::move(x));
+    if (whole && !dst_dev &&
+        is_aligned_ptr(dst + (lo - off), std::max<uint32_t>(file->memory_alignment(), 1))) {
+      direct.push_back(j);
     } else {
-      st = staged_read_chunk(key, static_cast<uint32_t>(j), cs, c, lo - cs, hi - cs, verify,
-                             [&](const uint8_t* b, uint64_t coff, uint64_t len) {
-                               return copy_mem(dst + (cs + coff - off), b, len, dst_dev);
-                             });
+      const uint32_t g = dir_group_[c.ext->dir];
+      staged[g].push_back(j);
+      staged_span[g] = std::max(staged_span[g], verify ? c.nbytes : hi - lo + 2 * kAlign);
     }
   }
-  // Pieces complete in submission order (one FIFO engine queue); each is verified as soon
-  // as it is in, while the later pieces are still in flight.
-  for (auto& x : direct) {
-    const ChunkRef& c = l[x.j];
-    const uint64_t cs = static_cast<uint64_t>(x.j) * chunk_bytes_;
-    uint8_t* d = dst + (cs - off);
-    std::optional<Xxh3Stream> h;
-    if (verify && st.ok()) h.emplace();
-    for (size_t i = 0; i < x.futs.size(); ++i) {
-      const auto& r = x.futs[i].result();
-      if (st.ok() && !r.ok()) st = r.status().with_context("object '" + key + "' chunk " +
-                                                           std::to_string(x.j));
-      const uint64_t p = static_cast<uint64_t>(i) * kHashPiece;
-      if (st.ok() && h && p < x.body) h->update(d + p, std::min(kHashPiece, x.body - p));
-    }
-    if (!st.ok()) continue;
-    if (x.tail) {
-      std::memcpy(d + x.body, x.tail.get(), c.nbytes - x.body);
-      if (h) h->update(d + x.body, c.nbytes - x.body);
-    }
-    if (h) {
-      const uint64_t got = h->digest();
-      if (got != c.checksum) st = checksum_error(key, x.j, cs, c, got);
-    }
+  struct Job {
+    LayoutPtr layout;
+    std::vector<PinnedBuffer> bufs;
+    FirstError error;
+  };
+  auto job = std::make_shared<Job>();
+  job->layout = std::move(l);
+  std::vector<std::pair<uint32_t, uint64_t>> pieces;  // group -> piece size
+  for (const auto& [g, span] : staged_span) {
+    const uint64_t piece = staged_piece(span);
+    const uint32_t dir = static_cast<uint32_t>(lay[staged[g].front()].ext->dir);
+    auto buf = staging(dir, 2 * piece);
+    if (!buf.ok()) return make_ready_future(Result<void>(buf.status()));
+    job->bufs.push_back(std::move(buf).value());
+    pieces.emplace_back(g, piece);
   }
-  return st;
+  std::vector<Future<void>> parts;
+  for (uint64_t j : direct) {
+    const uint64_t cs = j * chunk_bytes_;
+    parts.push_back(direct_read_async(key, static_cast<uint32_t>(j), lay[j], dst + (cs - off), verify)
+                        .then([job, j](const Result<void>& r) -> Status {
+                          job->error.note(j, r.status());
+                          return r.status();
+                        }));
+  }
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const auto [g, piece] = pieces[k];
+    uint8_t* buf = static_cast<uint8_t*>(job->bufs[k].data());
+    std::vector<std::function<Future<void>()>> chain;
+    for (uint64_t j : staged[g]) {
+      chain.push_back([this, job, key, j, off, n, dst, dst_dev, verify, buf, piece]() {
+        const ChunkRef& c = (*job->layout)[j];
+        const uint64_t cs = j * chunk_bytes_;
+        const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + c.nbytes) - cs;
+        auto sink = [this, dst, cs, off, dst_dev](const uint8_t* b, uint64_t coff, uint64_t len) {
+          return copy_mem(dst + (cs + coff - off), b, len, dst_dev);
+        };
+        return staged_read_async(key, static_cast<uint32_t>(j), c, lo, hi, verify, buf, piece, sink)
+            .then([job, j](const Result<void>& r) -> Status {
+              job->error.note(j, r.status());
+              return r.status();
+            });
+      });
+    }
+    parts.push_back(run_in_sequence(std::move(chain)));
+  }
+  // Every part completes before the buffers go (after an error too): the error is the one
+  // of the lowest chunk.
+  return when_all(parts).then([job](const Result<void>&) -> Status {
+    job->bufs.clear();
+    job->layout.reset();
+    return job->error.status();
+  });
+}
+
+Status StoreImpl::read_layout(const std::string& key, LayoutPtr l, uint64_t off, uint64_t n,
+                              uint8_t* dst, bool dst_dev, bool verify) {
+  return read_layout_async(key, std::move(l), off, n, dst, dst_dev, verify).result().status();
 }
 
 }  // namespace strata::store_detail

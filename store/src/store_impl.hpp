@@ -47,8 +47,10 @@
 #include <vector>
 
 #include "catalog_sqlite.hpp"
+#include "checksum.hpp"
 #include "extent_allocator.hpp"
 #include "gpu_detail.hpp"
+#include "io_lock.hpp"
 #include "strata/base/thread_pool.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -121,8 +123,9 @@ struct Obj {
   TensorDesc desc;
   uint64_t nbytes = 0;
   uint32_t first_dir = 0;
-  /// Shared: readers and write_range. Exclusive: tier changes, write-back, replacement.
-  std::shared_mutex io;
+  /// Shared: readers and write_range (until their last continuation, on any thread).
+  /// Exclusive: tier changes, write-back, replacement.
+  IoLock io;
 
   bool live = true;         // installed in objects_
   std::string damage;       // non-empty: the catalog row is damaged (reads fail, DataLoss)
@@ -228,8 +231,10 @@ class StoreImpl final : public Store {
   // ---- store_open.cpp: admission of operations
   template <class F>
   Future<void> run_op(bool mutating, F f);
+  /// Like run_op(), but `f` returns Future<void>: the worker does not wait for it, and the
+  /// operation ends (end_op()) when that future completes.
   template <class F>
-  Future<void> run_op_async(F f);  // f returns Future<void>; the worker does not wait
+  Future<void> run_op_async(bool mutating, F f);
   /// Admits an operation (writable when `mutating`, store not closing) and counts it in
   /// flight; end_op() uncounts it and wakes close().
   Status begin_op(bool mutating) const;
@@ -276,8 +281,22 @@ class StoreImpl final : public Store {
                       bool alloc) const;
   catalog::ObjectRow row_of(const Obj& o, const Layout& l) const;
   /// The live version of `key`, its io lock held (exclusive or shared); null when absent.
-  ObjPtr lock_live(const std::string& key);
-  ObjPtr lock_live_shared(const std::string& key);
+  ObjPtr lock_live(const std::string& key) { return lock_live_as(key, false); }
+  ObjPtr lock_live_shared(const std::string& key) { return lock_live_as(key, true); }
+  ObjPtr lock_live_as(const std::string& key, bool shared);
+  /// NotFound "object '<key>' is not in store <path>".
+  Status missing(const std::string& key) const;
+  /// DataLoss naming the damage when the catalog row of `o` is damaged; else OK.
+  Status check_damage(const Obj& o) const;
+  /// Where version `o`'s bytes are now (under mu_): its memory copy, if any, and its NVMe
+  /// layout. The caller holds o.io (shared or exclusive), so neither goes away meanwhile.
+  struct Copies {
+    uint8_t* mem;     // the host or device copy (null: none, or an empty object)
+    bool mem_dev;     // `mem` is device memory
+    bool mem_tier;    // the object is in a memory tier (host or device)
+    LayoutPtr nvme;   // NVMe copy (null: none)
+  };
+  Copies copies(const Obj& o) const;
   void install_locked(const ObjPtr& obj);  // under mu_
 
   // ---- store_readonly.cpp: following another process's writer
@@ -300,9 +319,11 @@ class StoreImpl final : public Store {
   bool install_row_locked(const catalog::ObjectRow& row) const;
   /// Runs `attempt` on the object `key` (NotFound when absent). In a read-only open, a
   /// NotFound or DataLoss is checked against the key's current catalog row first: when a
-  /// writer changed it, the attempt runs again on the new version (at most 8 retries).
-  Status with_current_object(const std::string& key,
-                             const std::function<Status(const ObjPtr&)>& attempt) const;
+  /// writer changed it, the attempt runs again on the new version (at most 8 retries). That
+  /// catch-up reads the catalog, so it runs on a worker, never on a completion thread.
+  Future<void> with_current_object_async(
+      const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt,
+      int retries = 0);
 
   // ---- store_commit.cpp: group commit
   struct CommitReq {
@@ -312,6 +333,10 @@ class StoreImpl final : public Store {
   };
   Future<void> enqueue_commit(std::vector<catalog::Op> ops, std::function<void(bool)> on_done);
   void committer_loop();
+  /// Uncounts one commit of `key` enqueued by an operation (inflight_), under mu_.
+  void end_inflight_locked(const std::string& key) {
+    if (--inflight_[key] == 0) inflight_.erase(key);
+  }
 
   // ---- store_datapath.cpp: chunk I/O
   /// Writes a new version of `nbytes` from `src` into newly placed extents (put, flush,
@@ -320,14 +345,62 @@ class StoreImpl final : public Store {
                                  uint32_t first_dir, bool src_dev);
   Result<LayoutPtr> write_layout_once(const std::string& key, const uint8_t* src,
                                       uint64_t nbytes, uint32_t first_dir, bool src_dev);
-  Status read_layout(const std::string& key, const Layout& l, uint64_t off, uint64_t n,
+  // Reads and write_range run completion-driven: the calling thread (a worker) plans the
+  // transfer, allocates staging memory and submits; each later step (verifying a piece,
+  // copying out of a staging buffer, submitting the next piece, the next chunk) runs on
+  // the thread that completed the step before it, an engine completion thread. That CPU
+  // work stays there, bounded by one piece (<= kHashPiece or piece_bytes_: well under a
+  // millisecond of hashing or copying), rather than hopping onto the worker pool: workers
+  // block in operations that stay synchronous (move, pin, remove, flush: lock_live() and
+  // the exclusive io lock), so a read whose last step needed a worker could wait for a
+  // worker that waits for that read's shared lock (worker_threads = 1 deadlocks).
+
+  /// What a staged write does before filling a piece (read-modify-write: read the old
+  /// bytes into `buf`); may be null.
+  using PieceLoad = std::function<Future<uint64_t>(uint8_t* buf, uint64_t off, uint64_t n)>;
+  /// Fills `n` bytes at `buf` with the chunk's bytes [off, off + n); in piece order.
+  using PieceFill = std::function<Status(uint8_t* buf, uint64_t off, uint64_t n)>;
+  /// Takes the `n` bytes at `buf` that are the chunk's bytes [off, off + n); in order.
+  using PieceSink = std::function<Status(const uint8_t* buf, uint64_t off, uint64_t n)>;
+  /// Staging pieces for a transfer of `span` bytes of one chunk.
+  uint64_t staged_piece(uint64_t span) const {
+    return std::min(piece_bytes_, align_up(std::max<uint64_t>(span, 1), kAlign));
+  }
+  /// The XXH3 stream of a transfer's pieces, hashed as they go through.
+  struct Hashed {
+    Xxh3Stream h;
+  };
+  /// The finish step of a verified chunk read: DataLoss (checksum_error) when what `hashed`
+  /// saw does not match chunk `c` (number `j`).
+  std::function<Status()> checksum_check(const std::string& key, uint32_t j, const ChunkRef& c,
+                                         std::shared_ptr<const Hashed> hashed) const;
+  /// Reads bytes [off, off + n) of layout `l` into `dst` (device memory when `dst_dev`),
+  /// verifying each chunk read whole (all of it is read when `verify`). Staging memory is
+  /// allocated here, before anything is submitted; the future completes (on an engine
+  /// thread) once every piece in flight has completed, with the lowest chunk's error.
+  Future<void> read_layout_async(const std::string& key, LayoutPtr l, uint64_t off, uint64_t n,
+                                 uint8_t* dst, bool dst_dev, bool verify);
+  /// read_layout_async(), waited for (promotion, on a worker holding the exclusive lock).
+  Status read_layout(const std::string& key, LayoutPtr l, uint64_t off, uint64_t n,
                      uint8_t* dst, bool dst_dev, bool verify);
-  Result<uint64_t> staged_write_chunk(
-      const Extent& ext, uint64_t len,
-      const std::function<Status(uint8_t*, uint64_t, uint64_t)>& fill);
-  Status staged_read_chunk(const std::string& key, uint32_t j, uint64_t chunk_start,
-                           const ChunkRef& c, uint64_t lo, uint64_t hi, bool verify,
-                           const std::function<Status(const uint8_t*, uint64_t, uint64_t)>& sink);
+  /// One whole chunk `c` (number `j`) straight into aligned host memory `d`.
+  Future<void> direct_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
+                                 uint8_t* d, bool verify);
+  /// Bytes [lo, hi) of chunk `c` (number `j`) through the staging memory `buf` (two pieces
+  /// of at most `piece_cap` bytes), handed to `sink` in order.
+  Future<void> staged_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
+                                 uint64_t lo, uint64_t hi, bool verify, uint8_t* buf,
+                                 uint64_t piece_cap, PieceSink sink);
+  /// staged_read_async() with its own staging memory, waited for (verify()).
+  Status staged_read_chunk(const std::string& key, uint32_t j, const ChunkRef& c, uint64_t lo,
+                           uint64_t hi, bool verify, PieceSink sink);
+  /// Writes `len` bytes into extent `ext` through `buf` (two pieces of `piece` bytes): each
+  /// piece loaded (optional), filled, hashed, zero-padded to 4 KiB and written.
+  /// \returns future of the XXH3-64 of the `len` bytes.
+  Future<uint64_t> staged_write_async(const Extent& ext, uint64_t len, uint8_t* buf,
+                                      uint64_t piece, PieceLoad load, PieceFill fill);
+  /// staged_write_async() with its own staging memory, waited for (put, write-back).
+  Result<uint64_t> staged_write_chunk(const Extent& ext, uint64_t len, PieceFill fill);
   /// Copies `n` bytes, through a CUDA stream when `any_dev` (either side device memory).
   Status copy_mem(void* dst, const void* src, uint64_t n, bool any_dev);
   /// Submits the write of `len` bytes from host memory `s` (aligned for O_DIRECT on the
@@ -348,7 +421,12 @@ class StoreImpl final : public Store {
   // ---- store_tiers.cpp: LRU and tier changes
   Result<PinnedBuffer> alloc_host(uint64_t nbytes, const Obj* self);
   Result<std::shared_ptr<DeviceMem>> alloc_device(uint64_t nbytes, const Obj* self);
+  /// The least recently used version of the device (else host) tier that is not `self`,
+  /// not pinned and not busy, its io lock held exclusively; null when none.
   ObjPtr pick_victim(bool device, const Obj* self);
+  /// Demotes pick_victim()'s version to NVMe. \returns false when nothing is evictable.
+  /// \error the demotion's, naming the victim.
+  Result<bool> evict_one(bool device, const Obj* self);
   Status demote_locked(const ObjPtr& o);  // o exclusively locked
   Status promote_locked(const ObjPtr& o, Tier tier);
   Status move_impl(const std::string& key, Tier tier, bool prefetch_only);
@@ -357,10 +435,15 @@ class StoreImpl final : public Store {
   void lru_touch(const ObjPtr& o);
 
   // ---- store_ops.cpp: the data operations
-  Status get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst);
+  /// Reads [off, off + n) of version `o` into `dst`: from its memory copy at once, else
+  /// from NVMe (read_layout_async), holding `o->io` shared until the last step.
+  Future<void> read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst);
   Future<void> get_impl(const std::string& key, void* dst, uint64_t nbytes,
                         const TensorDesc* desc);
-  Status write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src);
+  /// write_range of an object only in NVMe (`cur`: its layout), copy-on-write per chunk;
+  /// the caller holds `o->io` shared until the future completes.
+  Future<void> write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_t off, uint64_t n,
+                                const uint8_t* src, bool src_dev);
   Status flush_impl();
 
   // ---- store_query.cpp
@@ -443,8 +526,8 @@ Future<void> StoreImpl::run_op(bool mutating, F f) {
 }
 
 template <class F>
-Future<void> StoreImpl::run_op_async(F f) {
-  if (Status st = begin_op(true); !st.ok()) return make_ready_future(Result<void>(st));
+Future<void> StoreImpl::run_op_async(bool mutating, F f) {
+  if (Status st = begin_op(mutating); !st.ok()) return make_ready_future(Result<void>(st));
   auto p = std::make_shared<Promise<void>>();
   Future<void> fut = p->future();
   pool_->submit([this, p, f = std::move(f)]() mutable {

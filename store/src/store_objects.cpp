@@ -12,30 +12,31 @@ ObjPtr StoreImpl::find(const std::string& key) const {
   return it == objects_.end() ? nullptr : it->second;
 }
 
-ObjPtr StoreImpl::lock_live(const std::string& key) {
+ObjPtr StoreImpl::lock_live_as(const std::string& key, bool shared) {
   for (;;) {
     ObjPtr o = find(key);
     if (!o) return nullptr;
-    o->io.lock();
+    shared ? o->io.lock_shared() : o->io.lock();
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (o->live) return o;
     }
-    o->io.unlock();
+    shared ? o->io.unlock_shared() : o->io.unlock();  // replaced meanwhile: look again
   }
 }
 
-ObjPtr StoreImpl::lock_live_shared(const std::string& key) {
-  for (;;) {
-    ObjPtr o = find(key);
-    if (!o) return nullptr;
-    o->io.lock_shared();
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (o->live) return o;
-    }
-    o->io.unlock_shared();
-  }
+Status StoreImpl::missing(const std::string& key) const {
+  return not_found("object '" + key + "' is not in store " + opts_.path);
+}
+
+Status StoreImpl::check_damage(const Obj& o) const {
+  if (o.damage.empty()) return Status::OK();
+  return data_loss("store " + opts_.path + ": " + o.damage);
+}
+
+StoreImpl::Copies StoreImpl::copies(const Obj& o) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return Copies{static_cast<uint8_t*>(o.mem()), o.on_device, o.on_host || o.on_device, o.current};
 }
 
 void StoreImpl::install_locked(const ObjPtr& obj) {

@@ -2,9 +2,11 @@
 // tier), get / get_alloc / read_range, write_range (copy-on-write per NVMe chunk), pin,
 // unpin, remove and flush.
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "checksum.hpp"
+#include "piece_pipeline.hpp"
 #include "store_impl.hpp"
 #include "store_validate.hpp"
 
@@ -47,7 +49,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
   auto release = [this, key] {  // under mu_
     if (--pending_creates_[key] == 0) pending_creates_.erase(key);
   };
-  return run_op_async([=, this]() -> Future<void> {
+  return run_op_async(true, [=, this]() -> Future<void> {
     auto fail = [&](Status st) {
       std::lock_guard<std::mutex> lk(mu_);
       release();
@@ -75,7 +77,7 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
           install_locked(o);
           durable_[o->key] = o->current;
         }
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         release();
       });
     }
@@ -102,188 +104,264 @@ Future<void> StoreImpl::put(const std::string& key, const void* src, const Tenso
   });
 }
 
-Status StoreImpl::get_from(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
-  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+Future<void> StoreImpl::read_async(const ObjPtr& o, uint64_t off, uint64_t n, uint8_t* dst) {
+  // `o` is one version: an overwrite installs a new Obj, and this one's memory and extents
+  // stay valid while `o` is held and its io lock is shared, until the read's last step.
+  o->io.lock_shared();
+  Future<void> f;
   bool dst_dev = is_device_pointer(dst);
-  uint8_t* mem;
-  bool mem_dev;
-  LayoutPtr cur;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    mem = static_cast<uint8_t*>(o->mem());
-    mem_dev = o->on_device;
-    cur = o->current;
+  Copies c = copies(*o);
+  if (c.mem_tier) {
+    f = make_ready_future(Result<void>(copy_mem(dst, c.mem + off, n, dst_dev || c.mem_dev)));
+  } else if (!c.nvme) {
+    f = make_ready_future(
+        Result<void>(internal_error("object '" + o->key + "' has no copy in any tier")));
+  } else {
+    f = read_layout_async(o->key, std::move(c.nvme), off, n, dst, dst_dev, opts_.verify_checksums);
   }
-  if (o->on_host || o->on_device) return copy_mem(dst, mem + off, n, dst_dev || mem_dev);
-  if (!cur) return internal_error("object '" + o->key + "' has no copy in any tier");
-  return read_layout(o->key, *cur, off, n, dst, dst_dev, opts_.verify_checksums);
+  return f.then([this, o](const Result<void>& r) -> Status {
+    o->io.unlock_shared();
+    lru_touch(o);
+    return r.status();
+  });
 }
 
 Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nbytes,
                                  const TensorDesc* desc_ptr) {
   std::optional<TensorDesc> desc;
   if (desc_ptr) desc = *desc_ptr;
-  return run_op(false, [=, this]() -> Status {
-    return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+  return run_op_async(false, [=, this] {
+    return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
+      auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
       if (desc && (desc->dtype != o->desc.dtype || desc->shape != o->desc.shape)) {
-        return invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
-                                ", the destination is " + to_string(*desc));
+        return fail(invalid_argument("get '" + key + "': the object is " + to_string(o->desc) +
+                                     ", the destination is " + to_string(*desc)));
       }
       if (nbytes != o->nbytes) {
-        return invalid_argument("get '" + key + "': the object is " + std::to_string(o->nbytes) +
-                                " bytes, the destination " + std::to_string(nbytes) + " bytes");
+        return fail(invalid_argument("get '" + key + "': the object is " +
+                                     std::to_string(o->nbytes) + " bytes, the destination " +
+                                     std::to_string(nbytes) + " bytes"));
       }
-      if (nbytes > 0 && dst == nullptr) return invalid_argument("get '" + key + "': dst is null");
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, 0, nbytes, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      if (nbytes > 0 && dst == nullptr) return fail(invalid_argument("get '" + key + "': dst is null"));
+      return read_async(o, 0, nbytes, static_cast<uint8_t*>(dst));
     });
   });
 }
 
 Future<void> StoreImpl::get_alloc(const std::string& key,
                                   std::function<Result<void*>(const TensorDesc&)> allocate) {
-  return run_op(false, [=, this, allocate = std::move(allocate)]() -> Status {
-    return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
-      // `o` is one version: an overwrite installs a new Obj, and this one's memory and
-      // extents stay valid while `o` is held and its io lock is shared.
-      STRATA_ASSIGN_OR_RETURN(void* dst, allocate(o->desc));
-      if (o->nbytes > 0 && dst == nullptr) {
-        return invalid_argument("get '" + key + "': the allocator returned null for " +
-                                std::to_string(o->nbytes) + " bytes");
+  return run_op_async(false, [=, this] {
+    return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
+      auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
+      auto dst = allocate(o->desc);
+      if (!dst.ok()) return fail(dst.status());
+      if (o->nbytes > 0 && *dst == nullptr) {
+        return fail(invalid_argument("get '" + key + "': the allocator returned null for " +
+                                     std::to_string(o->nbytes) + " bytes"));
       }
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, 0, o->nbytes, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      return read_async(o, 0, o->nbytes, static_cast<uint8_t*>(*dst));
     });
   });
 }
 
 Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
-  return run_op(false, [=, this]() -> Status {
-    return with_current_object(key, [&](const ObjPtr& o) -> Status {
-      if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+  return run_op_async(false, [=, this] {
+    return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
+      auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
+      if (Status st = check_damage(*o); !st.ok()) return fail(st);
       if (off > o->nbytes || n > o->nbytes - off) {
-        return range_error("read_range", key, off, n, o->nbytes);
+        return fail(range_error("read_range", key, off, n, o->nbytes));
       }
       if (n > 0 && dst == nullptr) {
-        return invalid_argument("read_range '" + key + "': dst is null");
+        return fail(invalid_argument("read_range '" + key + "': dst is null"));
       }
-      std::shared_lock<std::shared_mutex> rl(o->io);
-      Status st = get_from(o, off, n, static_cast<uint8_t*>(dst));
-      lru_touch(o);
-      return st;
+      return read_async(o, off, n, static_cast<uint8_t*>(dst));
     });
   });
 }
 
-Status StoreImpl::write_range_impl(const ObjPtr& o, uint64_t off, uint64_t n, const uint8_t* src) {
-  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
-  bool src_dev = is_device_pointer(src);
-  uint8_t* mem;
-  bool mem_dev;
-  LayoutPtr cur;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    mem = static_cast<uint8_t*>(o->mem());
-    mem_dev = o->on_device;
-    cur = o->current;
-  }
-  if (o->on_host || o->on_device) {
-    STRATA_RETURN_IF_ERROR(copy_mem(mem + off, src, n, src_dev || mem_dev));
-    std::lock_guard<std::mutex> lk(mu_);
-    o->dirty = true;
-    return Status::OK();
-  }
-  // NVMe only: copy-on-write per chunk. The catalog keeps naming the old extents until the
-  // next flush(); a crash restores them. The new chunks replace the old ones in the layout
-  // only once all of them are written: a failure leaves the object as it was, and the new
-  // extents are released with `written`.
+Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_t off,
+                                         uint64_t n, const uint8_t* src, bool src_dev) {
+  // Copy-on-write per chunk. The catalog keeps naming the old extents until the next
+  // flush(); a crash restores them. The new chunks replace the old ones in the layout only
+  // once all of them are written: a failure leaves the object as it was, and the new
+  // extents are released with the job. Whole aligned chunks are written straight from
+  // `src`, all at once (hashed here, while they are in flight); the others are
+  // read-modify-written through staging memory, one chunk after another per staging pool.
   const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
-  std::vector<std::pair<uint64_t, ChunkRef>> written;
-  written.reserve(j1 - j0 + 1);
+  struct Job {
+    LayoutPtr cur;
+    std::vector<std::pair<uint64_t, ChunkRef>> written;
+    std::vector<AlignedBlock> tails;
+    std::vector<PinnedBuffer> bufs;
+    FirstError error;
+  };
+  auto job = std::make_shared<Job>();
+  job->cur = std::move(cur);
+  job->written.reserve(j1 - j0 + 1);
+  std::vector<size_t> direct;
+  std::map<uint32_t, std::vector<size_t>> staged;  // staging group -> entries of `written`
   for (uint64_t j = j0; j <= j1; ++j) {
-    const ChunkRef old = (*cur)[j];
+    const ChunkRef& old = (*job->cur)[j];
     const uint64_t cs = j * chunk_bytes_;
     const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
-    STRATA_ASSIGN_OR_RETURN(auto ext, alloc_->allocate(old.ext->dir, old.ext->len, o->key));
-    STRATA_RETURN_IF_ERROR(ensure_file_size(ext->dir, ext->offset + ext->len));
+    auto ext = alloc_->allocate(old.ext->dir, old.ext->len, o->key);
+    if (!ext.ok()) return make_ready_future(Result<void>(ext.status()));
+    Status gs = ensure_file_size((*ext)->dir, (*ext)->offset + (*ext)->len);
+    if (!gs.ok()) return make_ready_future(Result<void>(gs));
     const uint8_t* s = src + (cs + lo - off);
-    ChunkRef nc{ext, old.nbytes, 0};
-    const auto& file = files_[ext->dir];
-    if (lo == 0 && hi == old.nbytes && !src_dev &&
-        is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1)) &&
+    const auto& file = files_[(*ext)->dir];
+    const bool whole = lo == 0 && hi == old.nbytes;
+    if (whole && !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1)) &&
         old.nbytes % kAlign == 0) {
-      mark_dir_dirty(ext->dir);
-      std::vector<Future<uint64_t>> futs;
-      std::vector<AlignedBlock> tails;
-      write_direct(ext->dir, s, old.nbytes, ext->offset, futs, tails);
-      nc.checksum = xxh3_64(s, old.nbytes);  // while the write is in flight
-      Status wst;
-      for (auto& f : futs) {
-        const auto& r = f.result();
-        if (wst.ok() && !r.ok()) wst = r.status();
-      }
-      STRATA_RETURN_IF_ERROR(wst);
+      direct.push_back(job->written.size());
     } else {
-      // Read-modify-write piece by piece: old bytes outside [lo, hi) (verified), new inside.
-      const bool partial = !(lo == 0 && hi == old.nbytes);
-      std::optional<Xxh3Stream> vh;
-      if (partial && opts_.verify_checksums) vh.emplace();
-      const auto& ofile = files_[old.ext->dir];
-      auto h = staged_write_chunk(*ext, old.nbytes, [&](uint8_t* buf, uint64_t p, uint64_t plen) {
-        if (partial) {
-          STRATA_RETURN_IF_ERROR(io(old.ext->dir).read(ofile, buf, align_up(plen, kAlign),
-                                               old.ext->offset + p).result().status());
-          if (vh) vh->update(buf, plen);
-        }
-        uint64_t a = std::max(p, lo), b = std::min(p + plen, hi);
-        if (a < b) STRATA_RETURN_IF_ERROR(copy_mem(buf + (a - p), src + (cs + a - off), b - a, src_dev));
-        return Status::OK();
-      });
-      const uint64_t got = vh ? vh->digest() : 0;
-      if (!h.ok()) return h.status().with_context("write_range '" + o->key + "'");
-      if (vh && got != old.checksum) return checksum_error(o->key, static_cast<uint32_t>(j), cs, old, got);
-      nc.checksum = *h;
+      staged[dir_group_[(*ext)->dir]].push_back(job->written.size());
     }
-    written.emplace_back(j, std::move(nc));
+    job->written.emplace_back(j, ChunkRef{std::move(*ext), old.nbytes, 0});
   }
-  // Concurrent write_range calls on this object touch other chunks: start from the layout
-  // as it is now, so their chunks are kept.
-  std::lock_guard<std::mutex> lk(mu_);
-  auto l = std::make_shared<Layout>(*o->current);
-  for (auto& [j, nc] : written) (*l)[j] = std::move(nc);
-  o->current = l;
-  return Status::OK();
+  std::vector<std::pair<uint32_t, uint64_t>> pieces;  // staging group -> piece size
+  for (const auto& [g, entries] : staged) {
+    uint64_t longest = 0;
+    for (size_t e : entries) longest = std::max(longest, job->written[e].second.nbytes);
+    const uint64_t piece = staged_piece(longest);
+    auto buf = staging(job->written[entries.front()].second.ext->dir, 2 * piece);
+    if (!buf.ok()) {
+      return make_ready_future(
+          Result<void>(buf.status().with_context("write_range '" + o->key + "'")));
+    }
+    job->bufs.push_back(std::move(buf).value());
+    pieces.emplace_back(g, piece);
+  }
+  std::vector<Future<void>> parts;
+  for (size_t e : direct) {
+    auto& [j, nc] = job->written[e];
+    std::vector<Future<uint64_t>> futs;
+    const uint8_t* s = src + (j * chunk_bytes_ - off);
+    mark_dir_dirty(nc.ext->dir);
+    write_direct(nc.ext->dir, s, nc.nbytes, nc.ext->offset, futs, job->tails);
+    nc.checksum = xxh3_64(s, nc.nbytes);  // while the write is in flight
+    const uint64_t jj = j;
+    parts.push_back(when_all(futs).then([job, jj](const Result<void>& r) -> Status {
+      job->error.note(jj, r.status());
+      return r.status();
+    }));
+  }
+  const std::string key = o->key;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const auto [g, piece] = pieces[k];
+    uint8_t* buf = static_cast<uint8_t*>(job->bufs[k].data());
+    std::vector<std::function<Future<void>()>> chain;
+    for (size_t e : staged[g]) {
+      chain.push_back([this, job, e, key, off, n, src, src_dev, buf, piece]() -> Future<void> {
+        const uint64_t j = job->written[e].first;
+        const ChunkRef old = (*job->cur)[j];
+        const uint64_t cs = j * chunk_bytes_;
+        const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
+        // Read-modify-write piece by piece: old bytes outside [lo, hi) (verified), new inside.
+        const bool partial = !(lo == 0 && hi == old.nbytes);
+        auto vh = std::make_shared<std::optional<Xxh3Stream>>();
+        if (partial && opts_.verify_checksums) vh->emplace();
+        PieceLoad load;
+        if (partial) {
+          const std::shared_ptr<IoFile>* ofile = &files_[old.ext->dir];
+          IoEngine* engine = &io(old.ext->dir);
+          const uint64_t ooff = old.ext->offset;
+          load = [ofile, engine, ooff](uint8_t* b, uint64_t p, uint64_t plen) {
+            return engine->read(*ofile, b, align_up(plen, kAlign), ooff + p);
+          };
+        }
+        auto fill = [this, vh, partial, lo, hi, src, cs, off, src_dev](uint8_t* b, uint64_t p,
+                                                                        uint64_t plen) -> Status {
+          if (partial && *vh) (*vh)->update(b, plen);
+          const uint64_t a = std::max(p, lo), z = std::min(p + plen, hi);
+          if (a < z) return copy_mem(b + (a - p), src + (cs + a - off), z - a, src_dev);
+          return Status::OK();
+        };
+        return staged_write_async(*job->written[e].second.ext, old.nbytes, buf, piece,
+                                  std::move(load), std::move(fill))
+            .then([this, job, e, j, cs, old, vh, key](const Result<uint64_t>& h) -> Status {
+              Status st;
+              if (!h.ok()) {
+                st = h.status().with_context("write_range '" + key + "'");
+              } else if (*vh && (*vh)->digest() != old.checksum) {
+                st = checksum_error(key, static_cast<uint32_t>(j), cs, old, (*vh)->digest());
+              } else {
+                job->written[e].second.checksum = *h;
+              }
+              job->error.note(j, st);
+              return st;
+            });
+      });
+    }
+    parts.push_back(run_in_sequence(std::move(chain)));
+  }
+  return when_all(parts).then([this, o, job](const Result<void>&) -> Status {
+    Status st = job->error.status();
+    if (st.ok()) {
+      // Concurrent write_range calls on this object touch other chunks: start from the
+      // layout as it is now, so their chunks are kept.
+      std::lock_guard<std::mutex> lk(mu_);
+      auto l = std::make_shared<Layout>(*o->current);
+      for (auto& [j, nc] : job->written) (*l)[j] = std::move(nc);
+      o->current = l;
+    }
+    job->written.clear();  // a failure's new extents go back to the allocator
+    job->tails.clear();
+    job->bufs.clear();
+    job->cur.reset();
+    return st;
+  });
 }
 
 Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64_t n,
                                     const void* src) {
-  return run_op(true, [=, this]() -> Status {
+  return run_op_async(true, [=, this]() -> Future<void> {
+    auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
     ObjPtr o = lock_live_shared(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    std::shared_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (!o) return fail(missing(key));
+    std::shared_lock<IoLock> held(o->io, std::adopt_lock);
     if (off > o->nbytes || n > o->nbytes - off) {
-      return range_error("write_range", key, off, n, o->nbytes);
+      return fail(range_error("write_range", key, off, n, o->nbytes));
     }
-    if (n > 0 && src == nullptr) return invalid_argument("write_range '" + key + "': src is null");
-    if (n == 0) return Status::OK();
-    Status st = write_range_impl(o, off, n, static_cast<const uint8_t*>(src));
-    if (!st.ok()) trim_data_files();  // the failed copy-on-write extents are released
-    lru_touch(o);
-    return st;
+    if (n > 0 && src == nullptr) return fail(invalid_argument("write_range '" + key + "': src is null"));
+    if (n == 0) return fail(Status::OK());
+    if (Status st = check_damage(*o); !st.ok()) return fail(st);
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    bool src_dev = is_device_pointer(s);
+    Copies c = copies(*o);
+    if (c.mem_tier) {
+      Status st = copy_mem(c.mem + off, s, n, src_dev || c.mem_dev);
+      if (st.ok()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        o->dirty = true;
+      }
+      lru_touch(o);
+      return fail(st);
+    }
+    held.release();  // from here the last step unlocks, on whichever thread runs it
+    return write_range_nvme(o, std::move(c.nvme), off, n, s, src_dev)
+        .then([this, o](const Result<void>& r) -> Future<void> {
+          o->io.unlock_shared();
+          lru_touch(o);
+          if (r.ok()) return make_ready_future();
+          // The failed copy-on-write extents are released: give back the space, on a worker
+          // (file system calls stay off the completion thread).
+          return pool_->async([this, st = r.status()]() -> Status {
+            trim_data_files();
+            return st;
+          });
+        });
   });
 }
 
 Future<void> StoreImpl::pin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (!o) return missing(key);
+    std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     if (!o->on_host && !o->on_device) STRATA_RETURN_IF_ERROR(promote_locked(o, Tier::kHost));
     std::lock_guard<std::mutex> lk(mu_);
     ++o->pins;
@@ -294,8 +372,8 @@ Future<void> StoreImpl::pin(const std::string& key) {
 Future<void> StoreImpl::unpin(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (!o) return missing(key);
+    std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     std::lock_guard<std::mutex> lk(mu_);
     if (o->pins == 0) return failed_precondition("unpin: object '" + key + "' is not pinned");
     --o->pins;
@@ -306,11 +384,11 @@ Future<void> StoreImpl::unpin(const std::string& key) {
 Future<void> StoreImpl::remove(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
-    if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-    std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+    if (!o) return missing(key);
+    std::unique_lock<IoLock> held(o->io, std::adopt_lock);
     auto drop = [this, o](bool ok) {
       if (!ok) {
-        if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+        end_inflight_locked(o->key);
         return;
       }
       auto it = objects_.find(o->key);
@@ -318,7 +396,7 @@ Future<void> StoreImpl::remove(const std::string& key) {
       o->live = false;
       lru_remove_locked(o);
       durable_.erase(o->key);
-      if (--inflight_[o->key] == 0) inflight_.erase(o->key);
+      end_inflight_locked(o->key);
     };
     Future<void> f;
     {
@@ -354,7 +432,7 @@ Status StoreImpl::flush_impl() {
       dirty = o->dirty && o->live;
     }
     if (!dirty) continue;
-    std::unique_lock<std::shared_mutex> held(o->io);
+    std::unique_lock<IoLock> held(o->io);
     uint8_t* mem;
     bool on_dev;
     {
@@ -396,7 +474,7 @@ Status StoreImpl::flush_impl() {
     f = enqueue_commit(std::move(ops), [this, updates](bool ok) {
       for (auto& [k, l] : updates) {
         if (ok) durable_[k] = l;
-        if (--inflight_[k] == 0) inflight_.erase(k);
+        end_inflight_locked(k);
       }
     });
   }

@@ -30,7 +30,7 @@ Result<ObjectInfo> StoreImpl::stat(const std::string& key) const {
   (void)catch_up(key, find(key));
   std::lock_guard<std::mutex> lk(mu_);
   auto it = objects_.find(key);
-  if (it == objects_.end()) return not_found("object '" + key + "' is not in store " + opts_.path);
+  if (it == objects_.end()) return missing(key);
   return info_locked(*it->second);
 }
 
@@ -106,7 +106,7 @@ Result<VerifyReport> StoreImpl::verify() {
                                          ": data file in " + dirs_[c.ext->dir] + " is missing"));
           continue;
         }
-        Status st = staged_read_chunk(o->key, j, uint64_t{j} * chunk_bytes_, c, 0, 0, true,
+        Status st = staged_read_chunk(o->key, j, c, 0, 0, true,
                                       [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
         if (!st.ok()) one.errors.push_back(st);
       }

@@ -56,17 +56,27 @@ Status StoreImpl::catch_up_prefix(const std::string& prefix) const {
   return Status::OK();
 }
 
-Status StoreImpl::with_current_object(const std::string& key,
-                                      const std::function<Status(const ObjPtr&)>& attempt) const {
-  for (int i = 0;; ++i) {
-    ObjPtr o = find(key);
-    Status st = o ? attempt(o) : not_found("object '" + key + "' is not in store " + opts_.path);
-    if (i == 8 || (st.code() != StatusCode::kDataLoss && st.code() != StatusCode::kNotFound)) {
-      return st;
-    }
-    auto changed = catch_up(key, o);  // false in a writable open: `st` stands
-    if (!changed.ok() || !*changed) return st;
-  }
+namespace {
+/// A read-only open retries an attempt that failed with NotFound or DataLoss (at most 8
+/// times) when the key's catalog row changed since.
+bool may_retry(const Status& st, int retries) {
+  return retries < 8 && (st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound);
+}
+}  // namespace
+
+Future<void> StoreImpl::with_current_object_async(
+    const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt, int retries) {
+  ObjPtr o = find(key);
+  Future<void> f = o ? attempt(o) : make_ready_future(Result<void>(missing(key)));
+  if (!read_only_) return f;  // no catch-up: the result stands
+  return f.then([this, key, o, attempt, retries](const Result<void>& r) -> Future<void> {
+    if (!may_retry(r.status(), retries)) return make_ready_future(r);
+    return pool_->async([this, key, o, attempt, retries, st = r.status()]() -> Future<void> {
+      auto changed = catch_up(key, o);
+      if (!changed.ok() || !*changed) return make_ready_future(Result<void>(st));
+      return with_current_object_async(key, attempt, retries + 1);
+    });
+  });
 }
 
 }  // namespace strata::store_detail

@@ -50,16 +50,13 @@ Result<PinnedBuffer> StoreImpl::alloc_host(uint64_t nbytes, const Obj* self) {
     auto r = host_pool_->try_allocate(align_up(nbytes, kAlign));
     if (r.ok()) return r;
     if (r.status().code() != StatusCode::kResourceExhausted) return r.status();
-    ObjPtr v = pick_victim(false, self);
-    if (!v) {
+    STRATA_ASSIGN_OR_RETURN(const bool evicted, evict_one(false, self));
+    if (!evicted) {
       return resource_exhausted("host tier budget " + format_bytes(host_pool_->budget_bytes()) +
                                 " is full and nothing is evictable (" +
                                 format_bytes(host_pool_->used_bytes()) + " used, pinned or busy): " +
                                 "cannot place '" + self->key + "' (" + format_bytes(nbytes) + ")");
     }
-    Status st = demote_locked(v);
-    v->io.unlock();
-    if (!st.ok()) return st.with_context("evicting '" + v->key + "' from host");
   }
 }
 
@@ -92,16 +89,24 @@ Result<std::shared_ptr<DeviceMem>> StoreImpl::alloc_device(uint64_t nbytes, cons
       m->used = device_used_;
       return m;
     }
-    ObjPtr v = pick_victim(true, self);
-    if (!v) {
+    STRATA_ASSIGN_OR_RETURN(const bool evicted, evict_one(true, self));
+    if (!evicted) {
       return resource_exhausted("device tier budget " + format_bytes(device_budget_) +
                                 " is full and nothing is evictable: cannot place '" + self->key +
                                 "' (" + format_bytes(nbytes) + ")");
     }
-    Status st = demote_locked(v);
-    v->io.unlock();
-    if (!st.ok()) return st.with_context("evicting '" + v->key + "' from device");
   }
+}
+
+Result<bool> StoreImpl::evict_one(bool device, const Obj* self) {
+  ObjPtr v = pick_victim(device, self);
+  if (!v) return false;
+  Status st = demote_locked(v);
+  v->io.unlock();
+  if (!st.ok()) {
+    return st.with_context("evicting '" + v->key + "' from " + (device ? "device" : "host"));
+  }
+  return true;
 }
 
 Status StoreImpl::demote_locked(const ObjPtr& o) {
@@ -137,7 +142,7 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
       ++inflight_[key];
       commit = enqueue_commit(std::move(ops), [this, key, cur](bool ok) {
         if (ok) durable_[key] = cur;
-        if (--inflight_[key] == 0) inflight_.erase(key);
+        end_inflight_locked(key);
       });
     }
   }
@@ -152,7 +157,7 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
 }
 
 Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
-  if (!o->damage.empty()) return data_loss("store " + opts_.path + ": " + o->damage);
+  STRATA_RETURN_IF_ERROR(check_damage(*o));
   Tier from;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -164,7 +169,7 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
     if (from == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(copy_mem(buf.data(), o->dev->ptr, o->nbytes, true));
     } else {
-      STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+      STRATA_RETURN_IF_ERROR(read_layout(o->key, o->current, 0, o->nbytes,
                                          static_cast<uint8_t*>(buf.data()), false,
                                          opts_.verify_checksums));
     }
@@ -182,8 +187,8 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
   if (from == Tier::kHost) {
     STRATA_RETURN_IF_ERROR(copy_mem(mem->ptr, o->host.data(), o->nbytes, true));
   } else {
-    // NVMe -> pinned staging -> HBM, pipelined piece by piece (staged_read_chunk).
-    STRATA_RETURN_IF_ERROR(read_layout(o->key, *o->current, 0, o->nbytes,
+    // NVMe -> pinned staging -> HBM, pipelined piece by piece (staged_read_async).
+    STRATA_RETURN_IF_ERROR(read_layout(o->key, o->current, 0, o->nbytes,
                                        static_cast<uint8_t*>(mem->ptr), true,
                                        opts_.verify_checksums));
   }
@@ -199,8 +204,8 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
 
 Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_only) {
   ObjPtr o = lock_live(key);
-  if (!o) return not_found("object '" + key + "' is not in store " + opts_.path);
-  std::unique_lock<std::shared_mutex> held(o->io, std::adopt_lock);
+  if (!o) return missing(key);
+  std::unique_lock<IoLock> held(o->io, std::adopt_lock);
   Tier from;
   int pins;
   {

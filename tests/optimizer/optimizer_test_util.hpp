@@ -2,11 +2,13 @@
 // conversions, deterministic data and misaligned buffers.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "strata/base/dtype.hpp"
@@ -17,34 +19,15 @@ namespace strata::optimizer::testing {
 
 // Independent conversions: the compiler's _Float16 (IEEE binary16, round to nearest even)
 // and c10's bf16 rounding written out in scalar code.
-inline uint16_t f16_bits(float x) {
-  _Float16 h = static_cast<_Float16>(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-inline float f16_value(uint16_t b) {
-  _Float16 h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<float>(h);
-}
+inline uint16_t f16_bits(float x) { return std::bit_cast<uint16_t>(static_cast<_Float16>(x)); }
+inline float f16_value(uint16_t b) { return static_cast<float>(std::bit_cast<_Float16>(b)); }
+inline uint32_t float_bits(float x) { return std::bit_cast<uint32_t>(x); }
 inline uint16_t bf16_bits(float x) {
   if (std::isnan(x)) return 0x7FC0;
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
+  const uint32_t u = float_bits(x);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
-inline float bf16_value(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
+inline float bf16_value(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 // Deterministic uniform numbers in [lo, hi).
 class Rng {
@@ -223,77 +206,48 @@ inline void torch_adam_element(const AdamOptions& o, float& p, float g, float* s
   p = p + (static_cast<float>(-(o.lr / bc1)) * s[0]) / den;                // addcdiv_
 }
 
-inline std::vector<Variant> all_variants() {
-  std::vector<Variant> v;
-  auto add = [&](Variant x) { v.push_back(std::move(x)); };
-  {
-    Variant x;
-    x.name = "adam";
+// A Variant named `name` of options `o` (AdamOptions, AdagradOptions, SgdOptions or
+// LionOptions).
+template <class O>
+Variant variant(std::string name, const O& o) {
+  Variant x;
+  x.name = std::move(name);
+  if constexpr (std::is_same_v<O, AdamOptions>) {
     x.kind = Kind::kAdam;
-    x.adam.lr = 1e-2;
-    add(x);
-    x.name = "adam_l2_amsgrad";
-    x.adam.weight_decay = 0.05;
-    x.adam.amsgrad = true;
-    add(x);
-    x.name = "adam_maximize";
-    x.adam = AdamOptions{};
-    x.adam.lr = 3e-3;
-    x.adam.maximize = true;
-    x.adam.beta1 = 0.8;
-    x.adam.beta2 = 0.95;
-    x.adam.eps = 1e-6;
-    add(x);
-    x.name = "adamw";
-    x.adam = AdamOptions{};
-    x.adam.lr = 1e-2;
-    x.adam.weight_decay = 0.1;
-    x.adam.decoupled_weight_decay = true;
-    add(x);
-    x.name = "adamw_amsgrad";
-    x.adam.amsgrad = true;
-    add(x);
-  }
-  {
-    Variant x;
-    x.name = "adagrad";
+    x.adam = o;
+  } else if constexpr (std::is_same_v<O, AdagradOptions>) {
     x.kind = Kind::kAdagrad;
-    x.adagrad.lr = 0.05;
-    x.adagrad.lr_decay = 0.01;
-    x.adagrad.weight_decay = 0.02;
-    x.adagrad.initial_accumulator_value = 0.1;
-    add(x);
-    x.name = "adagrad_plain";
-    x.adagrad = AdagradOptions{};
-    x.adagrad.maximize = true;
-    add(x);
-  }
-  {
-    Variant x;
-    x.name = "sgd_plain";
+    x.adagrad = o;
+  } else if constexpr (std::is_same_v<O, SgdOptions>) {
     x.kind = Kind::kSgd;
-    x.sgd.lr = 0.1;
-    add(x);
-    x.name = "sgd_momentum";
-    x.sgd.momentum = 0.9;
-    x.sgd.dampening = 0.1;
-    x.sgd.weight_decay = 0.01;
-    add(x);
-    x.name = "sgd_nesterov";
-    x.sgd.dampening = 0.0;
-    x.sgd.nesterov = true;
-    x.sgd.maximize = true;
-    add(x);
-  }
-  {
-    Variant x;
-    x.name = "lion";
+    x.sgd = o;
+  } else {
     x.kind = Kind::kLion;
-    x.lion.lr = 1e-3;
-    x.lion.weight_decay = 0.1;
-    add(x);
+    x.lion = o;
   }
-  return v;
+  return x;
+}
+
+inline std::vector<Variant> all_variants() {
+  using A = AdamOptions;
+  using S = SgdOptions;
+  return {
+      variant("adam", A{.lr = 1e-2}),
+      variant("adam_l2_amsgrad", A{.lr = 1e-2, .weight_decay = 0.05, .amsgrad = true}),
+      variant("adam_maximize",
+              A{.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .maximize = true}),
+      variant("adamw", A{.lr = 1e-2, .weight_decay = 0.1, .decoupled_weight_decay = true}),
+      variant("adamw_amsgrad",
+              A{.lr = 1e-2, .weight_decay = 0.1, .amsgrad = true, .decoupled_weight_decay = true}),
+      variant("adagrad", AdagradOptions{.lr = 0.05, .lr_decay = 0.01, .weight_decay = 0.02,
+                                        .initial_accumulator_value = 0.1}),
+      variant("adagrad_plain", AdagradOptions{.maximize = true}),
+      variant("sgd_plain", S{.lr = 0.1}),
+      variant("sgd_momentum", S{.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01}),
+      variant("sgd_nesterov", S{.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.01,
+                                .nesterov = true, .maximize = true}),
+      variant("lion", LionOptions{.lr = 1e-3, .weight_decay = 0.1}),
+  };
 }
 
 }  // namespace strata::optimizer::testing

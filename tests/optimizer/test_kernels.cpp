@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "optimizer_test_util.hpp"
 #include "strata/optimizer/simd.hpp"

@@ -85,6 +85,13 @@ void expect_parity(Run& run, const RuleFactory& factory, const Hyperparams& hp, 
 RuleFactory adam_factory() { return *builtin_rule_factory("adam"); }
 const Hyperparams kAdamHp = {{"lr", 1e-2}, {"weight_decay", 0.01}};
 
+// An Adam run (make_run) of kSizes NVMe tensors in sub-groups of `sub_group_numel`.
+std::unique_ptr<Run> adam_nvme_run(uint64_t sub_group_numel) {
+  OffloadOptions oo;
+  oo.sub_group_numel = sub_group_numel;
+  return make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);
+}
+
 TEST(OffloadPipeline, HostTierMatchesReference) {
   OffloadOptions oo;
   auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kHost);
@@ -190,9 +197,7 @@ TEST(OffloadPipeline, MixedPlacementAndHostBudget) {
 }
 
 TEST(OffloadPipeline, ClippingByGlobalNorm) {
-  OffloadOptions oo;
-  oo.sub_group_numel = 30000;
-  auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);
+  auto run = adam_nvme_run(30000);
   ASSERT_NE(run, nullptr);
   auto rule = must(adam_factory()(kAdamHp));
   std::vector<RefTensor> ref;
@@ -261,9 +266,7 @@ TEST(OffloadPipeline, NonFiniteGradientSkipsTheStep) {
 }
 
 TEST(OffloadPipeline, HalfGradientsAndBf16CopyAndDetachedGrads) {
-  OffloadOptions oo;
-  oo.sub_group_numel = 7000;
-  auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);
+  auto run = adam_nvme_run(7000);
   ASSERT_NE(run, nullptr);
   auto rule = must(adam_factory()(kAdamHp));
   // Tensor 0: fp16 gradient + bf16 copy; tensor 1: no gradient (untouched); tensor 2: bf16.
@@ -303,9 +306,7 @@ TEST(OffloadPipeline, HalfGradientsAndBf16CopyAndDetachedGrads) {
 }
 
 TEST(OffloadPipeline, LearningRateChangeTakesEffectNextStep) {
-  OffloadOptions oo;
-  oo.sub_group_numel = 50000;
-  auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);
+  auto run = adam_nvme_run(50000);
   ASSERT_NE(run, nullptr);
   auto f = adam_factory();
   std::vector<RefTensor> ref;
@@ -387,6 +388,10 @@ TEST(OffloadPipeline, StateAccessorsRoundTripAndRanges) {
   EXPECT_EQ(opt.find_param("nope").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(opt.add_param("t1", 10, nullptr).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(opt.add_param("has space", 10, nullptr).status().code(), StatusCode::kInvalidArgument);
+  // Zero-size parameters are held (test_offload_resume.cpp: ZeroSizeParameters...).
+  auto z = opt.add_param("z", 0, nullptr);
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_EQ(opt.param_info(*z)->numel, 0u);
   EXPECT_EQ(opt.add_param("z", 0, nullptr).status().code(), StatusCode::kInvalidArgument);
   // nullptr init = zeros.
   auto hz = opt.add_param("zeros", 70000, nullptr, 0, Placement::kNvme);
@@ -469,9 +474,7 @@ TEST(OffloadPipeline, RssFlatAcrossSteps) {
 }
 
 TEST(OffloadPipeline, StepAsyncSerializesWithOtherCalls) {
-  OffloadOptions oo;
-  oo.sub_group_numel = 10000;
-  auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);
+  auto run = adam_nvme_run(10000);
   ASSERT_NE(run, nullptr);
   std::vector<std::vector<float>> grads;
   for (uint32_t t = 0; t < kSizes.size(); ++t) {

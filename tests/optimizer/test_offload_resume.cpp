@@ -1,12 +1,13 @@
 // Checkpoint and resume of the offloaded optimizer: in-process reopen, and a real SIGKILL of
 // a child process (offload_crash_child) followed by a resume that must be bit-identical to
-// an uninterrupted run.
+// an uninterrupted run; zero-size parameters in the one checkpoint.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,90 @@ TEST(OffloadResume, FlushBetweenStepsCommitsNvmeTensorsWithTheirCounters) {
     EXPECT_TRUE(bit_equal(a[s], nvme_after2[s]));
     EXPECT_TRUE(bit_equal(b[s], host_after1[s]));
   }
+}
+
+TEST(OffloadResume, ZeroSizeParametersAreHeldAndRestoredFromTheOneCheckpoint) {
+  // torch.optim accepts zero-size parameters and counts their steps: the optimizer holds
+  // them (empty objects) and keeps their counters in its record, so one checkpoint() (one
+  // Store::flush) makes all of them durable with the other tensors; nothing else is written.
+  TempDir dir;
+  auto factory = *builtin_rule_factory("adamw");
+  const std::vector<float> g = grad_for(0, 1, 5000);
+  const float dummy = 0.0f;  // a zero-size gradient: any non-null pointer
+  std::vector<std::vector<float>> a_saved;
+  {
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+    auto opt = must(OffloadedOptimizer::create(store, factory, {}, {}));
+    const ParamHandle a = must(opt->add_param("a", 5000, nullptr, 0, Placement::kNvme));
+    const ParamHandle z_auto = must(opt->add_param("z_auto", 0, nullptr));
+    const ParamHandle z_nvme = must(opt->add_param("z_nvme", 0, nullptr, 0, Placement::kNvme));
+    const ParamHandle z_host = must(opt->add_param("z_host", 0, nullptr, 0, Placement::kHost));
+    EXPECT_EQ(must(opt->param_info(z_auto)).numel, 0u);
+    EXPECT_EQ(opt->host_bytes(), 0u);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, g.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(z_auto, &dummy, DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(z_host, &dummy, DType::kBFloat16));
+    for (int s = 0; s < 2; ++s) {
+      auto st = opt->step();
+      ASSERT_TRUE(st.ok()) << st.status().to_string();
+      EXPECT_EQ(st->tensors_updated, 3u);
+      EXPECT_EQ(st->numel_updated, 5000u);
+    }
+    OFFLOAD_ASSERT_OK(opt->set_grad(z_nvme, &dummy, DType::kFloat16));
+    OFFLOAD_ASSERT_OK(opt->set_grad(z_host, nullptr, DType::kFloat32));  // detached: no step
+    ASSERT_TRUE(opt->step().ok());
+    EXPECT_EQ(must(opt->step_count(a)), 3);
+    EXPECT_EQ(must(opt->step_count(z_auto)), 3);
+    EXPECT_EQ(must(opt->step_count(z_nvme)), 1);
+    EXPECT_EQ(must(opt->step_count(z_host)), 2);
+    // A skipped step (non-finite gradient elsewhere) does not count for them either.
+    std::vector<float> bad = g;
+    bad[7] = std::numeric_limits<float>::infinity();
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, bad.data(), DType::kFloat32));
+    EXPECT_TRUE(must(opt->step()).skipped);
+    EXPECT_EQ(must(opt->step_count(z_auto)), 3);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, g.data(), DType::kFloat32));
+    // Ranges of a zero-size tensor: empty is fine, anything else is out of range.
+    OFFLOAD_ASSERT_OK(opt->read_param(z_nvme, nullptr));
+    OFFLOAD_ASSERT_OK(opt->read_state(z_auto, 1, nullptr));
+    OFFLOAD_ASSERT_OK(opt->write_state(z_host, 0, nullptr, 0, 0));
+    float one;
+    EXPECT_EQ(opt->read_param(z_auto, &one, 0, 1).code(), StatusCode::kOutOfRange);
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+    // A step after the checkpoint, then Store::close(): as for every tensor (see the
+    // contract), the close commits the NVMe-tier ones with their counters (a, z_nvme) and
+    // the DRAM-tier ones come back as checkpointed (z_auto, z_host).
+    ASSERT_TRUE(opt->step().ok());
+    a_saved = dump(*opt, a);
+    opt.reset();
+    OFFLOAD_ASSERT_OK(store->close());
+  }
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  std::vector<std::string> keys;
+  for (const auto& info : store->list()) keys.push_back(info.key);
+  auto opt = must(OffloadedOptimizer::open(store, nullptr, {}));
+  ASSERT_EQ(opt->num_params(), 4u);
+  const std::vector<std::string> names = {"a", "z_auto", "z_nvme", "z_host"};
+  const std::vector<int64_t> steps = {4, 3, 2, 2};
+  for (ParamHandle h = 0; h < 4; ++h) {
+    auto info = must(opt->param_info(h));
+    EXPECT_EQ(info.name, names[h]);
+    EXPECT_EQ(info.numel, h == 0 ? 5000u : 0u);
+    EXPECT_EQ(info.step, steps[h]) << names[h];
+  }
+  EXPECT_EQ(must(opt->param_info(2)).placement, Placement::kNvme);
+  EXPECT_EQ(must(opt->param_info(3)).placement, Placement::kHost);
+  auto a = dump(*opt, 0);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_TRUE(bit_equal(a[s], a_saved[s])) << s;
+  // Only the optimizer's own objects: the record and each tensor's streams.
+  for (const auto& k : keys) EXPECT_EQ(k.rfind("optim/", 0), 0u) << k;
+  EXPECT_EQ(keys.size(), 1u + 4 * 3);
+  // They step on after the reopen.
+  const float dummy2 = 0.0f;
+  OFFLOAD_ASSERT_OK(opt->set_grad(1, &dummy2, DType::kFloat32));
+  ASSERT_TRUE(opt->step().ok());
+  EXPECT_EQ(must(opt->step_count(1)), 4);
+  EXPECT_EQ(must(opt->step_count(2)), 2);
 }
 
 }  // namespace

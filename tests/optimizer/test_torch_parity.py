@@ -95,16 +95,24 @@ def assert_close(actual, expected, what):
     return float(rel.max()) if rel.size else 0.0
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_matches_torch_for_100_steps(tmp_path, case):
+def run_case(tmp_path, case, **strata_kw):
+    """torch and strata on the case's random data: (p0, torch param, torch states, strata
+    param, strata states)."""
     case_id, cls, kwargs, extra, keys = case
     gen = torch.Generator().manual_seed(sum(map(ord, case_id)))
     p0 = torch.randn(NUMEL, generator=gen).numpy()
     grads = torch.randn(STEPS, NUMEL, generator=gen)
     tp, tstates = run_torch(cls, kwargs, p0, grads, keys)
     sp, sstates = run_strata(tmp_path, torch_name(cls), kwargs["lr"], extra, p0,
-                             grads.numpy(), "fp32", len(keys))
+                             grads.numpy(), "fp32", len(keys), **strata_kw)
     assert not np.array_equal(tp, p0)  # the optimizer did move the parameters
+    return tp, tstates, sp, sstates
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_torch_for_100_steps(tmp_path, case):
+    case_id, keys = case[0], case[4]
+    tp, tstates, sp, sstates = run_case(tmp_path, case)
     assert_close(sp, tp, f"{case_id} param")
     for k, (a, b) in enumerate(zip(sstates, tstates)):
         assert_close(a, b, f"{case_id} state {keys[k]}")
@@ -144,15 +152,8 @@ ADAM_CASES = [c for c in CASES if c[1] in (torch.optim.Adam, torch.optim.AdamW)]
 def test_torch_exact_arithmetic_is_bit_identical_to_torch(tmp_path, case):
     """make_torch_exact_adam: every parameter and state bit equals torch's after 100 steps,
     updated in sub-groups on several threads."""
-    case_id, cls, kwargs, extra, keys = case
-    gen = torch.Generator().manual_seed(sum(map(ord, case_id)))
-    p0 = torch.randn(NUMEL, generator=gen).numpy()
-    grads = torch.randn(STEPS, NUMEL, generator=gen)
-    tp, tstates = run_torch(cls, kwargs, p0, grads, keys)
-    sp, sstates = run_strata(tmp_path, torch_name(cls), kwargs["lr"], extra, p0,
-                             grads.numpy(), "fp32", len(keys), chunks=3, threads=2,
-                             arithmetic="torch")
-    assert not np.array_equal(tp, p0)
+    case_id, keys = case[0], case[4]
+    tp, tstates, sp, sstates = run_case(tmp_path, case, chunks=3, threads=2, arithmetic="torch")
     assert np.array_equal(sp.view(np.uint32), tp.view(np.uint32)), f"{case_id} param"
     for k, (a, b) in enumerate(zip(sstates, tstates)):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{case_id} {keys[k]}"

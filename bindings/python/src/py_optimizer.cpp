@@ -1,5 +1,6 @@
 #include "py_optimizer.hpp"
 
+#include <cstddef>
 #include <limits>
 #include <map>
 #include <memory>
@@ -187,8 +188,9 @@ class PyOptimizer {
     return check(release_gil([&] { return opt.add_param(name, numel, p, group, pl); }));
   }
 
-  /// Attaches `grad` (fp32/fp16/bf16 host array of numel elements) or detaches (None).
-  /// The array is kept referenced until replaced.
+  /// Attaches `grad` (fp32/fp16/bf16 host array of numel elements; for a zero-size
+  /// parameter any empty one, whatever its address) or detaches (None). The array is kept
+  /// referenced until replaced.
   void set_grad(uint32_t h, py::object grad) {
     attach(h, grad, false, "gradient", DType::kFloat32, grads_,
            [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
@@ -268,7 +270,10 @@ class PyOptimizer {
  private:
   /// set_grad / set_param_copy: views `arr` (None detaches: `set(h, nullptr, none_dtype)`),
   /// checks it is host memory of the parameter's numel (InvalidArgument naming `what` and the
-  /// parameter), hands it to `set` and keeps it referenced in `held`.
+  /// parameter), hands it to `set` and keeps it referenced in `held`. An empty array may
+  /// have no address (torch's data_ptr() of a zero-size tensor is 0) while a null pointer
+  /// means "detach": for a zero-size parameter `set` gets the address of a static dummy
+  /// byte instead, which the optimizer never reads or writes (numel 0).
   template <class Set>
   void attach(uint32_t h, py::object arr, bool writable, const char* what, DType none_dtype,
               std::map<uint32_t, TensorRef>& held, Set set) {
@@ -284,7 +289,8 @@ class PyOptimizer {
     if (r.numel != info.numel)
       throw StatusError(invalid_argument(of + " has " + std::to_string(r.numel) +
                                          " elements, expected " + std::to_string(info.numel)));
-    check(set(h, r.data, r.dtype));
+    static std::byte empty_dummy;
+    check(set(h, r.numel == 0 ? static_cast<void*>(&empty_dummy) : r.data, r.dtype));
     held[h] = std::move(r);
   }
 

@@ -415,7 +415,10 @@ class OffloadedOptimizer:
     ``checkpoint()``, ``add_param_group(dict)``, ``hyperparams(group)``,
     ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
     Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
-    referenced (and must stay unmodified during a step) until replaced.
+    referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
+    (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step
+    counter advances with each step while an (empty) gradient is attached, kept in the
+    optimizer's checkpoint like any other.
     """
 
     def __init__(self, impl: "_strata._OffloadedOptimizer", store: Store):

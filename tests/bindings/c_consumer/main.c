@@ -245,24 +245,17 @@ static void adamw_torch_ref(float* p, float* m, float* v, const float* g, int n,
   }
 }
 
-/* arithmetic = "torch": bit-identical to torch's sequence; bad values refused; a struct from
- * a version-2 header (no arithmetic field) gets the default. */
-static void test_optimizer_torch_arithmetic(const char* dir) {
+/* arithmetic = "torch" (optimizers under "torch/" and "v2/" in `store`): bit-identical to
+ * torch's sequence; bad values refused; a struct from a version-2 header (no arithmetic
+ * field) gets the default. */
+static void test_optimizer_torch_arithmetic(strata_store_t* store) {
   enum { N = 3000 };
-  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
   strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
-  strata_store_t* store = NULL;
   strata_optimizer_t* opt = NULL;
   static float p[N], m[N], v[N], g[N], out[N];
   uint32_t h = 99;
   int i, s, same = 1;
 
-  o.path = dir;
-  o.host_budget_bytes = 64u << 20;
-  o.staging_bytes = 16u << 20;
-  o.chunk_bytes = 1u << 20;
-  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
-  if (store == NULL) return;
   EXPECT(oo.arithmetic == NULL);
   oo.optimizer = "sgd";
   oo.arithmetic = "torch";
@@ -301,7 +294,6 @@ static void test_optimizer_torch_arithmetic(const char* dir) {
   for (i = 0; i < N; ++i) same &= memcmp(&out[i], &p[i], sizeof(float)) == 0;
   EXPECT(same);
   strata_optimizer_free(opt);
-  EXPECT_RC(strata_store_close(store), STRATA_OK);
 }
 
 static void test_optimizer(const char* dir) {
@@ -384,6 +376,7 @@ static void test_optimizer(const char* dir) {
     EXPECT(memcmp(init, out, sizeof out) == 0);
     strata_optimizer_free(opt);
   }
+  test_optimizer_torch_arithmetic(store);
   EXPECT_RC(strata_store_close(store), STRATA_OK);
 }
 
@@ -424,8 +417,6 @@ int main(void) {
   test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);
   test_optimizer(sub);
-  snprintf(sub, sizeof sub, "%s/optim-torch", tmpl);
-  test_optimizer_torch_arithmetic(sub);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

@@ -345,8 +345,10 @@ typedef enum strata_placement {
 } strata_placement_t;
 
 /** Adds a parameter of `numel` fp32 elements (`init`: numel values, or NULL for zeros) and
- *  returns its index in *param (0, 1, ... in call order).
- *  \error INVALID_ARGUMENT (bad or duplicate name, numel 0, numel > (2^63 - 1) / 4 so that
+ *  returns its index in *param (0, 1, ... in call order). numel may be 0: the parameter has
+ *  nothing to update but a step counter, which steps advance while a (non-NULL) gradient
+ *  is attached and checkpoints keep.
+ *  \error INVALID_ARGUMENT (bad or duplicate name, numel > (2^63 - 1) / 4 so that
  *  numel * 4 bytes would not fit); RESOURCE_EXHAUSTED; IO. */
 STRATA_C_API strata_status_t strata_optimizer_add_param(strata_optimizer_t* optimizer,
                                                         const char* name, uint64_t numel,
@@ -358,7 +360,7 @@ STRATA_C_API strata_status_t strata_optimizer_find_param(strata_optimizer_t* opt
                                                          const char* name, uint32_t* param);
 /** Attaches the gradient of `param` (numel elements of STRATA_FLOAT32, FLOAT16 or BFLOAT16
  *  in host memory, valid and unmodified during each step) for the next steps; NULL
- *  detaches. \error OUT_OF_RANGE (bad index); INVALID_ARGUMENT (other dtype). */
+ *  detaches (a zero-size parameter takes any non-NULL pointer). \error OUT_OF_RANGE (bad index); INVALID_ARGUMENT (other dtype). */
 STRATA_C_API strata_status_t strata_optimizer_set_grad(strata_optimizer_t* optimizer,
                                                        uint32_t param, const void* grad,
                                                        strata_dtype_t dtype);

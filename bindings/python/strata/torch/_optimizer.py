@@ -91,6 +91,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             (lr, betas, eps, weight_decay, amsgrad, maximize) replace the constructor's in
             ``param_groups`` -- a UserWarning names each constructor value that differs.
             Edit ``param_groups`` afterwards to change them (taken at the next step).
+            A checkpoint of an earlier version, whose zero-size parameters' step counts were
+            a separate object ``<key_prefix>torch/empty_steps``, resumes with those counts:
+            the resume commits them into the optimizer's checkpoint once and deletes the
+            object.
         :raises ValueError: a hyperparameter or pipeline setting out of range (as torch;
             naming the argument), an unsupported parameter dtype (naming the parameter index
             and dtype), ``resume`` without ``store``/``path``, or a checkpoint whose groups,
@@ -132,16 +136,17 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         self.max_grad_norm = float(max_grad_norm)
         self.tier = tier
         self._key_prefix = key_prefix
-        #: parameter index -> checkpointed step count of a zero-size parameter (resume only)
-        self._saved_empty_steps: Dict[int, int] = {}
         self._resuming = resume  # True while __init__ registers the checkpoint's parameters
+        #: resume: parameter index -> handle in the checkpoint (None: a zero-size parameter
+        #: that a checkpoint of an earlier version did not hold; see _state_dict.py)
+        self._resume_handles: Dict[int, Optional[int]] = {}
+        #: resume from such a checkpoint: its zero-size parameters' step counts (index ->
+        #: steps, from <key_prefix>torch/empty_steps); None when it has no such object
+        self._legacy_empty_steps: Optional[Dict[int, int]] = None
         self._params: List[torch.nn.Parameter] = []
-        #: id(param) -> strata handle; None for zero-size parameters, which strata does not
-        #: hold (an object of 0 bytes has nothing to update) but which stay in param_groups
-        #: and get torch's (empty) state entries, like torch.optim.Adam.
-        self._handle: Dict[int, Optional[int]] = {}
-        #: id(param) -> steps taken by a zero-size parameter (torch counts them too)
-        self._empty_steps: Dict[int, int] = {}
+        #: id(param) -> strata handle (zero-size parameters included: strata holds them with
+        #: empty objects and counts their steps, like torch.optim.Adam)
+        self._handle: Dict[int, int] = {}
         #: per group: the hyperparameters strata holds (what _sync_hyperparams compares to)
         self._pushed: List[Dict[str, float]] = []
         #: cumulative bytes moved, by tier and direction
@@ -168,14 +173,16 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                           arithmetic=arithmetic)
             if resume:
                 self._opt = strata.OffloadedOptimizer.resume(store, self._RULE, **common)
-                self._saved_empty_steps = self._read_empty_steps()
-                self._check_checkpoint_layout()
+                self._legacy_empty_steps = self._read_legacy_empty_steps()
+                self._resume_handles = self._check_checkpoint_layout()
             else:
                 self._opt = strata.OffloadedOptimizer.create(
                     store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
                     default_placement=tier, **common)
             for gi, group in enumerate(self.param_groups):
                 self._register_group(gi, group)
+            if resume:
+                self._finish_legacy_resume()
         except BaseException:
             self.close()
             raise
@@ -233,13 +240,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         self._pushed.append(hp)
         for p in group["params"]:
             name = f"p{len(self._params)}"
-            if p.numel() == 0:
-                self._empty_steps[id(p)] = self._saved_empty_steps.pop(len(self._params), 0)
-                self._params.append(p)
-                self._handle[id(p)] = None
-                continue
             if self._resuming:  # checked by _check_checkpoint_layout
-                h = self._opt.find_param(name)
+                h = self._resume_handles[len(self._params)]
+                if h is None:
+                    h = self._add_legacy_empty_param(name, len(self._params), gi)
                 copy_master_to_param(self._opt, h, p)
             else:
                 init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
@@ -271,14 +275,9 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         self._sync_hyperparams()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
-        stepped_empty: List[torch.nn.Parameter] = []
         for p in self._params:
             h = self._handle[id(p)]
             g = p.grad
-            if h is None:  # zero-size: nothing to update, but torch counts the step
-                if g is not None:
-                    stepped_empty.append(p)
-                continue
             if g is None:
                 self._opt.set_grad(h, None)
                 self._opt.set_param_copy(h, None)
@@ -293,8 +292,6 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
         if stats["skipped"]:
             return loss
-        for p in stepped_empty:
-            self._empty_steps[id(p)] += 1
         for p, h in stepped:
             self._staging.copy_back(self._opt, p, h)
         if on_gpu:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
+
+import strata
 
 from . import _hyperparams
 from ._staging import as_f32_numpy
@@ -27,80 +29,116 @@ def _step_value(step: Any) -> float:
 
 class StateDictMixin:
     """checkpoint / state_dict / load_state_dict of ``_OffloadAdamBase``. Uses its
-    ``_opt`` (strata.OffloadedOptimizer), ``store``, ``_key_prefix``, ``_params`` (in
-    registration order), ``_handle`` (id(param) -> strata handle, None for zero-size
-    parameters), ``_empty_steps`` / ``_saved_empty_steps`` (their step counts), ``_pushed``,
+    ``_opt`` (strata.OffloadedOptimizer, which holds every parameter, zero-size ones
+    included), ``store``, ``_key_prefix``, ``_params`` (in registration order), ``_handle``
+    (id(param) -> strata handle), ``_legacy_empty_steps``, ``tier``, ``_pushed``,
     ``_check_open`` and ``_sync_hyperparams``."""
 
     # ---- checkpoint, resume ----------------------------------------------------------------
 
     @property
-    def _empty_steps_key(self) -> str:
+    def _legacy_empty_steps_key(self) -> str:
+        """Where earlier versions, whose strata did not hold zero-size parameters, kept
+        their step counts: int64 of shape (n, 2), rows (parameter index, step count)."""
         return self._key_prefix + "torch/empty_steps"
 
     def checkpoint(self) -> None:
-        """Makes the state after the last step durable in place (one store flush); reopen
-        with ``resume=True`` and the same store/path and key_prefix.
+        """Makes the state after the last step durable in place: one commit of the
+        optimizer (one store flush), which holds every parameter's state and step count,
+        zero-size parameters' included. Reopen with ``resume=True`` and the same store/path
+        and key_prefix.
 
-        The step counts of zero-size parameters (which strata does not hold) are written
-        first, as the int64 object ``<key_prefix>torch/empty_steps`` of shape (n, 2): rows
-        (parameter index, step count), n = number of zero-size parameters (may be 0)."""
+        :raises strata.FailedPreconditionError: the optimizer is closed.
+        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...).
+        """
         self._check_open()
-        rows = [(i, self._empty_steps[id(p)]) for i, p in enumerate(self._params)
-                if self._handle[id(p)] is None]
-        self.store.put(self._empty_steps_key, np.array(rows, dtype=np.int64).reshape(-1, 2),
-                       overwrite=True)
         self._opt.checkpoint()
 
-    def _read_empty_steps(self) -> Dict[int, int]:
-        """{parameter index: step count} of the zero-size parameters of the checkpoint ({}
-        for a checkpoint written before these counts were saved)."""
-        if self._empty_steps_key not in self.store:
-            return {}
-        rows = self.store.get(self._empty_steps_key)
+    def _read_legacy_empty_steps(self) -> Optional[Dict[int, int]]:
+        """resume: {parameter index: step count} of an earlier version's zero-size
+        parameters, None when the store has no such object."""
+        key = self._legacy_empty_steps_key
+        if key not in self.store:
+            return None
+        rows = self.store.get(key)
         if rows.dtype != np.int64 or rows.ndim != 2 or rows.shape[1] != 2:
-            raise ValueError(f"checkpoint object '{self._empty_steps_key}' has dtype "
-                             f"{rows.dtype} shape {rows.shape}, expected int64 (n, 2)")
+            raise ValueError(f"checkpoint object '{key}' has dtype {rows.dtype} shape "
+                             f"{rows.shape}, expected int64 (n, 2)")
         return {int(i): int(n) for i, n in rows}
 
-    def _check_checkpoint_layout(self) -> None:
-        """resume: the model's groups and parameter count must be the checkpoint's."""
+    def _add_legacy_empty_param(self, name: str, index: int, group: int) -> int:
+        """resume: zero-size parameter ``index`` that the checkpoint of an earlier version
+        did not hold, added with the step count that version saved (0 without one)."""
+        h = self._opt.add_param(name, 0, None, group=group, placement=self.tier)
+        self._opt.set_step_count(h, (self._legacy_empty_steps or {}).get(index, 0))
+        return h
+
+    def _finish_legacy_resume(self) -> None:
+        """resume, after registering the parameters: a checkpoint of an earlier version
+        becomes one of this version -- one commit that holds the zero-size parameters added
+        by _add_legacy_empty_param (nothing has stepped: the same state), then the separate
+        object of their counts is deleted (a crash in between leaves it, ignored: the
+        commit holds them)."""
+        if any(h is None for h in self._resume_handles.values()):
+            self._opt.checkpoint()
+        if self._legacy_empty_steps is not None:
+            self.store.delete(self._legacy_empty_steps_key)
+            self._legacy_empty_steps = None
+
+    def _check_checkpoint_layout(self) -> Dict[int, Optional[int]]:
+        """resume: the model's groups, parameter count and sizes must be the checkpoint's.
+
+        :returns: parameter index -> its handle in the checkpoint; None for a zero-size
+            parameter that a checkpoint of an earlier version does not hold (it kept their
+            step counts in ``_legacy_empty_steps``, or, earlier still, nowhere).
+        """
         n_groups = self._opt.num_param_groups()
         if len(self.param_groups) != n_groups:
             raise ValueError(
                 f"the checkpoint under '{self._key_prefix}' has {n_groups} param group(s), "
                 f"the optimizer was given {len(self.param_groups)}; give the parameters in "
                 "the checkpoint's groups")
-        params = [p for g in self.param_groups for p in g["params"]]
-        has_empty_rows = self._empty_steps_key in self.store
-        if has_empty_rows:
-            held, given = self._opt.num_params() + len(self._saved_empty_steps), len(params)
-        else:  # a checkpoint without zero-size counts: compare the non-empty parameters
-            held, given = self._opt.num_params(), sum(1 for p in params if p.numel() > 0)
+        params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
+        handles: Dict[int, Optional[int]] = {}
+        for i in range(len(params)):
+            try:
+                handles[i] = self._opt.find_param(f"p{i}")
+            except strata.NotFoundError:
+                handles[i] = None
+        legacy = self._legacy_empty_steps
+        # an earlier version's checkpoint holds zero-size parameters outside strata
+        outside = {i for i in (legacy or {}) if handles.get(i) is None}
+        held = self._opt.num_params() + len(outside)
+        given = len(params)
+        # earlier still, their counts were not saved: the model's may be absent
+        uncounted = legacy is None and all(self._opt.param_info(h)["numel"] > 0
+                                           for h in range(self._opt.num_params()))
+        if uncounted:
+            given -= sum(1 for i, (_, p) in enumerate(params)
+                         if handles[i] is None and p.numel() == 0)
         if held != given:
             raise ValueError(f"the checkpoint under '{self._key_prefix}' holds {held} "
                              f"parameters, the model gives {given}")
         # every parameter before any master is copied into the model
-        i = 0
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                name, i = f"p{i}", i + 1
-                if p.numel() == 0:
-                    if has_empty_rows and i - 1 not in self._saved_empty_steps:
-                        n = self._opt.param_info(self._opt.find_param(name))["numel"]
-                        raise ValueError(f"checkpointed parameter {name} has {n} elements, "
-                                         "the model's has 0")
-                    continue
-                if int(name[1:]) in self._saved_empty_steps:
-                    raise ValueError(f"checkpointed parameter {name} has 0 elements, the "
-                                     f"model's has {p.numel()}")
-                info = self._opt.param_info(self._opt.find_param(name))
-                if info["numel"] != p.numel():
-                    raise ValueError(f"checkpointed parameter {name} has {info['numel']} "
-                                     f"elements, the model's has {p.numel()}")
-                if info["group"] != gi:
-                    raise ValueError(f"checkpointed parameter {name} is in param group "
-                                     f"{info['group']}, the model gives it in group {gi}")
+        for i, (gi, p) in enumerate(params):
+            name, h = f"p{i}", handles[i]
+            if h is not None:
+                info = self._opt.param_info(h)
+                numel, group = info["numel"], info["group"]
+            elif i in outside:
+                numel, group = 0, gi
+            elif uncounted and p.numel() == 0:
+                continue
+            else:
+                raise ValueError(f"the checkpoint under '{self._key_prefix}' has no "
+                                 f"parameter {name}")
+            if numel != p.numel():
+                raise ValueError(f"checkpointed parameter {name} has {numel} elements, the "
+                                 f"model's has {p.numel()}")
+            if group != gi:
+                raise ValueError(f"checkpointed parameter {name} is in param group "
+                                 f"{group}, the model gives it in group {gi}")
+        return handles
 
     # ---- state dicts -------------------------------------------------------------------------
 
@@ -114,17 +152,14 @@ class StateDictMixin:
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
         for i, p in enumerate(self._params):
             h = self._handle[id(p)]
-            step = self._empty_steps[id(p)] if h is None else self._opt.step_count(h)
+            step = self._opt.step_count(h)
             if step == 0:
                 continue
             st: Dict[str, Any] = {"step": torch.tensor(float(step))}
             for k, name in enumerate(names):
-                st[name] = (torch.zeros(p.shape, dtype=torch.float32) if h is None else
-                            torch.from_numpy(self._opt.read_state(h, k)).view(p.shape))
+                st[name] = torch.from_numpy(self._opt.read_state(h, k)).view(p.shape)
             if p.dtype != torch.float32:
-                st["master_param"] = (torch.zeros(p.shape, dtype=torch.float32) if h is None
-                                      else torch.from_numpy(self._opt.read_param(h))
-                                      .view(p.shape))
+                st["master_param"] = torch.from_numpy(self._opt.read_param(h)).view(p.shape)
             state[i] = st
         groups = []
         index = 0
@@ -215,9 +250,6 @@ class StateDictMixin:
         """load_state_dict: parameter ``p``'s master, states and step from ``st`` (checked;
         None restarts it)."""
         h = self._handle[id(p)]
-        if h is None:  # zero-size: only the step count
-            self._empty_steps[id(p)] = int(_step_value((st or {}).get("step", 0)))
-            return
         master = (st or {}).get("master_param", p.detach())
         self._opt.write_param(h, as_f32_numpy(master))
         zeros = np.zeros(p.numel(), dtype=np.float32)

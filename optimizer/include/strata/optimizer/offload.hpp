@@ -272,14 +272,17 @@ class OffloadedOptimizer {
 
   /// Adds a parameter tensor of `numel` fp32 elements to `group`, its states filled with
   /// the rule's initial values, its step counter 0. The NVMe objects are created and
-  /// committed before this returns.
+  /// committed before this returns. numel may be 0 (torch.optim accepts zero-size
+  /// parameters): such a tensor has empty objects, nothing to update, and a step counter
+  /// that a step advances when a gradient is attached (set_grad with any non-null
+  /// pointer), recorded and restored like any other, so one checkpoint() holds it.
   /// \param name unique, non-empty, printable ASCII without whitespace (used in keys).
   /// \param init numel fp32 initial master values (host memory, read during the call), or
   ///     nullptr for zeros (cheap for huge tensors: no DRAM proportional to numel is used).
   /// \param placement kAuto = options.default_placement, resolved against
   ///     host_budget_bytes.
   /// \returns the tensor's handle.
-  /// \error InvalidArgument for a bad/duplicate name, numel 0 or a bad group;
+  /// \error InvalidArgument for a bad/duplicate name or a bad group;
   ///     ResourceExhausted when DRAM or the NVMe tier is full; IoError.
   Result<ParamHandle> add_param(std::string_view name, uint64_t numel, const float* init,
                                 int group = 0, Placement placement = Placement::kAuto);
@@ -291,7 +294,8 @@ class OffloadedOptimizer {
 
   /// Attaches the gradient of tensor `h` for the next steps: `numel` elements of `type`
   /// (kFloat32, kFloat16 or kBFloat16) at `data`, host memory (device memory:
-  /// Unimplemented in this version). nullptr detaches it. Tensors without a gradient are
+  /// Unimplemented in this version). nullptr detaches it (for a zero-size tensor, any
+  /// non-null pointer attaches: nothing is read). Tensors without a gradient are
   /// not updated by step() and their counters do not advance (like torch's p.grad None).
   /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
   Status set_grad(ParamHandle h, const void* data, DType type);

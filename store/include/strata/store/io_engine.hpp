@@ -1,14 +1,6 @@
 // strata::store — the NVMe I/O engine: io_uring (liburing) with O_DIRECT, or a thread-pool
-// pread/pwrite fallback, behind one asynchronous interface.
-//
-// CONTRACT (shared by the store, the optimizer pipeline and the CLI; keep these signatures):
-//  - Every read/write returns Future<uint64_t> resolving to the bytes transferred, which is
-//    always == nbytes on success. A short transfer is continued; a failure is an error
-//    naming path, offset, length and errno. Never a silent truncation.
-//  - Any size and offset works with O_DIRECT: unaligned heads/tails, odd sizes and
-//    unaligned caller buffers are handled by the engine (bounce through aligned memory).
-//  - Buffers passed to read/write must stay valid until the returned future is ready.
-//  - Buffers inside a region registered with register_buffer() use READ_FIXED/WRITE_FIXED.
+// pread/pwrite fallback, behind one asynchronous interface (IoEngine). The store, the
+// optimizer's pipeline and the CLI benchmarks all do their file I/O through it.
 #pragma once
 
 #include <cstdint>
@@ -78,11 +70,38 @@ class IoFile {
   virtual Result<uint64_t> size() const = 0;     ///< current file size in bytes
 };
 
+/// Asynchronous file I/O: every read, write and sync returns a future at once and runs on
+/// the engine's own threads.
+///
+/// - Kinds: kUring runs `workers` threads, each owning one io_uring ring; kThreads runs
+///   blocking pread/pwrite on `queue_depth` threads (at most 64) per worker (where io_uring
+///   is unavailable or selected). Each request goes to one worker (round robin) and is cut into pieces of at
+///   most `block_size` bytes; a worker keeps up to `queue_depth` pieces in flight.
+/// - Alignment: files open with O_DIRECT when `direct` (falling back to buffered I/O, with
+///   one warning, where the file system refuses it). Any offset, size and buffer works:
+///   unaligned heads and tails and unaligned caller buffers go through aligned bounce
+///   memory inside the engine. A transfer needs no copy when the buffer is aligned to
+///   IoFile::memory_alignment() and the offset and length to IoFile::offset_alignment()
+///   (statx STATX_DIOALIGN, else the device's logical block size, else 4096).
+/// - Completion: a future completes on the engine thread that reaps the last piece of its
+///   request, so continuations (Future::on_ready/then) run there and must not block.
+///   Buffers passed to read/write must stay valid until the returned future is ready.
+///   Buffers inside a region given to register_buffer() use READ_FIXED/WRITE_FIXED.
+/// - Errors: every completion is checked. A short transfer is continued; a failure
+///   resolves the future to an error naming path, offset, length and errno (ENOSPC is
+///   ResourceExhausted, reading past EOF DataLoss). A read or write future resolves to
+///   exactly `nbytes` on success, never a silent truncation.
+/// - Threads: the worker threads are bound to `numa_node`'s CPUs when set (with io_uring,
+///   the kernel's io-wq workers too).
+/// \threadsafety every member may be called concurrently from any thread; a continuation
+///     running on an engine thread may submit further requests but must not wait for one
+///     (nor drain()).
 class IoEngine {
  public:
   /// Creates an engine. With kind=kUring and io_uring unavailable, falls back to kThreads
   /// (one warning) when allow_threads_fallback, else Unavailable.
   static Result<std::shared_ptr<IoEngine>> create(const IoEngineOptions& options);
+  /// Waits for every request in flight (drain()), then stops the engine's threads.
   virtual ~IoEngine() = default;
 
   virtual EngineKind kind() const = 0;

@@ -1,9 +1,8 @@
 // strata::store — a fixed budget of pinned host memory for I/O and host<->device copies.
 //
-// CONTRACT (keep these signatures): one anonymous mmap of `budget_bytes`, backed by huge
-// pages where possible (hugetlb, else transparent huge pages via madvise), bound to a NUMA
-// node with hwloc, cudaHostRegister'ed when a GPU is present, registered with the io_uring
-// engine. The budget is fixed at creation and reported; it never grows.
+// One anonymous mmap of `budget_bytes`, backed by huge pages where possible (hugetlb, else
+// transparent huge pages via madvise), bound to a NUMA node with hwloc, cudaHostRegister'ed
+// when a GPU is present, registered with the io_uring engine. The budget is fixed at creation and reported; it never grows.
 //
 // Creation, in order (docs/pinned-memory.md):
 //  1. mmap the budget rounded up to 2 MiB: MAP_HUGETLB (2 MiB pages) when huge_pages and
@@ -120,7 +119,7 @@ class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
   virtual bool huge_pages() const = 0;  ///< backed by hugetlb or THP
   virtual int numa_node() const = 0;
 
-  // --- additions to the contract ---
+  // Where the memory came from and how it is pinned (what creation achieved).
   virtual HugePageKind huge_page_kind() const = 0;
   virtual uint64_t alignment() const = 0;
   /// Start and length of the whole mapping (budget rounded up to 2 MiB); this is the range

@@ -96,7 +96,11 @@ struct StoreOptions {
   /// root or the NVMe directories, create a new empty store beside them instead of failing
   /// with DataLoss. The orphaned files are left alone. Default false.
   bool recreate_catalog = false;
-  /// Threads that run store operations (each may block on the engine). Default 4.
+  /// Threads that start store operations. Reads (get, get_bytes, get_alloc, read_range)
+  /// and write_range of NVMe objects hold a worker only to plan and submit their I/O (and
+  /// while staging memory is short); the rest of such an operation runs as the engine
+  /// completes it, so how many are in flight does not depend on this number. put, move,
+  /// prefetch, evict, pin, remove and flush run on a worker from start to end. Default 4.
   uint32_t worker_threads = 4;
   /// NUMA placement (placement.hpp). kNumaAuto (-1, default): from the topology, each NVMe
   /// directory's staging memory and I/O threads on the node nearest its block device, the
@@ -195,7 +199,9 @@ struct VerifyReport {
 ///
 /// Thread-safety: every member may be called concurrently from any thread. Concurrent
 /// write_range() calls on one object must touch different chunks; a read concurrent with a
-/// write of the same bytes returns the old or the new bytes of each chunk.
+/// write of the same bytes returns the old or the new bytes of each chunk. A future may
+/// complete on one of the store's worker threads or on an I/O engine completion thread:
+/// callbacks registered on it (Future::on_ready/then) must be short and must not block.
 class Store {
  public:
   /// Opens (or creates) the store at options.path and takes its write lock (unless

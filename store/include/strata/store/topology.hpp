@@ -226,7 +226,7 @@ struct HostFeatures {
 };
 
 /// Probes the features above (sysfs, /proc, one io_uring setup and teardown). ~1 ms.
-/// 	hreadsafety safe.
+/// \threadsafety safe.
 HostFeatures probe_host_features();
 
 /// Formats CPU numbers as a kernel-style list: {0,1,2,3,8} -> "0-3,8".
