@@ -281,8 +281,12 @@ EOF
   for so in "$PREFIX"/usr/lib/$ARCH/lib*.so.* "$PREFIX"/lib/$ARCH/lib*.so.* "$PREFIX"/usr/lib/lib*.so.*; do
     [[ -e $so ]] || continue
     name=$(basename "$so")
-    soname=$(readelf -d "$so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-    [[ -n $soname && $soname == "$name" ]] || continue
+    if command -v readelf >/dev/null; then
+      soname=$(readelf -d "$so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+      [[ -n $soname && $soname == "$name" ]] || continue
+    else
+      soname=$name  # every versioned name: harmless extra links
+    fi
     if [[ ${STRATA_DEVICE_LINK_ALL:-0} == 1 ]] || ! ldconfig -p 2>/dev/null | grep -q "^[[:space:]]$soname "; then
       ln -sf "$so" "$PREFIX/ldpath/$soname"
       linked=$((linked + 1))
@@ -305,12 +309,27 @@ find_cuda() {
     [[ -e $d/libnccl.so || -e $d/libnccl.so.2 ]] && lib=$(ls "$d"/libnccl.so* | head -1) && break
   done
   if [[ -z ${lib:-} || ! -e $CUDA_ROOT/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
-    d=$("$PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-    if [[ -n $d && -e $d/include/nccl.h ]]; then
-      lib=$(ls "$d"/lib/libnccl.so* | head -1)
-      inc=$d/include
+    # pip's wheels: nvidia/nccl/{lib,include} (or another folder under nvidia/).
+    local found
+    found=$("$PY" - 2>/dev/null <<'NCCL_EOF'
+import os
+import nvidia
+lib = inc = None
+for base in nvidia.__path__:
+    for d, _, files in os.walk(base):
+        for f in sorted(files):
+            if f.startswith("libnccl.so") and not lib:
+                lib = os.path.join(d, f)
+            if f == "nccl.h" and not inc:
+                inc = d
+if lib and inc:
+    print(lib, inc)
+NCCL_EOF
+)
+    if [[ -n $found ]]; then
+      read -r lib inc <<<"$found"
       NCCL_ARGS=(-DNCCL_LIBRARY="$lib" -DNCCL_INCLUDE_DIR="$inc")
-      export LD_LIBRARY_PATH=$d/lib:$LD_LIBRARY_PATH
+      export LD_LIBRARY_PATH=$(dirname "$lib"):$LD_LIBRARY_PATH
     fi
   fi
   say "CUDA toolkit: ${CUDA_ROOT:-none}; NCCL: ${lib:-none}${inc:+ (headers $inc)}"
