@@ -181,6 +181,17 @@ step() {
   return $rc
 }
 
+# tstep NAME LOG CAP CMD...: step with CMD (a program, not a function) stopped after CAP
+# seconds or when the budget is 30 s from its end, whichever comes first.
+tstep() {
+  local name=$1 log=$2 cap=$3 secs
+  shift 3
+  secs=$(($(left) - 30))
+  ((secs > cap)) && secs=$cap
+  ((secs > 0)) || { skip "$name" "no time left"; return 1; }
+  step "$name" "$log" timeout --kill-after=10 "$secs" "$@"
+}
+
 # skip NAME WHY: records a step that did not run.
 skip() {
   printf '%s\tskipped\t0\t%s\n' "$1" "$2" >>"$WORK/steps.tsv"
@@ -393,12 +404,12 @@ benches() {
   local size=${STRATA_DEVICE_BENCH_SIZE:-1GiB} fsize
   fsize=${size%iB}
   mkdir -p "$DATA"
-  step bench_device "$OUT/bench.log" sh -c "'$BUILD/strata' bench device --path '$DATA' --size $size --rounds 3 --json > '$WORK/bench_device.json'"
+  tstep bench_device "$OUT/bench.log" 120 sh -c "'$BUILD/strata' bench device --path '$DATA' --size $size --rounds 3 --json > '$WORK/bench_device.json'"
   cat "$WORK/bench_device.json" >>"$OUT/bench.log"
   # The disk's own limit: fio and strata's engine, sequential O_DIRECT reads of the same shape.
   local eng
   for eng in io_uring psync; do
-    if step "fio_read_$eng" "$OUT/bench.log" "$DEV/bin/fio" --name=seqread --filename="$DATA/fio.dat" \
+    if tstep "fio_read_$eng" "$OUT/bench.log" 90 "$DEV/bin/fio" --name=seqread --filename="$DATA/fio.dat" \
         --size="$fsize" --rw=read --bs=1M --iodepth=32 --ioengine=$eng --direct=1 \
         --output-format=json --output="$WORK/fio_read.json"; then
       echo "$eng" >"$WORK/fio_engine"
@@ -406,12 +417,12 @@ benches() {
     fi
   done
   rm -f "$DATA/fio.dat"
-  step bench_io_write "$OUT/bench.log" "$BUILD/strata" bench io --path "$DATA" --size "$size" \
+  tstep bench_io_write "$OUT/bench.log" 60 "$BUILD/strata" bench io --path "$DATA" --size "$size" \
     --block-size 1MiB --queue-depth 32 --op write
-  step bench_io_read "$OUT/bench.log" sh -c "'$BUILD/strata' bench io --path '$DATA' --size $size --block-size 1MiB --queue-depth 32 --op read --json > '$WORK/bench_io.json'"
+  tstep bench_io_read "$OUT/bench.log" 60 sh -c "'$BUILD/strata' bench io --path '$DATA' --size $size --block-size 1MiB --queue-depth 32 --op read --json > '$WORK/bench_io.json'"
   cat "$WORK/bench_io.json" >>"$OUT/bench.log"
   rm -f "$DATA"/strata-bench-io*
-  step device_tier "$OUT/bench.log" env PYTHONPATH="$BUILD/python" "$PY" \
+  tstep device_tier "$OUT/bench.log" 120 env PYTHONPATH="$BUILD/python" "$PY" \
     "$ROOT/bench/gpu/device_tier.py" --dir "$DATA/tier" --size "$size" --json "$WORK/device_tier.json"
 }
 
@@ -566,7 +577,7 @@ cmd_run() {
   else
     skip benches "no GPU"
   fi
-  step hf_gpu_train "$OUT/hf.log" env PYTHONPATH="$BUILD/python" PYTHONUNBUFFERED=1 "$PY" \
+  tstep hf_gpu_train "$OUT/hf.log" 180 env PYTHONPATH="$BUILD/python" PYTHONUNBUFFERED=1 "$PY" \
     "$ROOT/examples/hf_gpu_train.py" --dir "$DATA/hf" --json "$WORK/hf_gpu_train.json"
   if [[ ${STRATA_DEVICE_REST:-1} == 1 && $(left) -gt 60 ]]; then
     step ctest_rest "$OUT/ctest-rest.log" ctest_run rest "$WORK/ctest-rest.xml" $(($(left) - 20)) \
