@@ -206,7 +206,7 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
     const uint64_t len = std::min(bs, size - off);
     ++next;
     char* p = mem + static_cast<uint64_t>(slot) * bs;
-    Future<uint64_t> f = write ? file.write(p, len, off) : file.read(p, len, off);
+    Future<uint64_t> f = write ? file.write_async(p, len, off) : file.read_async(p, len, off);
     f.on_ready([&, slot](const Result<uint64_t>& r) {
       // Notify under the lock: the waiter may return (and destroy cv) right after.
       std::lock_guard<std::mutex> lk(mu);
@@ -345,7 +345,7 @@ int run_bench_io(const BenchIoArgs& a) {
       if (!a.json) std::fprintf(stderr, "laying out %s for the read (untimed)\n", format_bytes(size).c_str());
       auto lay = run_loop(**file, true, mem.data(), size, req, slots, progress, "layout");
       if (!lay.status.ok()) return report_error(lay.status.with_context("laying out the read file"));
-      auto s = (*file)->sync().result();
+      auto s = (*file)->sync_async().result();
       if (!s.ok()) return report_error(s.status());
     }
   }

@@ -127,7 +127,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
     for (uint64_t i = 0; i < own; ++i) slice.p[i] = pattern(begin + i);
     PartitionOptions po;
     po.put.overwrite = true;
-    STRATA_RETURN_IF_ERROR(put_partitioned_slice(*store, c, key, slice.p, desc, po).result().status());
+    STRATA_RETURN_IF_ERROR(put_partitioned_slice(*store, c, key, slice.p, desc, po));
   }
 
   Aligned dst, want, rbuf, sendb, gbuf;
@@ -151,7 +151,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   auto fetch = [&](const PartitionOptions& o) -> Result<double> {
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(fetch_partitioned(*store, c, key, dst.p, desc, o).result().status());
+    STRATA_RETURN_IF_ERROR(fetch_partitioned(*store, c, key, dst.p, desc, o));
     double dt = seconds_since(t0);
     verify();
     return max_over_ranks(c, dt);
@@ -159,7 +159,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   auto read_only = [&]() -> Result<double> {
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
-    if (own) STRATA_RETURN_IF_ERROR(store->read_range_sync(key + kPartitionDataSuffix, 0, own, rbuf.p));
+    if (own) STRATA_RETURN_IF_ERROR(store->read_range(key + kPartitionDataSuffix, 0, own, rbuf.p));
     return max_over_ranks(c, seconds_since(t0));
   };
   auto gather_only = [&]() -> Result<double> {

@@ -87,13 +87,13 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
     wq[i] = {};
     if (r_done < read_bytes) {
       const uint64_t n = std::min(req, read_bytes - r_done);
-      rq[i] = file.read(bufs[2 * i].data(), n, r_off);
+      rq[i] = file.read_async(bufs[2 * i].data(), n, r_off);
       r_off = (r_off + req) % region;
       r_done += n;
     }
     if (w_done < write_bytes) {
       const uint64_t n = std::min(req, write_bytes - w_done);
-      wq[i] = file.write(bufs[2 * i + 1].data(), n, region + w_off);
+      wq[i] = file.write_async(bufs[2 * i + 1].data(), n, region + w_off);
       w_off = (w_off + req) % region;
       w_done += n;
     }
@@ -250,7 +250,7 @@ int run_bench_step(const BenchStepArgs& a) {
         STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, ppool->allocate(req));
         for (uint64_t off = 0; off < 2 * region; off += req) {
           STRATA_RETURN_IF_ERROR(
-              file->write(b.data(), std::min(req, 2 * region - off), off).result().status());
+              file->write_async(b.data(), std::min(req, 2 * region - off), off).result().status());
         }
       }
       if (progress) std::fprintf(stderr, "\rio probe ...");

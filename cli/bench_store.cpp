@@ -259,27 +259,27 @@ int run_bench_store(const BenchStoreArgs& a) {
     auto store_put = [&]() -> Status {
       std::vector<Future<void>> f;
       for (uint32_t i = 0; i < a.count; ++i) {
-        f.push_back(s->put(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
+        f.push_back(s->put_async(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
       }
       return when_all(f).result().status();
     };
     auto engine_write = [&]() -> Status {
       std::vector<Future<uint64_t>> w;
       for (uint32_t i = 0; i < a.count; ++i) {
-        w.push_back((*raw)->write(mem.data(), size, base + i * size));
+        w.push_back((*raw)->write_async(mem.data(), size, base + i * size));
       }
       STRATA_RETURN_IF_ERROR(when_all(w).result().status());
-      return (*raw)->sync().result().status();
+      return (*raw)->sync_async().result().status();
     };
     auto store_get = [&]() -> Status {
       std::vector<Future<void>> f;
-      for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes(key(i), mem.data(), size));
+      for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes_async(key(i), mem.data(), size));
       return when_all(f).result().status();
     };
     auto engine_read = [&]() -> Status {
       std::vector<Future<uint64_t>> w;
       for (uint32_t i = 0; i < a.count; ++i) {
-        w.push_back((*raw)->read(mem.data(), size, base + i * size));
+        w.push_back((*raw)->read_async(mem.data(), size, base + i * size));
       }
       return when_all(w).result().status();
     };
@@ -423,7 +423,7 @@ int run_bench_device(const BenchDeviceArgs& a) {
     auto s = Store::open(so);
     if (!s.ok()) return report_error(s.status());
     store = std::move(*s);
-    if (Status st = store->put_sync("bench", mem.data(), TensorDesc::bytes(size)); !st.ok())
+    if (Status st = store->put("bench", mem.data(), TensorDesc::bytes(size)); !st.ok())
       return report_error(st);
   }
   for (uint32_t r = 0; r < a.rounds; ++r) {
@@ -435,10 +435,10 @@ int run_bench_device(const BenchDeviceArgs& a) {
     d2h.push_back(gbps(size, seconds_since(t0)));
     if (store) {
       t0 = Clock::now();
-      if (Status st = store->get_bytes_sync("bench", dev, size); !st.ok()) return report_error(st);
+      if (Status st = store->get_bytes("bench", dev, size); !st.ok()) return report_error(st);
       nvme_dev.push_back(gbps(size, seconds_since(t0)));
       t0 = Clock::now();
-      if (Status st = store->get_bytes_sync("bench", mem.data(), size); !st.ok())
+      if (Status st = store->get_bytes("bench", mem.data(), size); !st.ok())
         return report_error(st);
       nvme_host.push_back(gbps(size, seconds_since(t0)));
     }

@@ -139,7 +139,7 @@ int run_rm(const StoreArgs& a) {
   auto s = Store::open(inspect_options(a.dir, false));
   if (!s.ok()) return report_error(s.status());
   int rc = for_each_key(**s, a.keys,
-                        [&](const std::string& key) { return (*s)->remove_sync(key); });
+                        [&](const std::string& key) { return (*s)->remove(key); });
   Status st = (*s)->close();
   if (!st.ok()) rc = report_error(st);
   return rc;

@@ -43,25 +43,25 @@ class Join {
 
 }  // namespace
 
-Future<uint64_t> StripedFile::read(void* dst, uint64_t nbytes, uint64_t offset) {
+Future<uint64_t> StripedFile::read_async(void* dst, uint64_t nbytes, uint64_t offset) {
   return run(false, static_cast<char*>(dst), nbytes, offset);
 }
 
-Future<uint64_t> StripedFile::write(const void* src, uint64_t nbytes, uint64_t offset) {
+Future<uint64_t> StripedFile::write_async(const void* src, uint64_t nbytes, uint64_t offset) {
   return run(true, const_cast<char*>(static_cast<const char*>(src)), nbytes, offset);
 }
 
-Future<void> StripedFile::sync() {
+Future<void> StripedFile::sync_async() {
   std::vector<Future<void>> fs;
-  for (auto& f : files_) fs.push_back(engine_->sync(f));
+  for (auto& f : files_) fs.push_back(engine_->sync_async(f));
   return when_all(fs);
 }
 
 Future<uint64_t> StripedFile::run(bool write, char* buf, uint64_t nbytes, uint64_t offset) {
   const uint64_t k = files_.size();
   if (k == 1) {
-    return write ? engine_->write(files_[0], buf, nbytes, offset)
-                 : engine_->read(files_[0], buf, nbytes, offset);
+    return write ? engine_->write_async(files_[0], buf, nbytes, offset)
+                 : engine_->read_async(files_[0], buf, nbytes, offset);
   }
   if (nbytes == 0) return make_ready_future<uint64_t>(uint64_t{0});
   if (offset + nbytes < offset) {
@@ -78,8 +78,8 @@ Future<uint64_t> StripedFile::run(bool write, char* buf, uint64_t nbytes, uint64
     const auto& f = files_[u % k];
     const uint64_t foff = (u / k) * unit_ + lo % unit_;
     char* p = buf + (lo - offset);
-    Future<uint64_t> seg = write ? engine_->write(f, p, hi - lo, foff)
-                                 : engine_->read(f, p, hi - lo, foff);
+    Future<uint64_t> seg = write ? engine_->write_async(f, p, hi - lo, foff)
+                                 : engine_->read_async(f, p, hi - lo, foff);
     seg.on_ready([join, i](const Result<uint64_t>& r) { join->done(i, r.status()); });
   }
   return out;

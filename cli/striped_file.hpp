@@ -22,7 +22,7 @@ namespace strata::cli {
 ///
 /// Sizes, offsets and buffers are what the engine accepts (any size and offset, aligned or
 /// not; see IoEngine). The files stay open while the StripedFile lives.
-/// \threadsafety read(), write() and sync() may be called concurrently from any thread (as
+/// \threadsafety read_async(), write_async() and sync_async() may be called concurrently from any thread (as
 ///     the engine's own calls may); the object is immutable after open().
 class StripedFile {
  public:
@@ -45,14 +45,14 @@ class StripedFile {
   /// \error what the engine reports for the lowest-offset failing stripe unit (e.g.
   ///     DataLoss reading past a file's end); InvalidArgument when offset + nbytes
   ///     overflows 64 bits.
-  Future<uint64_t> read(void* dst, uint64_t nbytes, uint64_t offset);
+  Future<uint64_t> read_async(void* dst, uint64_t nbytes, uint64_t offset);
 
   /// Writes `nbytes` from `src` at logical byte `offset`; `src` must stay valid until the
-  /// returned future is ready. Errors as read() (e.g. ResourceExhausted on ENOSPC).
-  Future<uint64_t> write(const void* src, uint64_t nbytes, uint64_t offset);
+  /// returned future is ready. Errors as read_async() (e.g. ResourceExhausted on ENOSPC).
+  Future<uint64_t> write_async(const void* src, uint64_t nbytes, uint64_t offset);
 
   /// fdatasync of every file, in parallel. \error the first failing file's error.
-  Future<void> sync();
+  Future<void> sync_async();
 
   /// The stripe unit in bytes (u).
   uint64_t stripe_unit() const { return unit_; }

@@ -72,7 +72,7 @@ bool setup(Fixture& fx, benchmark::State& state, EngineKind kind, bool direct,
   }
   fx.buf = static_cast<char*>(p);
   for (uint64_t i = 0; i < file_bytes; ++i) fx.buf[i] = static_cast<char>(i * 7 + 1);
-  auto w = fx.engine->write(fx.file, fx.buf, file_bytes, 0).result();
+  auto w = fx.engine->write_async(fx.file, fx.buf, file_bytes, 0).result();
   if (!w.ok()) {
     state.SkipWithError(w.status().to_string().c_str());
     return false;
@@ -107,7 +107,7 @@ void BM_IoSubmitOverhead(benchmark::State& state) {
   uint64_t off = 0;
   for (auto _ : state) {
     for (uint64_t i = 0; i < kBatch; ++i) {
-      fs[i] = fx.engine->read(fx.file, fx.buf + i * kReq, kReq, off);
+      fs[i] = fx.engine->read_async(fx.file, fx.buf + i * kReq, kReq, off);
       off = (off + kReq) % kFile;
     }
     if (!wait_all(state, fs)) return;
@@ -128,7 +128,7 @@ void BM_IoRandRead4K(benchmark::State& state) {
   for (auto _ : state) {
     for (uint64_t i = 0; i < kBatch; ++i) {
       const uint64_t off = (rng() % (kFile / kBlock)) * kBlock;
-      fs[i] = fx.engine->read(fx.file, fx.buf + i * kBlock, kBlock, off);
+      fs[i] = fx.engine->read_async(fx.file, fx.buf + i * kBlock, kBlock, off);
     }
     if (!wait_all(state, fs)) return;
   }

@@ -128,7 +128,7 @@ Status OffloadedOptimizer::Impl::put_meta() {
   po.overwrite = true;
   po.pin = true;
   return store
-      ->put(meta_key(), text.data(), TensorDesc::bytes(text.size()), po)
+      ->put_async(meta_key(), text.data(), TensorDesc::bytes(text.size()), po)
       .result()
       .status()
       .with_context("offload: writing the checkpoint record");
@@ -139,7 +139,7 @@ Status OffloadedOptimizer::Impl::checkpoint() {
   for (const auto& t : tensors) {
     if (t.placement != Placement::kHost) continue;
     for (int s = 0; s < num_streams(); ++s) {
-      futs.push_back(store->write_range(t.keys[s], 0, t.numel * 4, t.host[s].data()));
+      futs.push_back(store->write_range_async(t.keys[s], 0, t.numel * 4, t.host[s].data()));
     }
   }
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
@@ -150,7 +150,7 @@ Status OffloadedOptimizer::Impl::checkpoint() {
     t.durable_step = t.state.step();
   }
   Status st = put_meta();
-  if (st.ok()) st = store->flush_sync().with_context("offload checkpoint: Store::flush");
+  if (st.ok()) st = store->flush().with_context("offload checkpoint: Store::flush");
   if (!st.ok()) {
     for (size_t i = 0; i < tensors.size(); ++i) tensors[i].durable_step = saved[i];
   }
@@ -161,7 +161,7 @@ Status OffloadedOptimizer::Impl::restore() {
   const std::string key = meta_key();
   STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store->stat(key));
   std::string text(info.nbytes, '\0');
-  STRATA_RETURN_IF_ERROR(store->get_bytes_sync(key, text.data(), text.size()));
+  STRATA_RETURN_IF_ERROR(store->get_bytes(key, text.data(), text.size()));
   STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
   if (!factory) {
     STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
@@ -209,7 +209,7 @@ Status OffloadedOptimizer::Impl::restore() {
     if (host) {
       for (int s = 0; s < num_streams(); ++s) {
         STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(p.numel * 4));
-        STRATA_RETURN_IF_ERROR(store->read_range_sync(t.keys[s], 0, p.numel * 4, a.data()));
+        STRATA_RETURN_IF_ERROR(store->read_range(t.keys[s], 0, p.numel * 4, a.data()));
         t.host.push_back(std::move(a));
       }
       host_bytes += p.numel * 4 * static_cast<uint64_t>(num_streams());

@@ -57,8 +57,8 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     std::vector<Future<void>> fs;
     for (int s = 0; s < S; ++s) {
       float* buf = slot_stream(j % B, s);
-      fs.push_back(write ? store->write_range(t.keys[s], it.begin * 4, it.count * 4, buf)
-                         : store->read_range(t.keys[s], it.begin * 4, it.count * 4, buf));
+      fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
+                         : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
     }
     return when_all(fs);
   };

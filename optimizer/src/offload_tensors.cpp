@@ -82,7 +82,7 @@ Status OffloadedOptimizer::Impl::fill_object(const std::string& key, uint64_t nu
   std::fill(buf, buf + n, value);
   for (uint64_t b = 0; b < numel; b += sg) {
     const uint64_t c = std::min(sg, numel - b);
-    STRATA_RETURN_IF_ERROR(store->write_range_sync(key, b * 4, c * 4, buf));
+    STRATA_RETURN_IF_ERROR(store->write_range(key, b * 4, c * 4, buf));
   }
   return Status::OK();
 }
@@ -141,7 +141,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
     }
   }
   std::vector<Future<void>> futs;
-  for (int s = 0; s < num_streams(); ++s) futs.push_back(store->put(t.keys[s], srcs[s], desc, po));
+  for (int s = 0; s < num_streams(); ++s) futs.push_back(store->put_async(t.keys[s], srcs[s], desc, po));
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
       "offload: creating parameter '" + name + "'"));
   if (placement == Placement::kHost) {
@@ -188,7 +188,7 @@ Status OffloadedOptimizer::Impl::read_stream(ParamHandle h, int stream, float* d
     std::memcpy(dst, t.host[stream].data() + offset, count * 4);
     return Status::OK();
   }
-  return store->read_range_sync(t.keys[stream], offset * 4, count * 4, dst);
+  return store->read_range(t.keys[stream], offset * 4, count * 4, dst);
 }
 
 Status OffloadedOptimizer::Impl::write_stream(ParamHandle h, int stream, const float* src,
@@ -201,7 +201,7 @@ Status OffloadedOptimizer::Impl::write_stream(ParamHandle h, int stream, const f
     std::memcpy(t.host[stream].data() + offset, src, count * 4);
     return Status::OK();
   }
-  return store->write_range_sync(t.keys[stream], offset * 4, count * 4, src);
+  return store->write_range(t.keys[stream], offset * 4, count * 4, src);
 }
 
 }  // namespace strata::optimizer

@@ -448,18 +448,18 @@ Future<uint64_t> EngineBase::submit(Op op, const std::shared_ptr<IoFile>& file, 
   return fut;
 }
 
-Future<uint64_t> EngineBase::read(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
-                                  uint64_t offset) {
+Future<uint64_t> EngineBase::read_async(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
+                                        uint64_t offset) {
   return submit(Op::kRead, file, static_cast<char*>(dst), nbytes, offset);
 }
 
-Future<uint64_t> EngineBase::write(const std::shared_ptr<IoFile>& file, const void* src,
-                                   uint64_t nbytes, uint64_t offset) {
+Future<uint64_t> EngineBase::write_async(const std::shared_ptr<IoFile>& file, const void* src,
+                                         uint64_t nbytes, uint64_t offset) {
   return submit(Op::kWrite, file, const_cast<char*>(static_cast<const char*>(src)), nbytes,
                 offset);
 }
 
-Future<void> EngineBase::sync(const std::shared_ptr<IoFile>& file) {
+Future<void> EngineBase::sync_async(const std::shared_ptr<IoFile>& file) {
   Status s = check_io_args(file, nullptr, 0, false);
   if (!s.ok()) return make_ready_future(Result<void>(s));
   auto r = plan_request(Op::kSync, std::static_pointer_cast<FileImpl>(file), nullptr, 0, 0,

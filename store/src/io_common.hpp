@@ -163,11 +163,11 @@ class EngineBase : public IoEngine {
   explicit EngineBase(const IoEngineOptions& o) : options_(o) {}
   const IoEngineOptions& options() const override { return options_; }
   Result<std::shared_ptr<IoFile>> open(const std::string& path, OpenMode mode) override;
-  Future<uint64_t> read(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
-                        uint64_t offset) override;
-  Future<uint64_t> write(const std::shared_ptr<IoFile>& file, const void* src, uint64_t nbytes,
-                         uint64_t offset) override;
-  Future<void> sync(const std::shared_ptr<IoFile>& file) override;
+  Future<uint64_t> read_async(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
+                              uint64_t offset) override;
+  Future<uint64_t> write_async(const std::shared_ptr<IoFile>& file, const void* src, uint64_t nbytes,
+                               uint64_t offset) override;
+  Future<void> sync_async(const std::shared_ptr<IoFile>& file) override;
   void drain() override { inflight_.wait_zero(); }
 
  protected:

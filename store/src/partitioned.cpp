@@ -128,17 +128,17 @@ Status put_impl(Store& store, Communicator& comm, const std::string& key, const 
     const uint64_t own = layout->owned_numel(r);
     const std::string dk = data_key(key), mk = meta_key(key);
     auto run = [&]() -> Status {
-      if (opts.put.overwrite && store.contains(mk)) STRATA_RETURN_IF_ERROR(store.remove_sync(mk));
+      if (opts.put.overwrite && store.contains(mk)) STRATA_RETURN_IF_ERROR(store.remove(mk));
       if (own > 0) {
         TensorDesc sd{full.dtype, {static_cast<int64_t>(own)}};
-        STRATA_RETURN_IF_ERROR(store.put_sync(dk, owned, sd, opts.put));
+        STRATA_RETURN_IF_ERROR(store.put(dk, owned, sd, opts.put));
       } else if (opts.put.overwrite && store.contains(dk)) {
-        STRATA_RETURN_IF_ERROR(store.remove_sync(dk));
+        STRATA_RETURN_IF_ERROR(store.remove(dk));
       }
       std::vector<uint8_t> meta = encode_meta(*layout, r, full);
       PutOptions mo = opts.put;
       mo.pin = false;
-      return store.put_sync(mk, meta.data(), TensorDesc::bytes(meta.size()), mo);
+      return store.put(mk, meta.data(), TensorDesc::bytes(meta.size()), mo);
     };
     local = run();
     if (!local.ok()) local = local.with_context(what + " (rank " + std::to_string(r) + ")");
@@ -200,7 +200,7 @@ Status fetch_impl(Store& store, Communicator& comm, const std::string& key, uint
   const std::string dk = data_key(key);
 
   if (n == 1) {  // nothing to gather: read straight into dst
-    Status st = store.read_range_sync(dk, 0, own * es, dst);
+    Status st = store.read_range(dk, 0, own * es, dst);
     return st.with_context(what);
   }
 
@@ -219,7 +219,7 @@ Status fetch_impl(Store& store, Communicator& comm, const std::string& key, uint
   // Zero-copy case: no padding and one piece -> read into our place in dst, gather in place.
   if (k_pieces == 1 && l.padded_numel() == l.numel) {
     uint8_t* mine = dst + static_cast<uint64_t>(r) * c * es;
-    Status rd = store.read_range_sync(dk, 0, own * es, mine);
+    Status rd = store.read_range(dk, 0, own * es, mine);
     if (!rd.ok()) std::memset(mine, 0, own * es);
     Status g = comm.all_gather(mine, dst, c * es, DType::kUInt8);
     if (!g.ok()) return g.with_context(what);
@@ -249,7 +249,7 @@ Status fetch_impl(Store& store, Communicator& comm, const std::string& key, uint
     uint64_t nr = piece_read(k), len = piece_len(k);
     if (nr < len) std::memset(b + nr * es, 0, (len - nr) * es);  // padding
     if (nr == 0) return make_ready_future();
-    return store.read_range(dk, k * p * es, nr * es, b);
+    return store.read_range_async(dk, k * p * es, nr * es, b);
   };
   auto finish_read = [&](uint64_t k, const Future<void>& f) {
     const Result<void>& res = f.result();
@@ -386,7 +386,7 @@ Result<PartitionInfo> stat_partitioned(Store& store, const std::string& key) {
   const std::string mk = meta_key(key);
   STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store.stat(mk));
   std::vector<uint8_t> b(oi.nbytes);
-  STRATA_RETURN_IF_ERROR(store.get_bytes_sync(mk, b.data(), b.size()));
+  STRATA_RETURN_IF_ERROR(store.get_bytes(mk, b.data(), b.size()));
   auto bad = [&](const char* why) {
     return data_loss("partition record '" + mk + "' is malformed: " + std::string(why));
   };
@@ -425,13 +425,13 @@ Status remove_partitioned(Store& store, const std::string& key) {
   const std::string dk = data_key(key), mk = meta_key(key);
   const bool has_meta = store.contains(mk), has_data = store.contains(dk);
   if (!has_meta && !has_data) return not_found("no partitioned object '" + key + "' in this store");
-  if (has_meta) STRATA_RETURN_IF_ERROR(store.remove_sync(mk));
-  if (has_data) STRATA_RETURN_IF_ERROR(store.remove_sync(dk));
+  if (has_meta) STRATA_RETURN_IF_ERROR(store.remove(mk));
+  if (has_data) STRATA_RETURN_IF_ERROR(store.remove(dk));
   return Status::OK();
 }
 
-Future<void> put_partitioned(Store& store, Communicator& comm, const std::string& key,
-                             const void* full_src, const TensorDesc& full_desc,
+Future<void> put_partitioned_async(Store& store, Communicator& comm, const std::string& key,
+                                   const void* full_src, const TensorDesc& full_desc,
                              const PartitionOptions& opts) {
   if (Status st = check_comm(comm, "put_partitioned"); !st.ok()) return ready_error(st);
   if (!dtype_is_valid(full_desc.dtype))
@@ -443,11 +443,11 @@ Future<void> put_partitioned(Store& store, Communicator& comm, const std::string
     return ready_error(invalid_argument("put_partitioned '" + key + "': full_src is null"));
   }
   if (owned) owned += l->begin(comm.rank()) * dtype_size(full_desc.dtype);
-  return put_partitioned_slice(store, comm, key, owned, full_desc, opts);
+  return put_partitioned_slice_async(store, comm, key, owned, full_desc, opts);
 }
 
-Future<void> put_partitioned_slice(Store& store, Communicator& comm, const std::string& key,
-                                   const void* owned_src, const TensorDesc& full_desc,
+Future<void> put_partitioned_slice_async(Store& store, Communicator& comm, const std::string& key,
+                                         const void* owned_src, const TensorDesc& full_desc,
                                    const PartitionOptions& opts) {
   if (Status st = check_comm(comm, "put_partitioned"); !st.ok()) return ready_error(st);
   if (key.empty()) return ready_error(invalid_argument("put_partitioned: empty key"));
@@ -470,8 +470,8 @@ Future<void> put_partitioned_slice(Store& store, Communicator& comm, const std::
   });
 }
 
-Future<void> fetch_partitioned(Store& store, Communicator& comm, const std::string& key,
-                               void* dst, const TensorDesc& full_desc,
+Future<void> fetch_partitioned_async(Store& store, Communicator& comm, const std::string& key,
+                                     void* dst, const TensorDesc& full_desc,
                                const PartitionOptions& opts) {
   if (Status st = check_comm(comm, "fetch_partitioned"); !st.ok()) return ready_error(st);
   if (!dtype_is_valid(full_desc.dtype))
@@ -486,8 +486,8 @@ Future<void> fetch_partitioned(Store& store, Communicator& comm, const std::stri
   });
 }
 
-Future<void> reduce_scatter_grads(Communicator& comm, const void* full_grad, void* owned_slice,
-                                  uint64_t numel, DType dtype, ReduceOp op,
+Future<void> reduce_scatter_grads_async(Communicator& comm, const void* full_grad, void* owned_slice,
+                                        uint64_t numel, DType dtype, ReduceOp op,
                                   uint64_t piece_bytes) {
   if (Status st = check_comm(comm, "reduce_scatter_grads"); !st.ok()) return ready_error(st);
   if (!dtype_is_valid(dtype)) return ready_error(invalid_argument("reduce_scatter_grads: invalid dtype"));

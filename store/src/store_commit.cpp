@@ -35,7 +35,7 @@ void StoreImpl::committer_loop() {
     Status st;
     std::vector<Future<void>> syncs;
     for (size_t d = 0; d < files_.size(); ++d) {
-      if (dir_dirty_[d].exchange(false)) syncs.push_back(io(d).sync(files_[d]));
+      if (dir_dirty_[d].exchange(false)) syncs.push_back(io(d).sync_async(files_[d]));
     }
     for (auto& f : syncs) {
       const auto& r = f.result();

@@ -71,7 +71,7 @@ Future<uint64_t> StoreImpl::staged_write_async(const Extent& ext, uint64_t len, 
     return Status::OK();
   };
   steps.store = [s, file, engine, offset, plen, piece](uint64_t i) {
-    return engine->write(*file, s->bufs[i % 2], align_up(plen(i), kAlign), offset + i * piece);
+    return engine->write_async(*file, s->bufs[i % 2], align_up(plen(i), kAlign), offset + i * piece);
   };
   return run_pieces(std::move(steps)).map([s] { return s->h.digest(); });
 }
@@ -90,12 +90,12 @@ void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
   const uint64_t body = align_down(len, kAlign);
   const auto& file = files_[dir];
   IoEngine& engine = io(dir);
-  if (body > 0) futs.push_back(engine.write(file, s, body, offset));
+  if (body > 0) futs.push_back(engine.write_async(file, s, body, offset));
   if (len > body) {
     AlignedBlock t = aligned_block(kAlign);
     std::memset(t.get(), 0, kAlign);
     std::memcpy(t.get(), s + body, len - body);
-    futs.push_back(engine.write(file, t.get(), kAlign, offset + body));
+    futs.push_back(engine.write_async(file, t.get(), kAlign, offset + body));
     tails.push_back(std::move(t));
   }
 }
@@ -208,7 +208,7 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
   steps.count = (b - a + piece - 1) / piece;
   steps.window = 2;
   steps.load = [s, file, engine, offset, plen, a, piece, context](uint64_t i) {
-    return with_context(engine->read(*file, s->bufs[i % 2], align_up(plen(i), kAlign),
+    return with_context(engine->read_async(*file, s->bufs[i % 2], align_up(plen(i), kAlign),
                                      offset + a + i * piece),
                         context);
   };
@@ -255,8 +255,8 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
   steps.load = [s, file, engine, offset, d, body, nbody, context](uint64_t i) {
     const uint64_t p = i * kHashPiece;
     Future<uint64_t> f = i < nbody
-                             ? engine->read(*file, d + p, std::min(kHashPiece, body - p), offset + p)
-                             : engine->read(*file, s->tail.get(), kAlign, offset + body);
+                             ? engine->read_async(*file, d + p, std::min(kHashPiece, body - p), offset + p)
+                             : engine->read_async(*file, s->tail.get(), kAlign, offset + body);
     return with_context(f, context);
   };
   steps.process = [s, d, body, nbody, nbytes, verify](uint64_t i) {

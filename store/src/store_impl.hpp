@@ -160,32 +160,32 @@ class StoreImpl final : public Store {
   Status init(StoreOptions options);
 
   // ---- Store API (store.hpp documents each call)
-  Future<void> put(const std::string& key, const void* src, const TensorDesc& desc,
-                   const PutOptions& opts) override;
-  Future<void> get(const std::string& key, void* dst, const TensorDesc& desc) override {
+  Future<void> put_async(const std::string& key, const void* src, const TensorDesc& desc,
+                         const PutOptions& opts) override;
+  Future<void> get_async(const std::string& key, void* dst, const TensorDesc& desc) override {
     return get_impl(key, dst, desc.nbytes(), &desc);
   }
-  Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) override {
+  Future<void> get_bytes_async(const std::string& key, void* dst, uint64_t nbytes) override {
     return get_impl(key, dst, nbytes, nullptr);
   }
-  Future<void> get_alloc(const std::string& key,
-                         std::function<Result<void*>(const TensorDesc&)> allocate) override;
-  Future<void> read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) override;
-  Future<void> write_range(const std::string& key, uint64_t off, uint64_t n,
-                           const void* src) override;
-  Future<void> move(const std::string& key, Tier tier) override {
+  Future<void> get_alloc_async(const std::string& key,
+                               std::function<Result<void*>(const TensorDesc&)> allocate) override;
+  Future<void> read_range_async(const std::string& key, uint64_t off, uint64_t n, void* dst) override;
+  Future<void> write_range_async(const std::string& key, uint64_t off, uint64_t n,
+                                 const void* src) override;
+  Future<void> move_async(const std::string& key, Tier tier) override {
     return run_op(true, [=, this] { return move_impl(key, tier, false); });
   }
-  Future<void> prefetch(const std::string& key, Tier tier) override {
+  Future<void> prefetch_async(const std::string& key, Tier tier) override {
     return run_op(true, [=, this] { return move_impl(key, tier, true); });
   }
-  Future<void> evict(const std::string& key) override {
+  Future<void> evict_async(const std::string& key) override {
     return run_op(true, [=, this] { return move_impl(key, Tier::kNvme, false); });
   }
-  Future<void> pin(const std::string& key) override;
-  Future<void> unpin(const std::string& key) override;
-  Future<void> remove(const std::string& key) override;
-  Future<void> flush() override { return run_op(true, [this] { return flush_impl(); }); }
+  Future<void> pin_async(const std::string& key) override;
+  Future<void> unpin_async(const std::string& key) override;
+  Future<void> remove_async(const std::string& key) override;
+  Future<void> flush_async() override { return run_op(true, [this] { return flush_impl(); }); }
   Result<ObjectInfo> stat(const std::string& key) const override;
   std::vector<ObjectInfo> list(std::string_view prefix) const override;
   bool contains(const std::string& key) const override;

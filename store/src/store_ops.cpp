@@ -21,8 +21,8 @@ Status range_error(const char* op, const std::string& key, uint64_t off, uint64_
                       " go past the end of the object (" + std::to_string(size) + " bytes)");
 }
 
-Future<void> StoreImpl::put(const std::string& key, const void* src, const TensorDesc& desc,
-                            const PutOptions& opts) {
+Future<void> StoreImpl::put_async(const std::string& key, const void* src, const TensorDesc& desc,
+                                  const PutOptions& opts) {
   if (key.empty()) return make_ready_future(Result<void>(invalid_argument("put: empty key")));
   if (Status st = check_tensor_desc("put", key, desc); !st.ok()) {
     return make_ready_future(Result<void>(st));  // before anything is written
@@ -149,8 +149,8 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
   });
 }
 
-Future<void> StoreImpl::get_alloc(const std::string& key,
-                                  std::function<Result<void*>(const TensorDesc&)> allocate) {
+Future<void> StoreImpl::get_alloc_async(const std::string& key,
+                                        std::function<Result<void*>(const TensorDesc&)> allocate) {
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
@@ -166,7 +166,7 @@ Future<void> StoreImpl::get_alloc(const std::string& key,
   });
 }
 
-Future<void> StoreImpl::read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
+Future<void> StoreImpl::read_range_async(const std::string& key, uint64_t off, uint64_t n, void* dst) {
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
@@ -270,7 +270,7 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
           IoEngine* engine = &io(old.ext->dir);
           const uint64_t ooff = old.ext->offset;
           load = [ofile, engine, ooff](uint8_t* b, uint64_t p, uint64_t plen) {
-            return engine->read(*ofile, b, align_up(plen, kAlign), ooff + p);
+            return engine->read_async(*ofile, b, align_up(plen, kAlign), ooff + p);
           };
         }
         auto fill = [this, vh, partial, lo, hi, src, cs, off, src_dev](uint8_t* b, uint64_t p,
@@ -316,8 +316,8 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   });
 }
 
-Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64_t n,
-                                    const void* src) {
+Future<void> StoreImpl::write_range_async(const std::string& key, uint64_t off, uint64_t n,
+                                          const void* src) {
   return run_op_async(true, [=, this]() -> Future<void> {
     auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };
     ObjPtr o = lock_live_shared(key);
@@ -357,7 +357,7 @@ Future<void> StoreImpl::write_range(const std::string& key, uint64_t off, uint64
   });
 }
 
-Future<void> StoreImpl::pin(const std::string& key) {
+Future<void> StoreImpl::pin_async(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
     if (!o) return missing(key);
@@ -369,7 +369,7 @@ Future<void> StoreImpl::pin(const std::string& key) {
   });
 }
 
-Future<void> StoreImpl::unpin(const std::string& key) {
+Future<void> StoreImpl::unpin_async(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
     if (!o) return missing(key);
@@ -381,7 +381,7 @@ Future<void> StoreImpl::unpin(const std::string& key) {
   });
 }
 
-Future<void> StoreImpl::remove(const std::string& key) {
+Future<void> StoreImpl::remove_async(const std::string& key) {
   return run_op(true, [=, this]() -> Status {
     ObjPtr o = lock_live(key);
     if (!o) return missing(key);

@@ -35,14 +35,14 @@ TEST_P(StripedRoundTrip, OddSizesRoundTripAndLayoutMatchesFormula) {
   ASSERT_EQ((*sf)->files().size(), static_cast<size_t>(ndirs));
   const uint64_t total = 1000003;
   auto data = pattern(total, 11 + ndirs);
-  auto w = (*sf)->write(data.data(), total, 0).result();
+  auto w = (*sf)->write_async(data.data(), total, 0).result();
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   EXPECT_EQ(*w, total);
   // Odd sub-ranges read back exactly.
   for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{
            {0, total}, {1, 1}, {65535, 2}, {65536 * 2 - 3, 65536 * 3 + 7}, {4097, 300001}}) {
     std::vector<char> back(len);
-    auto r = (*sf)->read(back.data(), len, off).result();
+    auto r = (*sf)->read_async(back.data(), len, off).result();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(*r, len);
     EXPECT_EQ(0, std::memcmp(back.data(), data.data() + off, len)) << "off " << off;
@@ -52,11 +52,11 @@ TEST_P(StripedRoundTrip, OddSizesRoundTripAndLayoutMatchesFormula) {
     const uint64_t u = x / unit;
     const auto& f = (*sf)->files()[u % ndirs];
     char c = 0;
-    auto r = e->read(f, &c, 1, (u / ndirs) * unit + x % unit).result();
+    auto r = e->read_async(f, &c, 1, (u / ndirs) * unit + x % unit).result();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(c, data[x]) << "x " << x;
   }
-  ASSERT_TRUE((*sf)->sync().result().ok());
+  ASSERT_TRUE((*sf)->sync_async().result().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -9,10 +9,12 @@ if(TARGET test_store)
   # ccache's base_dir rewrites the compile line, and tests run in the build tree.
   target_compile_definitions(test_store PRIVATE
     STRATA_STORE_TEST_DATA="${CMAKE_CURRENT_SOURCE_DIR}/store/data")
+  # Unit tests of the store's private classes (extent_allocator.hpp) include them by name.
+  target_include_directories(test_store PRIVATE ${PROJECT_SOURCE_DIR}/store/src)
   add_dependencies(test_store store_crash_helper)
   target_compile_definitions(test_store PRIVATE
     STRATA_STORE_CRASH_HELPER="$<TARGET_FILE:store_crash_helper>")
 endif()
 
-# Partitioned objects (partition engineer): worker and its define for test_store.
+# Partitioned objects: worker and its define for test_store.
 include(${CMAKE_CURRENT_SOURCE_DIR}/store/partitioned/partitioned.cmake)

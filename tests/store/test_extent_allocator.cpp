@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-// A private header of the store (the test target has no include path into store/src).
-#include "../../store/src/extent_allocator.hpp"
+// A private header of the store (tests/store/extra.cmake puts store/src on the include path).
+#include "extent_allocator.hpp"
 
 namespace strata::store_detail {
 namespace {

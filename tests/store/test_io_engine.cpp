@@ -23,7 +23,7 @@ std::vector<Future<uint64_t>> write_in_pieces(IoEngine& e, const std::shared_ptr
                                               const std::vector<char>& data, uint64_t piece) {
   std::vector<Future<uint64_t>> fs;
   for (uint64_t off = 0; off < data.size(); off += piece) {
-    fs.push_back(e.write(file, data.data() + off, std::min<uint64_t>(piece, data.size() - off), off));
+    fs.push_back(e.write_async(file, data.data() + off, std::min<uint64_t>(piece, data.size() - off), off));
   }
   return fs;
 }
@@ -82,14 +82,14 @@ TEST_P(IoEngineKinds, OddSizesAndOffsetsRoundTripWithODirect) {
         auto data = pattern(size, seed++);
         AlignedBuf src(size + 64), dst(size + 64);
         std::memcpy(src.data() + mis, data.data(), size);
-        auto w = e->write(*f, src.data() + mis, size, off).result();
+        auto w = e->write_async(*f, src.data() + mis, size, off).result();
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         EXPECT_EQ(*w, size);
         auto sz = (*f)->size();
         ASSERT_TRUE(sz.ok());
         EXPECT_EQ(*sz, off + size);  // never grows past offset + nbytes
         std::memset(dst.data(), 0x5a, size + 64);
-        auto r = e->read(*f, dst.data() + mis, size, off).result();
+        auto r = e->read_async(*f, dst.data() + mis, size, off).result();
         ASSERT_TRUE(r.ok()) << r.status().to_string();
         EXPECT_EQ(*r, size);
         ASSERT_EQ(std::memcmp(dst.data() + mis, data.data(), size), 0);
@@ -99,7 +99,7 @@ TEST_P(IoEngineKinds, OddSizesAndOffsetsRoundTripWithODirect) {
         // The hole before `off` reads back as zeros.
         if (off > 0) {
           std::vector<char> hole(off, 1);
-          auto h = e->read(*f, hole.data(), off, 0).result();
+          auto h = e->read_async(*f, hole.data(), off, 0).result();
           ASSERT_TRUE(h.ok()) << h.status().to_string();
           EXPECT_EQ(hole, std::vector<char>(off, 0));
         }
@@ -117,7 +117,7 @@ TEST_P(IoEngineKinds, ConcurrentAdjacentUnalignedWritesKeepEveryByte) {
   auto fs = write_in_pieces(*e, f, data, piece);
   for (auto& fu : fs) ASSERT_TRUE(fu.result().ok()) << fu.result().status().to_string();
   std::vector<char> back(piece * n);
-  auto r = e->read(f, back.data(), back.size(), 0).result();
+  auto r = e->read_async(f, back.data(), back.size(), 0).result();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(back, data);
 }
@@ -130,18 +130,18 @@ TEST_P(IoEngineKinds, ReadPastEndOfFileIsDataLossNamingPathAndOffset) {
   auto f = e->open(path, OpenMode::kTruncate);
   ASSERT_TRUE(f.ok());
   auto data = pattern(10000, 3);
-  ASSERT_TRUE(e->write(*f, data.data(), data.size(), 0).result().ok());
+  ASSERT_TRUE(e->write_async(*f, data.data(), data.size(), 0).result().ok());
   AlignedBuf buf(20000);
-  auto r = e->read(*f, buf.data(), 8192, 4096).result();  // 4096..12288 > 10000
+  auto r = e->read_async(*f, buf.data(), 8192, 4096).result();  // 4096..12288 > 10000
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().to_string();
   EXPECT_NE(r.status().message().find("offset"), std::string::npos);
   // Entirely past the end.
-  auto r2 = e->read(*f, buf.data(), 1, 10000).result();
+  auto r2 = e->read_async(*f, buf.data(), 1, 10000).result();
   EXPECT_EQ(r2.status().code(), StatusCode::kDataLoss);
   // Exactly up to the end is fine.
-  auto r3 = e->read(*f, buf.data(), 10000, 0).result();
+  auto r3 = e->read_async(*f, buf.data(), 10000, 0).result();
   ASSERT_TRUE(r3.ok());
   EXPECT_EQ(std::memcmp(buf.data(), data.data(), 10000), 0);
 }
@@ -149,7 +149,7 @@ TEST_P(IoEngineKinds, ReadPastEndOfFileIsDataLossNamingPathAndOffset) {
 TEST_P(IoEngineKinds, ZeroLengthIsReadyAtOnce) {
   auto [e, f] = engine_and_file("z");
   ASSERT_TRUE(e && f);
-  auto fu = e->read(f, nullptr, 0, 0);
+  auto fu = e->read_async(f, nullptr, 0, 0);
   EXPECT_TRUE(fu.ready());
   ASSERT_TRUE(fu.result().ok());
   EXPECT_EQ(*fu.result(), 0u);
@@ -166,9 +166,9 @@ TEST_P(IoEngineKinds, RegisteredBufferRoundTrip) {
   ASSERT_TRUE(f.ok());
   auto data = pattern(n - 5, 9);
   std::memcpy(region.data(), data.data(), data.size());
-  auto w = e->write(*f, region.data(), data.size(), 512).result();
+  auto w = e->write_async(*f, region.data(), data.size(), 512).result();
   ASSERT_TRUE(w.ok()) << w.status().to_string();
-  auto r = e->read(*f, region.data() + n, data.size(), 512).result();
+  auto r = e->read_async(*f, region.data() + n, data.size(), 512).result();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(std::memcmp(region.data() + n, data.data(), data.size()), 0);
   EXPECT_TRUE(e->unregister_buffer(region.data()).ok());
@@ -181,8 +181,8 @@ TEST_P(IoEngineKinds, SyncCompletes) {
   auto [e, f] = engine_and_file("s");
   ASSERT_TRUE(e && f);
   auto data = pattern(5000, 4);
-  ASSERT_TRUE(e->write(f, data.data(), data.size(), 0).result().ok());
-  auto s = e->sync(f).result();
+  ASSERT_TRUE(e->write_async(f, data.data(), data.size(), 0).result().ok());
+  auto s = e->sync_async(f).result();
   EXPECT_TRUE(s.ok()) << s.status().to_string();
 }
 
@@ -199,7 +199,7 @@ TEST_P(IoEngineKinds, ManyConcurrentRequestsThenDrain) {
     EXPECT_EQ(*fu.result(), chunk);
   }
   std::vector<char> back(chunk * n);
-  ASSERT_TRUE(e->read(f, back.data(), back.size(), 0).result().ok());
+  ASSERT_TRUE(e->read_async(f, back.data(), back.size(), 0).result().ok());
   EXPECT_EQ(back, data);
 }
 
@@ -232,9 +232,9 @@ TEST(IoUringOptions, SubmitBatchAndBufferRegistrationRoundTrip) {
       std::memcpy(mem.data(), data.data(), n);
       auto f = (*e)->open(dir.path() + "/b", OpenMode::kTruncate);
       ASSERT_TRUE(f.ok());
-      ASSERT_TRUE((*e)->write(*f, mem.data(), n, 4096).result().ok());
+      ASSERT_TRUE((*e)->write_async(*f, mem.data(), n, 4096).result().ok());
       char* back = mem.data() + n + 4096;
-      auto r = (*e)->read(*f, back, n, 4096).result();
+      auto r = (*e)->read_async(*f, back, n, 4096).result();
       ASSERT_TRUE(r.ok()) << r.status().to_string();
       EXPECT_EQ(std::memcmp(back, data.data(), n), 0);
       ASSERT_TRUE((*e)->unregister_buffer(mem.data()).ok());

@@ -66,17 +66,17 @@ TEST_P(IoErrors, WriteToReadOnlyFileIsPermissionDeniedAndDataIntact) {
   {
     auto f = e->open(path, OpenMode::kTruncate);
     ASSERT_TRUE(f.ok());
-    ASSERT_TRUE(e->write(*f, data.data(), data.size(), 0).result().ok());
+    ASSERT_TRUE(e->write_async(*f, data.data(), data.size(), 0).result().ok());
   }
   auto f = e->open(path, OpenMode::kRead);
   ASSERT_TRUE(f.ok());
   auto other = pattern(9000, 22);
-  auto w = e->write(*f, other.data(), other.size(), 0).result();
+  auto w = e->write_async(*f, other.data(), other.size(), 0).result();
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kPermissionDenied);
   EXPECT_NE(w.status().message().find(path), std::string::npos) << w.status().to_string();
   std::vector<char> back(data.size());
-  ASSERT_TRUE(e->read(*f, back.data(), back.size(), 0).result().ok());
+  ASSERT_TRUE(e->read_async(*f, back.data(), back.size(), 0).result().ok());
   EXPECT_EQ(back, data);
 }
 
@@ -109,16 +109,16 @@ TEST_P(IoErrors, FullFilesystemIsResourceExhaustedAndEarlierDataIntact) {
   auto f = e->open(path, OpenMode::kTruncate);
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   auto first = pattern(300001, 31);
-  ASSERT_TRUE(e->write(*f, first.data(), first.size(), 0).result().ok());
+  ASSERT_TRUE(e->write_async(*f, first.data(), first.size(), 0).result().ok());
   auto big = pattern(4 << 20, 32);
-  auto w = e->write(*f, big.data(), big.size(), first.size()).result();
+  auto w = e->write_async(*f, big.data(), big.size(), first.size()).result();
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status().to_string();
   EXPECT_EQ(w.status().sys_errno(), ENOSPC);
   EXPECT_NE(w.status().message().find(path), std::string::npos);
   EXPECT_NE(w.status().message().find("offset"), std::string::npos);
   std::vector<char> back(first.size());
-  auto r = e->read(*f, back.data(), back.size(), 0).result();
+  auto r = e->read_async(*f, back.data(), back.size(), 0).result();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(back, first);
 }
@@ -142,9 +142,9 @@ TEST_P(IoErrors, BufferedFallbackWhereODirectIsRefused) {
   EXPECT_FALSE((*f)->direct());
   for (uint64_t size : {uint64_t{1}, uint64_t{4095}, uint64_t{4097}, uint64_t{1000003}}) {
     auto data = pattern(size, size);
-    ASSERT_TRUE(e->write(*f, data.data(), size, 3).result().ok());
+    ASSERT_TRUE(e->write_async(*f, data.data(), size, 3).result().ok());
     std::vector<char> back(size);
-    auto r = e->read(*f, back.data(), size, 3).result();
+    auto r = e->read_async(*f, back.data(), size, 3).result();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(back, data);
   }
@@ -163,9 +163,9 @@ TEST_P(IoErrors, BufferedByOptionOnDevShm) {
   ASSERT_TRUE(f.ok());
   EXPECT_FALSE((*f)->direct());
   auto data = pattern(28824000, 41);
-  ASSERT_TRUE(e->write(*f, data.data(), data.size(), 4097).result().ok());
+  ASSERT_TRUE(e->write_async(*f, data.data(), data.size(), 4097).result().ok());
   std::vector<char> back(data.size());
-  ASSERT_TRUE(e->read(*f, back.data(), back.size(), 4097).result().ok());
+  ASSERT_TRUE(e->read_async(*f, back.data(), back.size(), 4097).result().ok());
   EXPECT_EQ(back, data);
 }
 
@@ -180,7 +180,7 @@ TEST_P(IoErrors, FdCountStableOverManyEngineCycles) {
     ASSERT_TRUE(e->register_buffer(region.data(), 1 << 20).ok());
     auto f = e->open(dir.path() + "/cycle", OpenMode::kTruncate);
     ASSERT_TRUE(f.ok());
-    ASSERT_TRUE(e->write(*f, data.data(), data.size(), i).result().ok());
+    ASSERT_TRUE(e->write_async(*f, data.data(), data.size(), i).result().ok());
     auto missing = e->open(dir.path() + "/missing/x", OpenMode::kRead);
     ASSERT_FALSE(missing.ok());
     if (i % 2) {
@@ -229,9 +229,9 @@ TEST(IoFallback, ThreadsEngineWhenIoUringSetupFails) {
     auto f = (*e)->open(dir.path() + "/fb", OpenMode::kTruncate);
     if (!f.ok()) ::_exit(15);
     auto data = pattern(100003, 61);
-    if (!(*e)->write(*f, data.data(), data.size(), 7).result().ok()) ::_exit(16);
+    if (!(*e)->write_async(*f, data.data(), data.size(), 7).result().ok()) ::_exit(16);
     std::vector<char> back(data.size());
-    if (!(*e)->read(*f, back.data(), back.size(), 7).result().ok()) ::_exit(17);
+    if (!(*e)->read_async(*f, back.data(), back.size(), 7).result().ok()) ::_exit(17);
     ::_exit(back == data ? 0 : 18);
   }
   int st = 0;
@@ -303,10 +303,10 @@ TEST(IoUring, MultipleWorkersAndSqpollRoundTrip) {
     std::memcpy(region.data(), data.data(), data.size());
     std::vector<Future<uint64_t>> fs;
     for (int i = 0; i < 8; ++i) {
-      fs.push_back((*e)->write(*f, region.data() + i * (512 << 10), 512 << 10, i * (512 << 10)));
+      fs.push_back((*e)->write_async(*f, region.data() + i * (512 << 10), 512 << 10, i * (512 << 10)));
     }
     for (auto& fu : fs) ASSERT_TRUE(fu.result().ok()) << fu.result().status().to_string();
-    auto r = (*e)->read(*f, region.data() + (4 << 20), 4 << 20, 0).result();
+    auto r = (*e)->read_async(*f, region.data() + (4 << 20), 4 << 20, 0).result();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(std::memcmp(region.data() + (4 << 20), data.data(), 4 << 20), 0);
   }

@@ -511,10 +511,10 @@ TEST(PinnedPool, RegistersWithIoEngineAndDoesFixedBufferIo) {
     ASSERT_TRUE(src.ok() && dst.ok());
     auto* s = static_cast<uint8_t*>(src->data());
     for (uint64_t i = 0; i < src->size(); ++i) s[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
-    auto w = (*engine)->write(*file, src->data(), src->size(), 4096).result();
+    auto w = (*engine)->write_async(*file, src->data(), src->size(), 4096).result();
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     EXPECT_EQ(*w, src->size());
-    auto r = (*engine)->read(*file, dst->data(), dst->size(), 4096).result();
+    auto r = (*engine)->read_async(*file, dst->data(), dst->size(), 4096).result();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_EQ(*r, dst->size());
     EXPECT_EQ(std::memcmp(src->data(), dst->data(), src->size()), 0);

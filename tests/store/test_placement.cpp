@@ -156,7 +156,7 @@ TEST(Placement, StoreOnThisMachineFollowsItsPlan) {
   EXPECT_EQ(s->placement().host_node, want->host_node);
   // I/O still works through the placed engines and pools.
   auto v = store_test::pattern(3u << 20, 71);
-  ASSERT_OK(s->put_sync("x", v.data(), TensorDesc::bytes(v.size())));
+  ASSERT_OK(s->put("x", v.data(), TensorDesc::bytes(v.size())));
   store_test::expect_reads_back(*s, "x", v);
   ASSERT_OK(s->close());
 

@@ -34,15 +34,15 @@ class GatedEngine final : public IoEngine {
   Result<std::shared_ptr<IoFile>> open(const std::string& path, OpenMode mode) override {
     return inner_->open(path, mode);
   }
-  Future<uint64_t> read(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
-                        uint64_t offset) override {
+  Future<uint64_t> read_async(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
+                              uint64_t offset) override {
     return hold(false, file, dst, nbytes, offset);
   }
-  Future<uint64_t> write(const std::shared_ptr<IoFile>& file, const void* src, uint64_t nbytes,
-                         uint64_t offset) override {
+  Future<uint64_t> write_async(const std::shared_ptr<IoFile>& file, const void* src, uint64_t nbytes,
+                               uint64_t offset) override {
     return hold(true, file, const_cast<void*>(src), nbytes, offset);
   }
-  Future<void> sync(const std::shared_ptr<IoFile>& file) override { return inner_->sync(file); }
+  Future<void> sync_async(const std::shared_ptr<IoFile>& file) override { return inner_->sync_async(file); }
   Status register_buffer(void* addr, uint64_t nbytes) override {
     return inner_->register_buffer(addr, nbytes);
   }
@@ -94,8 +94,8 @@ class GatedEngine final : public IoEngine {
     return f;
   }
   void submit(const Held& h) {
-    Future<uint64_t> f = h.write ? inner_->write(h.file, h.buf, h.nbytes, h.offset)
-                                 : inner_->read(h.file, h.buf, h.nbytes, h.offset);
+    Future<uint64_t> f = h.write ? inner_->write_async(h.file, h.buf, h.nbytes, h.offset)
+                                 : inner_->read_async(h.file, h.buf, h.nbytes, h.offset);
     f.on_ready([p = h.promise](const Result<uint64_t>& r) { p->set(r); });
   }
 
@@ -146,7 +146,7 @@ TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   std::vector<std::vector<uint8_t>> data;
   for (int i = 0; i < kDirect + kStaged; ++i) {
     data.push_back(pattern(kChunk, 100 + i));
-    ASSERT_OK(s->put_sync("k" + std::to_string(i), data[i].data(), TensorDesc::bytes(kChunk)));
+    ASSERT_OK(s->put("k" + std::to_string(i), data[i].data(), TensorDesc::bytes(kChunk)));
   }
 
   // Reads.
@@ -155,10 +155,10 @@ TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   gate->close_gate();
   std::vector<Future<void>> futs;
   for (int i = 0; i < kDirect; ++i) {
-    futs.push_back(s->read_range("k" + std::to_string(i), 0, kChunk, out.data + i * kChunk));
+    futs.push_back(s->read_range_async("k" + std::to_string(i), 0, kChunk, out.data + i * kChunk));
   }
   for (int i = kDirect; i < kDirect + kStaged; ++i) {  // unaligned: through staging
-    futs.push_back(s->get_bytes("k" + std::to_string(i), out.data + i * kChunk + 1, kChunk));
+    futs.push_back(s->get_bytes_async("k" + std::to_string(i), out.data + i * kChunk + 1, kChunk));
   }
   const size_t want_reads = kDirect + 2 * kStaged;
   EXPECT_EQ(gate->wait_held(want_reads), want_reads);
@@ -180,7 +180,7 @@ TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   gate->close_gate();
   futs.clear();
   for (int i = 0; i < kDirect; ++i) {
-    futs.push_back(s->write_range("k" + std::to_string(i), 0, kChunk, out.data + i * kChunk));
+    futs.push_back(s->write_range_async("k" + std::to_string(i), 0, kChunk, out.data + i * kChunk));
   }
   EXPECT_EQ(gate->wait_held(kDirect), static_cast<size_t>(kDirect));
   EXPECT_EQ(gate->wait_held(kDirect + 1, std::chrono::milliseconds(200)),
@@ -190,7 +190,7 @@ TEST(StoreAsync, ReadsAndWriteRangesAreNotBoundedByWorkerThreads) {
   for (auto& f : futs) EXPECT_OK(f.result());
   std::vector<uint8_t> back(kChunk);
   for (int i = 0; i < kDirect; ++i) {
-    ASSERT_OK(s->get_bytes_sync("k" + std::to_string(i), back.data(), kChunk));
+    ASSERT_OK(s->get_bytes("k" + std::to_string(i), back.data(), kChunk));
     EXPECT_EQ(back, pattern(kChunk, 200 + i)) << "object " << i;
   }
   ASSERT_OK(s->close());
@@ -205,10 +205,10 @@ TEST(StoreAsync, CloseWaitsForReadsInFlightAtTheEngine) {
   auto s = open_gated(d.path(), &gate);
   ASSERT_TRUE(s);
   auto x = pattern(3 * kChunk, 7);
-  ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
+  ASSERT_OK(s->put("x", x.data(), TensorDesc::bytes(x.size())));
   AlignedBytes out(x.size());
   gate->close_gate();
-  Future<void> r = s->read_range("x", 0, x.size(), out.data);
+  Future<void> r = s->read_range_async("x", 0, x.size(), out.data);
   ASSERT_EQ(gate->wait_held(3), 3u);
   std::atomic<bool> closed{false};
   std::thread closer([&] {

@@ -17,29 +17,29 @@ TEST(StoreDevice, PutGetMoveAcrossAllTiers) {
   if (!s->has_device()) GTEST_SKIP() << "no GPU";
   const uint64_t n = (3u << 20) + 333;
   auto a = pattern(n, 1), w = pattern(5000, 2);
-  ASSERT_OK(s->put_sync("d", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
+  ASSERT_OK(s->put("d", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
   EXPECT_EQ(s->stat("d")->tier, Tier::kDevice);
   EXPECT_EQ(s->usage().device_bytes, n);
   std::vector<uint8_t> out(n);
-  ASSERT_OK(s->get_bytes_sync("d", out.data(), n));
+  ASSERT_OK(s->get_bytes("d", out.data(), n));
   EXPECT_EQ(out, a);
-  ASSERT_OK(s->write_range_sync("d", 100, w.size(), w.data()));
+  ASSERT_OK(s->write_range("d", 100, w.size(), w.data()));
   std::copy(w.begin(), w.end(), a.begin() + 100);
-  ASSERT_OK(s->move_sync("d", Tier::kHost));
+  ASSERT_OK(s->move("d", Tier::kHost));
   EXPECT_EQ(s->stat("d")->tier, Tier::kHost);
   EXPECT_EQ(s->usage().device_bytes, 0u);
-  ASSERT_OK(s->move_sync("d", Tier::kNvme));  // write-back of the dirty copy
-  ASSERT_OK(s->prefetch_sync("d", Tier::kDevice));  // NVMe -> pinned -> HBM, pipelined
+  ASSERT_OK(s->move("d", Tier::kNvme));  // write-back of the dirty copy
+  ASSERT_OK(s->prefetch("d", Tier::kDevice));  // NVMe -> pinned -> HBM, pipelined
   EXPECT_EQ(s->stat("d")->tier, Tier::kDevice);
-  ASSERT_OK(s->get_bytes_sync("d", out.data(), n));
+  ASSERT_OK(s->get_bytes("d", out.data(), n));
   EXPECT_EQ(out, a);
   // Budget: a second 3 MiB object fits, a third evicts the least recently used one.
-  ASSERT_OK(s->put_sync("e", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
-  ASSERT_OK(s->put_sync("f", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
+  ASSERT_OK(s->put("e", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
+  ASSERT_OK(s->put("f", a.data(), TensorDesc::bytes(n), {Tier::kDevice}));
   EXPECT_EQ(s->stat("d")->tier, Tier::kNvme);
   EXPECT_LE(s->usage().device_bytes, 8ull << 20);
   std::vector<uint8_t> big(9u << 20);
-  EXPECT_EQ(s->put_sync("big", big.data(), TensorDesc::bytes(big.size()), {Tier::kDevice}).code(),
+  EXPECT_EQ(s->put("big", big.data(), TensorDesc::bytes(big.size()), {Tier::kDevice}).code(),
             StatusCode::kResourceExhausted);
 }
 
@@ -49,7 +49,7 @@ TEST(StoreDevice, WithoutGpuTheDeviceTierIsRefused) {
   ASSERT_TRUE(s);
   if (s->has_device()) GTEST_SKIP() << "a GPU is present";
   uint8_t b[16] = {};
-  auto st = s->put_sync("x", b, TensorDesc::bytes(16), {Tier::kDevice});
+  auto st = s->put("x", b, TensorDesc::bytes(16), {Tier::kDevice});
   EXPECT_TRUE(st.code() == StatusCode::kUnimplemented || st.code() == StatusCode::kInvalidArgument)
       << st.to_string();
   EXPECT_FALSE(s->contains("x"));

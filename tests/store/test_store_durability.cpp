@@ -77,13 +77,13 @@ TEST(StoreDurability, ReopenReadsBackBitExact) {
   {
     auto s = open_or_die(small_options(d.path()));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("model/layer 1/w", a.data(), f32));
-    ASSERT_OK(s->put_sync("model/ß", b.data(), bf16, {Tier::kHost}));  // dirty until close
-    ASSERT_OK(s->put_sync("empty", nullptr, TensorDesc{DType::kInt8, {0, 4}}));
-    ASSERT_OK(s->put_sync("gone", c.data(), TensorDesc::bytes(5000)));
-    ASSERT_OK(s->remove_sync("gone"));
+    ASSERT_OK(s->put("model/layer 1/w", a.data(), f32));
+    ASSERT_OK(s->put("model/ß", b.data(), bf16, {Tier::kHost}));  // dirty until close
+    ASSERT_OK(s->put("empty", nullptr, TensorDesc{DType::kInt8, {0, 4}}));
+    ASSERT_OK(s->put("gone", c.data(), TensorDesc::bytes(5000)));
+    ASSERT_OK(s->remove("gone"));
     ASSERT_OK(s->close());
-    EXPECT_EQ(s->put_sync("x", c.data(), TensorDesc::bytes(1)).code(),
+    EXPECT_EQ(s->put("x", c.data(), TensorDesc::bytes(1)).code(),
               StatusCode::kFailedPrecondition);
   }
   auto s = open_or_die(small_options(d.path()));
@@ -100,10 +100,10 @@ TEST(StoreDurability, ReopenReadsBackBitExact) {
   EXPECT_EQ(l[2].tier, Tier::kNvme);
   EXPECT_FALSE(l[2].dirty);
   std::vector<uint8_t> out(f32.nbytes());
-  ASSERT_OK(s->get_sync("model/layer 1/w", out.data(), f32));
+  ASSERT_OK(s->get("model/layer 1/w", out.data(), f32));
   EXPECT_EQ(out, a);
   out.resize(bf16.nbytes());
-  ASSERT_OK(s->get_sync("model/ß", out.data(), bf16));
+  ASSERT_OK(s->get("model/ß", out.data(), bf16));
   EXPECT_EQ(out, b);
   EXPECT_EQ(s->stat("gone").status().code(), StatusCode::kNotFound);
   auto v = s->verify();
@@ -140,7 +140,7 @@ TEST(StoreDurability, SigkillMidStreamLeavesOnlyCompletePuts) {
     uint64_t n = 1 + (i * 392761) % (2400 * 1024);
     ASSERT_EQ(info.nbytes, n) << info.key;
     std::vector<uint8_t> out(n);
-    ASSERT_OK(s->get_bytes_sync(info.key, out.data(), n));
+    ASSERT_OK(s->get_bytes(info.key, out.data(), n));
     EXPECT_EQ(out, pattern(n, i)) << info.key;
   }
   auto v = s->verify();
@@ -148,7 +148,7 @@ TEST(StoreDurability, SigkillMidStreamLeavesOnlyCompletePuts) {
   EXPECT_TRUE(v->errors.empty());
   // The store keeps working after the crash: new puts reuse the orphaned space.
   auto x = pattern(3 << 20, 99);
-  ASSERT_OK(s->put_sync("after", x.data(), TensorDesc::bytes(x.size())));
+  ASSERT_OK(s->put("after", x.data(), TensorDesc::bytes(x.size())));
   expect_reads_back(*s, "after", x);
 }
 
@@ -172,8 +172,8 @@ TEST(StoreDurability, LockedByAnotherProcessAndSiblingsDoNotCollide) {
   auto sc = open_or_die(o2);
   ASSERT_TRUE(sb && sc);
   auto x = pattern(100000, 1), y = pattern(100000, 2);
-  ASSERT_OK(sb->put_sync("k", x.data(), TensorDesc::bytes(x.size())));
-  ASSERT_OK(sc->put_sync("k", y.data(), TensorDesc::bytes(y.size())));
+  ASSERT_OK(sb->put("k", x.data(), TensorDesc::bytes(x.size())));
+  ASSERT_OK(sc->put("k", y.data(), TensorDesc::bytes(y.size())));
   expect_reads_back(*sb, "k", x);
   expect_reads_back(*sc, "k", y);
   // Same process, second writer: refused, naming this pid.
@@ -204,8 +204,8 @@ TEST(StoreDurability, ChecksumMismatchIsDataLossNamingKeyAndOffset) {
   {
     auto s = open_or_die(small_options(d.path()));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("victim", a.data(), TensorDesc::bytes(n)));
-    ASSERT_OK(s->put_sync("bystander", b.data(), TensorDesc::bytes(1000)));
+    ASSERT_OK(s->put("victim", a.data(), TensorDesc::bytes(n)));
+    ASSERT_OK(s->put("bystander", b.data(), TensorDesc::bytes(1000)));
   }
   // The first object's chunks are the first extents of the (single) data file.
   std::string f = data_file(d.path());
@@ -219,15 +219,15 @@ TEST(StoreDurability, ChecksumMismatchIsDataLossNamingKeyAndOffset) {
   auto s = open_or_die(small_options(d.path()));
   ASSERT_TRUE(s);
   std::vector<uint8_t> out(n);
-  auto st = s->get_bytes_sync("victim", out.data(), n);
+  auto st = s->get_bytes("victim", out.data(), n);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("'victim'"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("chunk 1 at object offset 1048576"), std::string::npos)
       << st.message();
   // Chunk 0 alone is intact; the other object too: the store stays usable.
-  ASSERT_OK(s->read_range_sync("victim", 0, 1u << 20, out.data()));
+  ASSERT_OK(s->read_range("victim", 0, 1u << 20, out.data()));
   std::vector<uint8_t> ob(1000);
-  ASSERT_OK(s->get_bytes_sync("bystander", ob.data(), 1000));
+  ASSERT_OK(s->get_bytes("bystander", ob.data(), 1000));
   EXPECT_EQ(ob, b);
   auto v = s->verify();
   ASSERT_OK(v);
@@ -240,7 +240,7 @@ TEST(StoreDurability, ChecksumMismatchIsDataLossNamingKeyAndOffset) {
   o.verify_checksums = false;
   auto s2 = open_or_die(o);
   ASSERT_TRUE(s2);
-  ASSERT_OK(s2->get_bytes_sync("victim", out.data(), n));
+  ASSERT_OK(s2->get_bytes("victim", out.data(), n));
   EXPECT_EQ(out[(1u << 20) + 100], a[(1u << 20) + 100] ^ 0x5a);
   out[(1u << 20) + 100] ^= 0x5a;
   EXPECT_EQ(out, a);
@@ -262,9 +262,9 @@ TEST(StoreDurability, WriteRangeIsCopyOnWriteUntilFlush) {
   auto s = open_or_die(small_options(d.path()));
   ASSERT_TRUE(s);
   std::vector<uint8_t> out(n);
-  ASSERT_OK(s->get_bytes_sync("state", out.data(), n));
+  ASSERT_OK(s->get_bytes("state", out.data(), n));
   EXPECT_EQ(out, a);  // the unflushed write_range is gone, the old chunks intact
-  ASSERT_OK(s->get_bytes_sync("state2", out.data(), n));
+  ASSERT_OK(s->get_bytes("state2", out.data(), n));
   EXPECT_EQ(out, patched);  // flushed: durable
   auto v = s->verify();
   ASSERT_OK(v);
@@ -280,14 +280,14 @@ TEST(StoreDurability, NoSpaceOnDirectoryIsResourceExhaustedWithEnospc) {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
     auto big = pattern(3u << 20, 1);
-    auto st = s->put_sync("big", big.data(), TensorDesc::bytes(big.size()));
+    auto st = s->put("big", big.data(), TensorDesc::bytes(big.size()));
     EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
     EXPECT_EQ(st.sys_errno(), ENOSPC) << st.to_string();
     EXPECT_NE(st.message().find(mnt), std::string::npos) << st.message();
     EXPECT_FALSE(s->contains("big"));
     // Usable afterwards: the failed put's space is free again.
     auto small = pattern(1u << 20, 2);
-    ASSERT_OK(s->put_sync("small", small.data(), TensorDesc::bytes(small.size())));
+    ASSERT_OK(s->put("small", small.data(), TensorDesc::bytes(small.size())));
     expect_reads_back(*s, "small", small);
   }
 }
@@ -301,7 +301,7 @@ TEST(StoreDurability, StripesOverSeveralDirectories) {
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("striped", a.data(), TensorDesc::bytes(n)));
+    ASSERT_OK(s->put("striped", a.data(), TensorDesc::bytes(n)));
     // 7 chunks over 3 directories: 3 + 2 + 2 extents, the last one 4 KiB.
     EXPECT_EQ(s->usage().nvme_bytes, (6u << 20) + 4096);
   }
@@ -320,7 +320,7 @@ TEST(StoreDurability, StripesOverSeveralDirectories) {
   auto s = open_or_die(same);
   ASSERT_TRUE(s);
   std::vector<uint8_t> out(n);
-  ASSERT_OK(s->get_bytes_sync("striped", out.data(), n));
+  ASSERT_OK(s->get_bytes("striped", out.data(), n));
   EXPECT_EQ(out, a);
 }
 
@@ -330,7 +330,7 @@ TEST(StoreDurability, ReadOnlyAndListStore) {
   {
     auto s = open_or_die(small_options(d.path()));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("ro/a", a.data(), TensorDesc{DType::kInt16, {35000}}));
+    ASSERT_OK(s->put("ro/a", a.data(), TensorDesc{DType::kInt16, {35000}}));
     auto held = Store::open([&] {
       auto o = small_options(d.path());
       o.read_only = true;
@@ -347,8 +347,8 @@ TEST(StoreDurability, ReadOnlyAndListStore) {
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   expect_reads_back(*s, "ro/a", a);
-  EXPECT_EQ(s->put_sync("x", a.data(), TensorDesc::bytes(1)).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s->remove_sync("ro/a").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s->put("x", a.data(), TensorDesc::bytes(1)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s->remove("ro/a").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(list_store(d.sub("none")).status().code(), StatusCode::kNotFound);
 }
 
@@ -360,11 +360,11 @@ TEST(StoreDurability, OnFlushDurabilityCommitsAtFlush) {
   ASSERT_TRUE(s);
   auto a = pattern(10000, 70);
   for (int i = 0; i < 20; ++i) {
-    ASSERT_OK(s->put_sync("f" + std::to_string(i), a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->put("f" + std::to_string(i), a.data(), TensorDesc::bytes(a.size())));
   }
   EXPECT_TRUE(s->stat("f3")->dirty);
   EXPECT_EQ(list_store(d.path())->size(), 0u);  // nothing committed yet
-  ASSERT_OK(s->flush_sync());
+  ASSERT_OK(s->flush());
   EXPECT_FALSE(s->stat("f3")->dirty);
   EXPECT_EQ(list_store(d.path())->size(), 20u);
 }

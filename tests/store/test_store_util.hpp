@@ -57,17 +57,17 @@ inline Status put_and_close(const StoreOptions& o, const std::string& key,
                             const std::vector<uint8_t>& bytes) {
   auto r = Store::open(o);
   if (!r.ok()) return r.status();
-  Status st = (*r)->put_sync(key, bytes.data(), TensorDesc::bytes(bytes.size()));
+  Status st = (*r)->put(key, bytes.data(), TensorDesc::bytes(bytes.size()));
   Status cl = (*r)->close();
   return st.ok() ? cl : st;
 }
 
-/// Reads all of `key` (get_bytes_sync() of expected.size() bytes) and checks that it holds
+/// Reads all of `key` (get_bytes() of expected.size() bytes) and checks that it holds
 /// `expected`.
 inline void expect_reads_back(Store& s, const std::string& key,
                               const std::vector<uint8_t>& expected) {
   std::vector<uint8_t> out(expected.size());
-  Status st = s.get_bytes_sync(key, out.data(), out.size());
+  Status st = s.get_bytes(key, out.data(), out.size());
   ASSERT_TRUE(st.ok()) << key << ": " << st.to_string();
   EXPECT_EQ(out, expected) << key;
 }

@@ -113,23 +113,23 @@ TEST(StoreValidation, OverflowingShapeIsInvalidArgumentAndWritesNothing) {
   auto s = open_or_die(small_options(d.path()));
   ASSERT_TRUE(s);
   float x[4] = {1, 2, 3, 4};
-  Status st = s->put_sync("k", x, TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
+  Status st = s->put("k", x, TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "put 'k': shape fp32[9223372036854775807, 4] overflows: numel * 4 bytes does "
             "not fit in 64 bits");
   // numel itself overflows (uint8: 2^63 * 4 elements).
-  st = s->put_sync("k", x, TensorDesc{DType::kUInt8, {int64_t{1} << 62, 8}});
+  st = s->put("k", x, TensorDesc{DType::kUInt8, {int64_t{1} << 62, 8}});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(),
             "put 'k': shape uint8[4611686018427387904, 8] overflows: numel * 1 bytes does not "
             "fit in 64 bits");
-  st = s->put_sync("n", x, TensorDesc{DType::kFloat32, {2, -1}});
+  st = s->put("n", x, TensorDesc{DType::kFloat32, {2, -1}});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(), "put 'n': negative extent -1 in shape fp32[2, -1]");
   EXPECT_FALSE(s->contains("k"));
   EXPECT_EQ(s->usage().nvme_bytes, 0u);
-  ASSERT_OK(s->put_sync("ok", x, TensorDesc{DType::kFloat32, {4}}));
+  ASSERT_OK(s->put("ok", x, TensorDesc{DType::kFloat32, {4}}));
   ASSERT_OK(s->close());
   s.reset();
   auto r = open_or_die(small_options(d.path()));
@@ -146,9 +146,9 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   {
     auto s = open_or_die(small_options(d.path()));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("good", good.data(), TensorDesc::bytes(good.size())));
-    ASSERT_OK(s->put_sync("k", bad.data(), TensorDesc::bytes(bad.size())));
-    ASSERT_OK(s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size())));
+    ASSERT_OK(s->put("good", good.data(), TensorDesc::bytes(good.size())));
+    ASSERT_OK(s->put("k", bad.data(), TensorDesc::bytes(bad.size())));
+    ASSERT_OK(s->put("m", bad.data(), TensorDesc::bytes(bad.size())));
   }
   // The row the overflow defect committed: shape {INT64_MAX, 4}, nbytes 0, no chunks.
   catalog_exec(d.path(),
@@ -170,14 +170,14 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   EXPECT_EQ(l[2].damage, m_damage);
   expect_reads_back(*s, "good", good);
   std::vector<uint8_t> out(good.size());
-  Status st = s->get_bytes_sync("m", out.data(), 3000);
+  Status st = s->get_bytes("m", out.data(), 3000);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.message(), "store " + d.path() + ": " + m_damage);
-  st = s->get_sync("k", out.data(), TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
+  st = s->get("k", out.data(), TensorDesc{DType::kFloat32, {INT64_MAX, 4}});
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.message(), "store " + d.path() + ": " + k_damage);
-  EXPECT_EQ(s->read_range_sync("m", 0, 1, out.data()).code(), StatusCode::kDataLoss);
-  EXPECT_EQ(s->prefetch_sync("m").code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s->read_range("m", 0, 1, out.data()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s->prefetch("m").code(), StatusCode::kDataLoss);
   auto v = s->verify();
   ASSERT_OK(v);
   ASSERT_EQ(v->errors.size(), 2u);
@@ -189,8 +189,8 @@ TEST(StoreValidation, DamagedCatalogRowLeavesTheRestReachable) {
   EXPECT_EQ((*ls)[2].damage, m_damage);
   // Replace one damaged object, remove the other: the store is whole again.
   ASSERT_OK(
-      s->put_sync("m", bad.data(), TensorDesc::bytes(bad.size()), PutOptions{.overwrite = true}));
-  ASSERT_OK(s->remove_sync("k"));
+      s->put("m", bad.data(), TensorDesc::bytes(bad.size()), PutOptions{.overwrite = true}));
+  ASSERT_OK(s->remove("k"));
   ASSERT_OK(s->close());
   s.reset();
   auto r = open_or_die(small_options(d.path()));
@@ -209,8 +209,8 @@ TEST(StoreValidation, OverlappingCatalogRowsDamageOnlyTheLaterObject) {
   {
     auto s = open_or_die(small_options(d.path()));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-    ASSERT_OK(s->put_sync("b", b.data(), TensorDesc::bytes(b.size())));
+    ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->put("b", b.data(), TensorDesc::bytes(b.size())));
   }
   catalog_exec(d.path(), "UPDATE chunks SET offset=4096 WHERE key=CAST('b' AS BLOB)");
   auto s = open_or_die(small_options(d.path()));
@@ -222,14 +222,14 @@ TEST(StoreValidation, OverlappingCatalogRowsDamageOnlyTheLaterObject) {
   EXPECT_EQ(info->damage, damage);
   expect_reads_back(*s, "a", a);
   std::vector<uint8_t> out(a.size());
-  Status st = s->get_bytes_sync("b", out.data(), b.size());
+  Status st = s->get_bytes("b", out.data(), b.size());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_EQ(st.message(), "store " + d.path() + ": " + damage);
   EXPECT_EQ(s->usage().nvme_bytes, 8192u);  // only a's extent is in use
-  ASSERT_OK(s->remove_sync("b"));
+  ASSERT_OK(s->remove("b"));
   auto c = pattern(9000, 15);
-  ASSERT_OK(s->put_sync("c", c.data(), TensorDesc::bytes(c.size())));
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  ASSERT_OK(s->put("c", c.data(), TensorDesc::bytes(c.size())));
+  ASSERT_OK(s->get_bytes("a", out.data(), out.size()));
   EXPECT_EQ(out, a);  // c was not placed over a
   auto v = s->verify();
   ASSERT_OK(v);
@@ -286,7 +286,7 @@ TEST(StoreValidation, DuplicateOrAliasedNvmeDirsAreInvalidArgument) {
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   auto a = pattern(3u << 20, 3);
-  ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+  ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
   expect_reads_back(*s, "a", a);
 }
 
@@ -301,7 +301,7 @@ TEST(StoreValidation, CopiedAndMovedStoresWithDirsInsideTheRootAreIndependent) {
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
   }
   EXPECT_EQ(catalog_meta(d.sub("o"), "nvme_dirs"), "nvme0\nnvme1\n");  // relative to the root
   fs::copy(d.sub("o"), d.sub("o-backup"), fs::copy_options::recursive);
@@ -312,13 +312,13 @@ TEST(StoreValidation, CopiedAndMovedStoresWithDirsInsideTheRootAreIndependent) {
     EXPECT_EQ(s->options().nvme_dirs,
               (std::vector<std::string>{d.sub("o-backup/nvme0"), d.sub("o-backup/nvme1")}));
     ASSERT_OK(
-        s->put_sync("a", b.data(), TensorDesc::bytes(b.size()), PutOptions{.overwrite = true}));
+        s->put("a", b.data(), TensorDesc::bytes(b.size()), PutOptions{.overwrite = true}));
   }
   std::vector<uint8_t> out(a.size());
   {
     auto s = open_or_die(small_options(d.sub("o")));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    ASSERT_OK(s->get_bytes("a", out.data(), out.size()));
     EXPECT_EQ(out, a);  // the copy did not write into the original's data files
     auto v = s->verify();
     ASSERT_OK(v);
@@ -327,7 +327,7 @@ TEST(StoreValidation, CopiedAndMovedStoresWithDirsInsideTheRootAreIndependent) {
   fs::rename(d.sub("o-backup"), d.sub("m2"));
   auto s = open_or_die(small_options(d.sub("m2")));
   ASSERT_TRUE(s);
-  ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+  ASSERT_OK(s->get_bytes("a", out.data(), out.size()));
   EXPECT_EQ(out, b);
   EXPECT_FALSE(fs::exists(d.sub("o-backup")));  // nothing recreated at the old place
 }
@@ -340,7 +340,7 @@ TEST(StoreValidation, CopyThatWouldShareAnOutsideDataFileIsRefused) {
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
   }
   EXPECT_EQ(catalog_meta(d.sub("r"), "nvme_dirs"), d.sub("ext") + "\n");  // outside: absolute
   const std::string uuid = uuid_in(d.sub("ext"));
@@ -364,7 +364,7 @@ TEST(StoreValidation, CopyThatWouldShareAnOutsideDataFileIsRefused) {
   {
     auto s = open_or_die(small_options(d.sub("r")));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    ASSERT_OK(s->get_bytes("a", out.data(), out.size()));
     EXPECT_EQ(out, a);
   }
   // Moved (the original root is gone): the store adopts the directory.
@@ -373,7 +373,7 @@ TEST(StoreValidation, CopyThatWouldShareAnOutsideDataFileIsRefused) {
   {
     auto s = open_or_die(small_options(d.sub("r3")));
     ASSERT_TRUE(s);
-    ASSERT_OK(s->get_bytes_sync("a", out.data(), out.size()));
+    ASSERT_OK(s->get_bytes("a", out.data(), out.size()));
     EXPECT_EQ(out, a);
   }
   // A missing data file is DataLoss, never replaced by an empty one.
@@ -450,7 +450,7 @@ TEST(StoreValidation, ReadOnlyFilesystemWhileAWriterHoldsTheWal) {
   auto a = pattern(7000, 16);
   auto w = open_or_die(small_options(d.sub("s")));
   ASSERT_TRUE(w);
-  ASSERT_OK(w->put_sync("a", a.data(), TensorDesc::bytes(a.size())));  // committed in the WAL
+  ASSERT_OK(w->put("a", a.data(), TensorDesc::bytes(a.size())));  // committed in the WAL
   ASSERT_TRUE(fs::exists(d.sub("s/catalog.db-wal")));
   const std::string ro = d.sub("ro");
   ReadOnlyBind view(d.sub("s"), ro);
@@ -553,23 +553,23 @@ TEST(StoreValidation, CloseThatCannotWriteBackKeepsTheStoreOpen) {
   ASSERT_TRUE(s);
   auto n = pattern(48u << 10, 62);
   auto h = pattern(32u << 10, 63);
-  ASSERT_OK(s->put_sync("n", n.data(), TensorDesc::bytes(n.size())));
-  ASSERT_OK(s->put_sync("h", h.data(), TensorDesc::bytes(h.size()), {Tier::kHost}));
+  ASSERT_OK(s->put("n", n.data(), TensorDesc::bytes(n.size())));
+  ASSERT_OK(s->put("h", h.data(), TensorDesc::bytes(h.size()), {Tier::kHost}));
   Status st = s->close();
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
   EXPECT_NE(st.message().find("close: the store stays open"), std::string::npos)
       << st.to_string();
   std::vector<uint8_t> out(h.size());
-  ASSERT_OK(s->get_bytes_sync("h", out.data(), out.size()));  // still open and whole
+  ASSERT_OK(s->get_bytes("h", out.data(), out.size()));  // still open and whole
   EXPECT_EQ(out, h);
-  ASSERT_OK(s->remove_sync("n"));
+  ASSERT_OK(s->remove("n"));
   ASSERT_OK(s->close());
-  EXPECT_EQ(s->get_bytes_sync("h", out.data(), out.size()).code(),
+  EXPECT_EQ(s->get_bytes("h", out.data(), out.size()).code(),
             StatusCode::kFailedPrecondition);
   s = open_or_die(o);
   ASSERT_TRUE(s);
   std::fill(out.begin(), out.end(), 0);
-  ASSERT_OK(s->get_bytes_sync("h", out.data(), out.size()));
+  ASSERT_OK(s->get_bytes("h", out.data(), out.size()));
   EXPECT_EQ(out, h);
   EXPECT_FALSE(s->contains("n"));
 }
@@ -588,14 +588,14 @@ TEST(StoreValidation, AWriteBackThatFailsDoesNotStopTheOthers) {
   {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
-    ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
-    ASSERT_OK(s->flush_sync());
-    ASSERT_OK(s->put_sync("b", b.data(), TensorDesc::bytes(b.size())));  // commit deferred
+    ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
+    ASSERT_OK(s->flush());
+    ASSERT_OK(s->put("b", b.data(), TensorDesc::bytes(b.size())));  // commit deferred
     std::vector<uint8_t> patch(4096, 0x77);
-    ASSERT_OK(s->write_range_sync("a", 0, patch.size(), patch.data()));
+    ASSERT_OK(s->write_range("a", 0, patch.size(), patch.data()));
     std::copy(patch.begin(), patch.end(), a.begin());
-    ASSERT_OK(s->put_sync("big", big.data(), TensorDesc::bytes(big.size()), {Tier::kHost}));
-    EXPECT_EQ(s->flush_sync().code(), StatusCode::kResourceExhausted);
+    ASSERT_OK(s->put("big", big.data(), TensorDesc::bytes(big.size()), {Tier::kHost}));
+    EXPECT_EQ(s->flush().code(), StatusCode::kResourceExhausted);
     EXPECT_EQ(s->close().code(), StatusCode::kResourceExhausted);
   }  // the destructor closes, dropping only "big"
   auto s = open_or_die(o);
@@ -618,7 +618,7 @@ TEST(StoreValidation, CallsRacingCloseAndAfterItFailCleanly) {
     ASSERT_TRUE(s);
     auto v = pattern(3u << 20, 90 + round);
     for (int k = 0; k < 4; ++k) {
-      ASSERT_OK(s->put_sync("k" + std::to_string(k), v.data(), TensorDesc::bytes(v.size())));
+      ASSERT_OK(s->put("k" + std::to_string(k), v.data(), TensorDesc::bytes(v.size())));
     }
     std::atomic<bool> started{false};
     Status vst;
@@ -657,7 +657,7 @@ TEST(StoreValidation, DamagedChunkSizeOrDirectoryRecordIsDataLoss) {
       auto s = open_or_die(small_options(d.path()));
       ASSERT_TRUE(s);
       auto a = pattern(5000, 9);
-      ASSERT_OK(s->put_sync("a", a.data(), TensorDesc::bytes(a.size())));
+      ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
     }
     catalog_exec(d.path(), "UPDATE meta SET value='" + value + "' WHERE name='" + name + "'");
     for (bool ro : {true, false}) {
@@ -715,18 +715,18 @@ TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   auto small = pattern(1u << 20, 10);
-  ASSERT_OK(s->put_sync("small", small.data(), TensorDesc::bytes(small.size())));
+  ASSERT_OK(s->put("small", small.data(), TensorDesc::bytes(small.size())));
   const std::string data = data_file_in(mnt);
   ASSERT_FALSE(data.empty());
   auto big = pattern(16u << 20, 11);
-  Status st = s->put_sync("big", big.data(), TensorDesc::bytes(big.size()));
+  Status st = s->put("big", big.data(), TensorDesc::bytes(big.size()));
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
   EXPECT_EQ(st.sys_errno(), ENOSPC);
   EXPECT_FALSE(s->contains("big"));
   EXPECT_EQ(fs::file_size(data), 1u << 20);  // back to the committed extents
   // The space is usable again: 4 MiB fit where the failed put had grown the file.
   auto mid = pattern(4u << 20, 12);
-  ASSERT_OK(s->put_sync("mid", mid.data(), TensorDesc::bytes(mid.size())));
+  ASSERT_OK(s->put("mid", mid.data(), TensorDesc::bytes(mid.size())));
   expect_reads_back(*s, "mid", mid);
 }
 
@@ -739,23 +739,23 @@ TEST(StoreValidation, FailedWriteRangeGivesBackGrownSpace) {
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   auto x = pattern(4u << 20, 21);
-  ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
+  ASSERT_OK(s->put("x", x.data(), TensorDesc::bytes(x.size())));
   const std::string data = data_file_in(d.path());
   ASSERT_FALSE(data.empty());
   ASSERT_EQ(fs::file_size(data), 4u << 20);
   write_byte(data, 100, static_cast<char>(x[100] ^ 0xff));
   uint8_t patch[100];
   std::memset(patch, 0x42, sizeof patch);
-  Status st = s->write_range_sync("x", 10, sizeof patch, patch);
+  Status st = s->write_range("x", 10, sizeof patch, patch);
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
   EXPECT_NE(st.to_string().find("'x'"), std::string::npos) << st.to_string();
   EXPECT_EQ(fs::file_size(data), 4u << 20);  // the grown space is given back
   // The store stays usable: the undamaged chunks read back, new objects go in.
   std::vector<uint8_t> tail(3u << 20);
-  ASSERT_OK(s->read_range_sync("x", 1u << 20, tail.size(), tail.data()));
+  ASSERT_OK(s->read_range("x", 1u << 20, tail.size(), tail.data()));
   EXPECT_TRUE(std::equal(tail.begin(), tail.end(), x.begin() + (1u << 20)));
   auto y = pattern(1u << 20, 22);
-  ASSERT_OK(s->put_sync("y", y.data(), TensorDesc::bytes(y.size())));
+  ASSERT_OK(s->put("y", y.data(), TensorDesc::bytes(y.size())));
   expect_reads_back(*s, "y", y);
 }
 
@@ -768,24 +768,24 @@ TEST(StoreValidation, FailedWriteRangeLeavesEveryChunkAsItWas) {
   auto s = open_or_die(o);
   ASSERT_TRUE(s);
   auto x = pattern(4u << 20, 23);
-  ASSERT_OK(s->put_sync("x", x.data(), TensorDesc::bytes(x.size())));
+  ASSERT_OK(s->put("x", x.data(), TensorDesc::bytes(x.size())));
   const std::string data = data_file_in(d.path());
   ASSERT_FALSE(data.empty());
   const uint64_t damaged = (3u << 20) + 700000;  // chunk 3, outside the range written below
   write_byte(data, damaged, static_cast<char>(x[damaged] ^ 0xff));
   std::vector<uint8_t> patch((3u << 20) + 4096, 0x5a);
-  Status st = s->write_range_sync("x", 0, patch.size(), patch.data());
+  Status st = s->write_range("x", 0, patch.size(), patch.data());
   EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
   EXPECT_NE(st.to_string().find("'x': checksum mismatch in chunk 3"), std::string::npos) << st.to_string();
-  ASSERT_OK(s->flush_sync());
+  ASSERT_OK(s->flush());
   std::vector<uint8_t> head(3u << 20);
-  ASSERT_OK(s->read_range_sync("x", 0, head.size(), head.data()));
+  ASSERT_OK(s->read_range("x", 0, head.size(), head.data()));
   EXPECT_TRUE(std::equal(head.begin(), head.end(), x.begin()));
   ASSERT_OK(s->close());
   s = open_or_die(o);
   ASSERT_TRUE(s);
   std::fill(head.begin(), head.end(), 0);
-  ASSERT_OK(s->read_range_sync("x", 0, head.size(), head.data()));
+  ASSERT_OK(s->read_range("x", 0, head.size(), head.data()));
   EXPECT_TRUE(std::equal(head.begin(), head.end(), x.begin()));
 }
 
@@ -825,7 +825,7 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
   int n = 0;
   Status st;
   for (; n < 20; ++n) {
-    st = s->put_sync("o" + std::to_string(n), obj.data(), TensorDesc::bytes(obj.size()));
+    st = s->put("o" + std::to_string(n), obj.data(), TensorDesc::bytes(obj.size()));
     if (!st.ok()) break;
   }
   ASSERT_LT(n, 20) << "the file system never filled up";
@@ -839,9 +839,9 @@ TEST(StoreValidation, FullFileSystemLeavesTheStoreUsable) {
     while (f.write(junk.data(), junk.size())) {
     }
   }
-  ASSERT_OK(s->remove_sync("o0"));
+  ASSERT_OK(s->remove("o0"));
   fs::remove(mnt + "/filler");
-  ASSERT_OK(s->put_sync("again", obj.data(), TensorDesc::bytes(obj.size())));
+  ASSERT_OK(s->put("again", obj.data(), TensorDesc::bytes(obj.size())));
   ASSERT_OK(s->close());
   s.reset();
   auto r = open_or_die(o);
@@ -869,7 +869,7 @@ TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
     auto s = open_or_die(o);
     ASSERT_TRUE(s);
     for (int i = 0; i < 4; ++i) {
-      ASSERT_OK(s->put_sync("o" + std::to_string(i), obj.data(), TensorDesc::bytes(obj.size())));
+      ASSERT_OK(s->put("o" + std::to_string(i), obj.data(), TensorDesc::bytes(obj.size())));
     }
     ASSERT_OK(s->close());
   }
@@ -881,14 +881,14 @@ TEST(StoreValidation, FullFileSystemStillOpensAndRemoves) {
   }
   auto s = open_or_die(o);  // was: IoError "PRAGMA journal_mode=WAL;: disk I/O error"
   ASSERT_TRUE(s);
-  ASSERT_OK(s->remove_sync("o0"));
+  ASSERT_OK(s->remove("o0"));
   // 6 MiB: 4 chunks fit the hole o0 left, 2 need the data file to grow: no room.
   auto big = pattern(6u << 20, 32);
-  Status st = s->put_sync("big", big.data(), TensorDesc::bytes(big.size()));
+  Status st = s->put("big", big.data(), TensorDesc::bytes(big.size()));
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
-  ASSERT_OK(s->remove_sync("o1"));
-  ASSERT_OK(s->remove_sync("o2"));
-  ASSERT_OK(s->put_sync("small", obj.data(), TensorDesc::bytes(1u << 20)));  // freed extents
+  ASSERT_OK(s->remove("o1"));
+  ASSERT_OK(s->remove("o2"));
+  ASSERT_OK(s->put("small", obj.data(), TensorDesc::bytes(1u << 20)));  // freed extents
   ASSERT_OK(s->close());
   s.reset();
   fs::remove(mnt + "/filler");
@@ -915,7 +915,7 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   auto version = [&](uint32_t v) { return std::vector<uint8_t>(n, static_cast<uint8_t>(v)); };
   for (int k = 0; k < 4; ++k) {
     auto b = version(0);
-    ASSERT_OK(w->put_sync("k" + std::to_string(k), b.data(), TensorDesc::bytes(n)));
+    ASSERT_OK(w->put("k" + std::to_string(k), b.data(), TensorDesc::bytes(n)));
   }
   auto ro = small_options(d.path());
   ro.read_only = true;
@@ -929,7 +929,7 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
       PutOptions po;
       po.overwrite = true;
       for (int k = 0; k < 4 && !stop.load(); ++k) {
-        if (!w->put("k" + std::to_string(k), b.data(), TensorDesc::bytes(n), po).result().ok()) {
+        if (!w->put_async("k" + std::to_string(k), b.data(), TensorDesc::bytes(n), po).result().ok()) {
           return;
         }
       }
@@ -945,7 +945,7 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
     for (const auto& e : v->errors) ADD_FAILURE() << "round " << round << ": " << e.to_string();
     EXPECT_EQ(v->objects, 4u);
     for (int k = 0; k < 4; ++k) {
-      ASSERT_OK(r->get_bytes_sync("k" + std::to_string(k), out.data(), n));
+      ASSERT_OK(r->get_bytes("k" + std::to_string(k), out.data(), n));
       // One whole version: every byte equal to the first.
       EXPECT_EQ(std::count(out.begin(), out.end(), out[0]), static_cast<long>(n));
       ++gets;
@@ -963,7 +963,7 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   };
   using KS = std::vector<std::pair<std::string, uint64_t>>;
   auto c = pattern(5000, 41);
-  ASSERT_OK(w->put_sync("created-later", c.data(), TensorDesc::bytes(c.size())));
+  ASSERT_OK(w->put("created-later", c.data(), TensorDesc::bytes(c.size())));
   EXPECT_EQ(keys_and_sizes(""), (KS{{"created-later", 5000}, {"k0", n}, {"k1", n}, {"k2", n},
                                     {"k3", n}}));
   EXPECT_EQ(keys_and_sizes("cr"), (KS{{"created-later", 5000}}));
@@ -978,12 +978,12 @@ TEST(StoreValidation, ReadOnlyOpenBesideAWriterSeesNoFalseDamage) {
   expect_reads_back(*r, "created-later", c);
   PutOptions po;
   po.overwrite = true;
-  ASSERT_OK(w->put("created-later", c.data(), TensorDesc::bytes(4000), po).result().status());
+  ASSERT_OK(w->put_async("created-later", c.data(), TensorDesc::bytes(4000), po).result().status());
   info = r->stat("created-later");
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->nbytes, 4000u);
   EXPECT_EQ(keys_and_sizes("cr"), (KS{{"created-later", 4000}}));
-  ASSERT_OK(w->remove_sync("created-later"));
+  ASSERT_OK(w->remove("created-later"));
   EXPECT_EQ(keys_and_sizes("cr"), KS{});
   EXPECT_EQ(keys_and_sizes("").size(), 4u);
   EXPECT_FALSE(r->contains("created-later"));

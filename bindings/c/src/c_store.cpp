@@ -193,7 +193,7 @@ strata_status_t strata_store_put_async(strata_store_t* s, const char* key, const
     po.tier = static_cast<Tier>(tier);
     po.overwrite = (flags & STRATA_PUT_OVERWRITE) != 0;
     po.pin = (flags & STRATA_PUT_PIN) != 0;
-    *future = wrap_future(s->store->put(key, src, *desc, po));
+    *future = wrap_future(s->store->put_async(key, src, *desc, po));
     if (*future == nullptr) return set_error(resource_exhausted("out of memory for a future"));
     return STRATA_OK;
   });
@@ -218,7 +218,7 @@ strata_status_t strata_store_get_async(strata_store_t* s, const char* key, void*
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
     if (dst == nullptr && nbytes > 0) return invalid("dst is NULL for key '" + std::string(key) + "'");
-    *future = wrap_future(s->store->get_bytes(key, dst, nbytes));
+    *future = wrap_future(s->store->get_bytes_async(key, dst, nbytes));
     if (*future == nullptr) return set_error(resource_exhausted("out of memory for a future"));
     return STRATA_OK;
   });
@@ -237,7 +237,7 @@ strata_status_t strata_store_delete(strata_store_t* s, const char* key) {
   return guard([&]() -> strata_status_t {
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
-    return set_error(s->store->remove_sync(key));
+    return set_error(s->store->remove(key));
   });
 }
 
@@ -246,7 +246,7 @@ strata_status_t strata_store_move(strata_store_t* s, const char* key, strata_tie
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
     if (!valid_tier(tier)) return invalid("invalid tier value " + std::to_string(static_cast<int>(tier)));
-    return set_error(s->store->move_sync(key, static_cast<Tier>(tier)));
+    return set_error(s->store->move(key, static_cast<Tier>(tier)));
   });
 }
 
@@ -258,7 +258,7 @@ strata_status_t strata_store_prefetch_async(strata_store_t* s, const char* key,
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
     if (!valid_tier(tier)) return invalid("invalid tier value " + std::to_string(static_cast<int>(tier)));
-    *future = wrap_future(s->store->prefetch(key, static_cast<Tier>(tier)));
+    *future = wrap_future(s->store->prefetch_async(key, static_cast<Tier>(tier)));
     if (*future == nullptr) return set_error(resource_exhausted("out of memory for a future"));
     return STRATA_OK;
   });
@@ -267,7 +267,7 @@ strata_status_t strata_store_prefetch_async(strata_store_t* s, const char* key,
 strata_status_t strata_store_flush(strata_store_t* s) {
   return guard([&]() -> strata_status_t {
     if (auto st = check_store(s); !st.ok()) return set_error(st);
-    return set_error(s->store->flush_sync());
+    return set_error(s->store->flush());
   });
 }
 

@@ -53,7 +53,7 @@ struct GetOp {
         check(data_loss("store " + store->options().path + ": " + info->damage));
     }
     GetOp* raw = op.get();  // the op outlives `done` (held by the caller)
-    op->done = store->get_alloc(op->key, [raw](const TensorDesc& d) -> Result<void*> {
+    op->done = store->get_alloc_async(op->key, [raw](const TensorDesc& d) -> Result<void*> {
       raw->desc = d;
       try {
         raw->buf = std::make_unique<AlignedBuffer>(d.nbytes());
@@ -98,7 +98,7 @@ BufferCall put_call(py::handle key_arg, py::handle array, py::handle tier, bool 
   po.overwrite = overwrite;
   po.pin = pin;
   p.call = [key = std::move(key), data = p.ref.data, desc = TensorDesc{p.ref.dtype, p.ref.shape},
-            po](Store& s) { return s.put(key, data, desc, po); };
+            po](Store& s) { return s.put_async(key, data, desc, po); };
   return p;
 }
 
@@ -108,7 +108,7 @@ BufferCall get_into_call(py::handle key_arg, py::handle out, py::handle dtype) {
   BufferCall p{view_tensor(out, true, to_dtype_arg(dtype)), {}};
   p.call = [key = std::move(key), data = p.ref.data,
             desc = TensorDesc{p.ref.dtype, p.ref.shape}](Store& s) {
-    return s.get(key, data, desc);
+    return s.get_async(key, data, desc);
   };
   return p;
 }
@@ -242,7 +242,7 @@ py::object PyStore::read_range(py::handle key_arg, py::handle offset_arg,
   const uint64_t offset = to_u64(offset_arg, "offset");
   const uint64_t nbytes = to_u64(nbytes_arg, "nbytes");
   auto read_into = [&](void* dst) {
-    return [&, dst](Store& st) { return st.read_range(key, offset, nbytes, dst); };
+    return [&, dst](Store& st) { return st.read_range_async(key, offset, nbytes, dst); };
   };
   void* data = nullptr;
   py::object arr;
@@ -265,7 +265,7 @@ void PyStore::write_range(py::handle key_arg, py::handle offset_arg, py::handle 
   const std::string key = to_text(key_arg, "key");
   const uint64_t offset = to_u64(offset_arg, "offset");
   TensorRef r = view_tensor(src, false, std::nullopt);
-  wait([&](Store& st) { return st.write_range(key, offset, r.nbytes, r.data); });
+  wait([&](Store& st) { return st.write_range_async(key, offset, r.nbytes, r.data); });
 }
 
 py::dict PyStore::stat(py::handle key) { return info_dict(check(s().stat(to_text(key, "key")))); }
@@ -323,27 +323,27 @@ void register_store(py::module_& m) {
       .def("usage", &PyStore::usage)
       .def("chunk_bytes", [](PyStore& s) { return s.s().chunk_bytes(); })
       .def("has_device", [](PyStore& s) { return s.s().has_device(); })
-      .def("delete", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::remove, k)); },
+      .def("delete", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::remove_async, k)); },
            "key"_a)
       .def("delete_async",
-           [](PyStore& s, py::handle k) { return s.start(key_call(&Store::remove, k)); }, "key"_a)
+           [](PyStore& s, py::handle k) { return s.start(key_call(&Store::remove_async, k)); }, "key"_a)
       .def("move", [](PyStore& s, py::handle k, py::handle t) {
-        s.wait(key_tier_call(&Store::move, k, t));
+        s.wait(key_tier_call(&Store::move_async, k, t));
       }, "key"_a, "tier"_a)
       .def("move_async", [](PyStore& s, py::handle k, py::handle t) {
-        return s.start(key_tier_call(&Store::move, k, t));
+        return s.start(key_tier_call(&Store::move_async, k, t));
       }, "key"_a, "tier"_a)
       .def("prefetch", [](PyStore& s, py::handle k, py::handle t) {
-        s.wait(key_tier_call(&Store::prefetch, k, t));
+        s.wait(key_tier_call(&Store::prefetch_async, k, t));
       }, "key"_a, "tier"_a = "host")
       .def("prefetch_async", [](PyStore& s, py::handle k, py::handle t) {
-        return s.start(key_tier_call(&Store::prefetch, k, t));
+        return s.start(key_tier_call(&Store::prefetch_async, k, t));
       }, "key"_a, "tier"_a = "host")
-      .def("evict", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::evict, k)); }, "key"_a)
-      .def("pin", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::pin, k)); }, "key"_a)
-      .def("unpin", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::unpin, k)); }, "key"_a)
-      .def("flush", [](PyStore& s) { s.wait([](Store& st) { return st.flush(); }); })
-      .def("flush_async", [](PyStore& s) { return s.start([](Store& st) { return st.flush(); }); });
+      .def("evict", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::evict_async, k)); }, "key"_a)
+      .def("pin", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::pin_async, k)); }, "key"_a)
+      .def("unpin", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::unpin_async, k)); }, "key"_a)
+      .def("flush", [](PyStore& s) { s.wait([](Store& st) { return st.flush_async(); }); })
+      .def("flush_async", [](PyStore& s) { return s.start([](Store& st) { return st.flush_async(); }); });
 }
 
 }  // namespace strata::py_bindings

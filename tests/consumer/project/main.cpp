@@ -32,8 +32,8 @@ int main() {
   }
   std::vector<unsigned char> src(4097), dst(4097, 0);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
-  auto w = (*engine)->write(*file, src.data(), src.size(), 0).result();
-  auto r = (*engine)->read(*file, dst.data(), dst.size(), 0).result();
+  auto w = (*engine)->write_async(*file, src.data(), src.size(), 0).result();
+  auto r = (*engine)->read_async(*file, dst.data(), dst.size(), 0).result();
   std::remove(path.c_str());
   std::remove(tmpl);
   if (!w.ok() || !r.ok() || *r != 4097 || src != dst) {

@@ -77,11 +77,11 @@ void roundtrip(Store& st, Communicator& c, const std::string& key, const TensorD
   Status ps;
   if (slice_put) {
     std::vector<uint8_t> mine(full.begin() + l->begin(r) * es, full.begin() + l->end(r) * es);
-    ps = put_partitioned_slice(st, c, key, mine.empty() ? nullptr : mine.data(), desc, po)
+    ps = put_partitioned_slice_async(st, c, key, mine.empty() ? nullptr : mine.data(), desc, po)
              .result()
              .status();
   } else {
-    ps = put_partitioned(st, c, key, full.data(), desc, po).result().status();
+    ps = put_partitioned(st, c, key, full.data(), desc, po);
   }
   ok_or_die(ps, "put " + key);
   auto info = stat_partitioned(st, key);
@@ -104,7 +104,7 @@ void roundtrip(Store& st, Communicator& c, const std::string& key, const TensorD
       fo.piece_bytes = piece;
       fo.pipelined = pipelined;
       std::vector<uint8_t> dst(nb + 64, 0xEE);  // guard bytes after the tensor
-      Status fs = fetch_partitioned(st, c, key, dst.data(), desc, fo).result().status();
+      Status fs = fetch_partitioned(st, c, key, dst.data(), desc, fo);
       ok_or_die(fs, "fetch " + key + " piece " + std::to_string(piece));
       expect(std::memcmp(dst.data(), full.data(), nb) == 0,
              "bytes of " + key + " piece " + std::to_string(piece) +
@@ -150,20 +150,20 @@ void check_errors(Store& st, Communicator& c) {
   // Existing key without overwrite: AlreadyExists locally, agreed by every rank.
   std::vector<float> v(10 * n + 1, 1.5f);
   TensorDesc d{DType::kFloat32, {static_cast<int64_t>(v.size())}};
-  ok_or_die(put_partitioned(st, c, "e1", v.data(), d).result().status(), "put e1");
-  Status again = put_partitioned(st, c, "e1", v.data(), d).result().status();
+  ok_or_die(put_partitioned(st, c, "e1", v.data(), d), "put e1");
+  Status again = put_partitioned(st, c, "e1", v.data(), d);
   expect(again.code() == StatusCode::kAlreadyExists, "second put without overwrite: " + again.to_string());
   PartitionOptions ow;
   ow.put.overwrite = true;
   for (auto& x : v) x = 2.5f;
-  ok_or_die(put_partitioned(st, c, "e1", v.data(), d, ow).result().status(), "overwrite e1");
+  ok_or_die(put_partitioned(st, c, "e1", v.data(), d, ow), "overwrite e1");
   std::vector<float> back(v.size(), 0);
-  ok_or_die(fetch_partitioned(st, c, "e1", back.data(), d).result().status(), "fetch e1");
+  ok_or_die(fetch_partitioned(st, c, "e1", back.data(), d), "fetch e1");
   expect(back == v, "overwritten values");
 
   // Wrong desc at fetch: InvalidArgument on every rank, naming both.
   TensorDesc wrong{DType::kInt32, d.shape};
-  Status ws = fetch_partitioned(st, c, "e1", back.data(), wrong).result().status();
+  Status ws = fetch_partitioned(st, c, "e1", back.data(), wrong);
   expect(ws.code() == StatusCode::kInvalidArgument && ws.message().find("is fp32[") != std::string::npos &&
              ws.message().find("fetched as int32[") != std::string::npos,
          "desc mismatch: " + ws.to_string());
@@ -171,7 +171,7 @@ void check_errors(Store& st, Communicator& c) {
   // One rank lacks the object: that rank NotFound, the others Unavailable naming it.
   const int victim = n - 1;
   if (r == victim) ok_or_die(remove_partitioned(st, "e1"), "remove_partitioned");
-  Status mf = fetch_partitioned(st, c, "e1", back.data(), d).result().status();
+  Status mf = fetch_partitioned(st, c, "e1", back.data(), d);
   if (r == victim) {
     expect(mf.code() == StatusCode::kNotFound, "missing on the victim: " + mf.to_string());
   } else {
@@ -201,10 +201,10 @@ void check_reduce_scatter(Communicator& c) {
         gi[i] = static_cast<int32_t>(g[i]);
       }
       ok_or_die(reduce_scatter_grads(c, g.data(), out.data(), numel, DType::kFloat32,
-                                     ReduceOp::kSum, piece).result().status(),
+                                     ReduceOp::kSum, piece),
                 "reduce_scatter_grads fp32");
       ok_or_die(reduce_scatter_grads(c, gi.data(), outi.data(), numel, DType::kInt32,
-                                     ReduceOp::kSum, piece).result().status(),
+                                     ReduceOp::kSum, piece),
                 "reduce_scatter_grads int32");
       bool good = out[own] == -7.0f && outi[own] == -7;  // nothing written past the slice
       for (uint64_t j = 0; j < own; ++j) {
@@ -220,7 +220,7 @@ void check_reduce_scatter(Communicator& c) {
   auto l = partition_layout(numel, n);
   std::vector<double> g(numel), out(l->owned_numel(r));
   for (uint64_t i = 0; i < numel; ++i) g[i] = static_cast<double>((i * 7 + r * 13) % 17);
-  ok_or_die(reduce_scatter_grads(c, g.data(), out.data(), numel, DType::kFloat64, ReduceOp::kMax)
+  ok_or_die(reduce_scatter_grads_async(c, g.data(), out.data(), numel, DType::kFloat64, ReduceOp::kMax)
                 .result()
                 .status(),
             "reduce_scatter_grads max");
@@ -253,7 +253,7 @@ int run_put(const std::string& dir) {
   auto c = make_comm();
   auto st = open_store(dir, c->rank());
   std::vector<uint8_t> full = full_pattern(7, kW.nbytes());
-  ok_or_die(put_partitioned(*st, *c, "w", full.data(), kW).result().status(), "put w");
+  ok_or_die(put_partitioned(*st, *c, "w", full.data(), kW), "put w");
   ok_or_die(st->close(), "close");
   return 0;
 }
@@ -262,7 +262,7 @@ int run_refetch(const std::string& dir) {
   auto c = make_comm();
   auto st = open_store(dir, c->rank());
   std::vector<uint8_t> dst(kW.nbytes());
-  Status s = fetch_partitioned(*st, *c, "w", dst.data(), kW).result().status();
+  Status s = fetch_partitioned(*st, *c, "w", dst.data(), kW);
   if (s.ok()) {
     expect(dst == full_pattern(7, kW.nbytes()), "refetched bytes");
     std::printf("FETCHED_OK\n");
@@ -281,7 +281,7 @@ int run_killed(const std::string& dir) {
   const int victim = c->size() - 1;
   TensorDesc d{DType::kFloat32, {1 << 20}};
   std::vector<uint8_t> full = full_pattern(3, d.nbytes()), dst(d.nbytes());
-  ok_or_die(put_partitioned(*st, *c, "k", full.data(), d).result().status(), "put k");
+  ok_or_die(put_partitioned(*st, *c, "k", full.data(), d), "put k");
   ok_or_die(c->barrier(), "barrier");
   if (c->rank() == victim) raise(SIGKILL);
   auto t0 = std::chrono::steady_clock::now();
@@ -289,7 +289,7 @@ int run_killed(const std::string& dir) {
   PartitionOptions po;
   po.piece_bytes = 64 << 10;
   for (int i = 0; i < 100 && s.ok(); ++i)
-    s = fetch_partitioned(*st, *c, "k", dst.data(), d, po).result().status();
+    s = fetch_partitioned(*st, *c, "k", dst.data(), d, po);
   const long long ms = ms_since(t0);
   if (s.ok()) die("fetch kept succeeding with rank " + std::to_string(victim) + " gone");
   print_expected_failure(s, ms);

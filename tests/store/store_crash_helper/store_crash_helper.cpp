@@ -30,9 +30,9 @@ int main(int argc, char** argv) {
     const uint64_t n = 3u << 20;
     auto a = strata::store_test::pattern(n, 40), w = strata::store_test::pattern(1500000, 41);
     auto desc = strata::TensorDesc::bytes(n);
-    bool ok = s->put_sync("state", a.data(), desc).ok() && s->put_sync("state2", a.data(), desc).ok() &&
-              s->write_range_sync("state2", 1000, w.size(), w.data()).ok() &&
-              s->flush_sync().ok() && s->write_range_sync("state", 1000, w.size(), w.data()).ok();
+    bool ok = s->put("state", a.data(), desc).ok() && s->put("state2", a.data(), desc).ok() &&
+              s->write_range("state2", 1000, w.size(), w.data()).ok() &&
+              s->flush().ok() && s->write_range("state", 1000, w.size(), w.data()).ok();
     if (!ok) return 1;
     std::printf("written\n");
     std::fflush(stdout);
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     // Sizes cycle through several chunks and odd tails: 1 .. ~2.3 MiB.
     uint64_t n = 1 + (i * 392761) % (2400 * 1024);
     auto data = strata::store_test::pattern(n, i);
-    auto st = s->put_sync("obj/" + std::to_string(i), data.data(), strata::TensorDesc::bytes(n));
+    auto st = s->put("obj/" + std::to_string(i), data.data(), strata::TensorDesc::bytes(n));
     if (!st.ok()) {
       std::fprintf(stderr, "put %llu: %s\n", static_cast<unsigned long long>(i),
                    st.to_string().c_str());

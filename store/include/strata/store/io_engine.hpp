@@ -85,7 +85,7 @@ class IoFile {
 ///   (statx STATX_DIOALIGN, else the device's logical block size, else 4096).
 /// - Completion: a future completes on the engine thread that reaps the last piece of its
 ///   request, so continuations (Future::on_ready/then) run there and must not block.
-///   Buffers passed to read/write must stay valid until the returned future is ready.
+///   Buffers passed to read_async/write_async must stay valid until the returned future is ready.
 ///   Buffers inside a region given to register_buffer() use READ_FIXED/WRITE_FIXED.
 /// - Errors: every completion is checked. A short transfer is continued; a failure
 ///   resolves the future to an error naming path, offset, length and errno (ENOSPC is
@@ -113,13 +113,13 @@ class IoEngine {
   virtual Result<std::shared_ptr<IoFile>> open(const std::string& path, OpenMode mode) = 0;
 
   /// Reads nbytes at offset into dst. Reading past EOF is DataLoss naming path/offset.
-  virtual Future<uint64_t> read(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
-                                uint64_t offset) = 0;
+  virtual Future<uint64_t> read_async(const std::shared_ptr<IoFile>& file, void* dst, uint64_t nbytes,
+                                      uint64_t offset) = 0;
   /// Writes nbytes from src at offset. ENOSPC -> ResourceExhausted naming path/offset.
-  virtual Future<uint64_t> write(const std::shared_ptr<IoFile>& file, const void* src,
-                                 uint64_t nbytes, uint64_t offset) = 0;
+  virtual Future<uint64_t> write_async(const std::shared_ptr<IoFile>& file, const void* src,
+                                       uint64_t nbytes, uint64_t offset) = 0;
   /// fdatasync of the file (on a worker).
-  virtual Future<void> sync(const std::shared_ptr<IoFile>& file) = 0;
+  virtual Future<void> sync_async(const std::shared_ptr<IoFile>& file) = 0;
 
   /// Registers [addr, addr+nbytes) for fixed-buffer I/O (io_uring); no-op for kThreads.
   virtual Status register_buffer(void* addr, uint64_t nbytes) = 0;

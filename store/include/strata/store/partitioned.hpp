@@ -106,15 +106,15 @@ struct PartitionOptions {
 ///     a dead rank, DeadlineExceeded).
 /// \threadsafety see the file comment (collective ordering); store and comm must outlive
 ///     the future.
-Future<void> put_partitioned(Store& store, Communicator& comm, const std::string& key,
-                             const void* full_src, const TensorDesc& full_desc,
+Future<void> put_partitioned_async(Store& store, Communicator& comm, const std::string& key,
+                                   const void* full_src, const TensorDesc& full_desc,
                              const PartitionOptions& opts = {});
 
 /// As put_partitioned, but `owned_src` holds only this rank's slice:
 /// partition_layout(full_desc.numel(), comm.size()).owned_numel(comm.rank()) elements of
 /// full_desc.dtype (may be null when that is 0).
-Future<void> put_partitioned_slice(Store& store, Communicator& comm, const std::string& key,
-                                   const void* owned_src, const TensorDesc& full_desc,
+Future<void> put_partitioned_slice_async(Store& store, Communicator& comm, const std::string& key,
+                                         const void* owned_src, const TensorDesc& full_desc,
                                    const PartitionOptions& opts = {});
 
 /// Collective: every rank reads its slice from its own `store` (in pieces of
@@ -131,8 +131,8 @@ Future<void> put_partitioned_slice(Store& store, Communicator& comm, const std::
 ///     rank returns its own error; the communicator's errors (Unavailable naming a dead
 ///     rank, DeadlineExceeded after options().timeout) with the key as context.
 /// \threadsafety see the file comment; store and comm must outlive the future.
-Future<void> fetch_partitioned(Store& store, Communicator& comm, const std::string& key,
-                               void* dst, const TensorDesc& full_desc,
+Future<void> fetch_partitioned_async(Store& store, Communicator& comm, const std::string& key,
+                                     void* dst, const TensorDesc& full_desc,
                                const PartitionOptions& opts = {});
 
 /// Reads this rank's meta record of `key` (no collective).
@@ -155,8 +155,34 @@ Status remove_partitioned(Store& store, const std::string& key);
 /// \error InvalidArgument for an invalid dtype or a null buffer with a non-zero count;
 ///     Unimplemented for NCCL; the communicator's errors.
 /// \threadsafety see the file comment.
-Future<void> reduce_scatter_grads(Communicator& comm, const void* full_grad, void* owned_slice,
-                                  uint64_t numel, DType dtype, ReduceOp op = ReduceOp::kSum,
+Future<void> reduce_scatter_grads_async(Communicator& comm, const void* full_grad, void* owned_slice,
+                                        uint64_t numel, DType dtype, ReduceOp op = ReduceOp::kSum,
                                   uint64_t piece_bytes = 8ull << 20);
+
+// Blocking forms: the *_async call above followed by result(); same arguments, same errors.
+inline Status put_partitioned(Store& store, Communicator& comm, const std::string& key,
+                              const void* full_src, const TensorDesc& full_desc,
+                              const PartitionOptions& opts = {}) {
+  return put_partitioned_async(store, comm, key, full_src, full_desc, opts).result().status();
+}
+inline Status put_partitioned_slice(Store& store, Communicator& comm, const std::string& key,
+                                    const void* owned_src, const TensorDesc& full_desc,
+                                    const PartitionOptions& opts = {}) {
+  return put_partitioned_slice_async(store, comm, key, owned_src, full_desc, opts)
+      .result()
+      .status();
+}
+inline Status fetch_partitioned(Store& store, Communicator& comm, const std::string& key,
+                                void* dst, const TensorDesc& full_desc,
+                                const PartitionOptions& opts = {}) {
+  return fetch_partitioned_async(store, comm, key, dst, full_desc, opts).result().status();
+}
+inline Status reduce_scatter_grads(Communicator& comm, const void* full_grad, void* owned_slice,
+                                   uint64_t numel, DType dtype, ReduceOp op = ReduceOp::kSum,
+                                   uint64_t piece_bytes = 8ull << 20) {
+  return reduce_scatter_grads_async(comm, full_grad, owned_slice, numel, dtype, op, piece_bytes)
+      .result()
+      .status();
+}
 
 }  // namespace strata

@@ -227,16 +227,16 @@ class Store {
   ///     shape whose numel or nbytes overflows 64 bits: nothing is written),
   ///     ResourceExhausted (budget/ENOSPC; data file space preallocated for the failed put
   ///     is given back), IoError, FailedPrecondition (closed/read-only).
-  virtual Future<void> put(const std::string& key, const void* src, const TensorDesc& desc,
-                           const PutOptions& opts = {}) = 0;
+  virtual Future<void> put_async(const std::string& key, const void* src, const TensorDesc& desc,
+                                 const PutOptions& opts = {}) = 0;
 
   /// Reads object `key` into `dst` from its fastest tier. `desc` must equal the object's
   /// dtype and shape. Does not change the object's tier.
   /// \error NotFound; InvalidArgument naming both descs on a mismatch; DataLoss; IoError.
-  virtual Future<void> get(const std::string& key, void* dst, const TensorDesc& desc) = 0;
+  virtual Future<void> get_async(const std::string& key, void* dst, const TensorDesc& desc) = 0;
   /// Reads object `key` into `dst` (`nbytes` must equal the object's size), any dtype.
   /// \error NotFound; InvalidArgument on a size mismatch; DataLoss; IoError.
-  virtual Future<void> get_bytes(const std::string& key, void* dst, uint64_t nbytes) = 0;
+  virtual Future<void> get_bytes_async(const std::string& key, void* dst, uint64_t nbytes) = 0;
   /// Reads object `key` whole, whatever its dtype and shape, into memory the caller
   /// provides once the version to read is known: `allocate(desc)` is called on a store
   /// worker thread with that version's dtype and shape and returns a destination of
@@ -250,13 +250,13 @@ class Store {
   /// \error NotFound; DataLoss (a damaged object, a checksum mismatch); IoError;
   ///     InvalidArgument when `allocate` returns null for a non-empty object; whatever
   ///     `allocate` returns.
-  virtual Future<void> get_alloc(const std::string& key,
-                                 std::function<Result<void*>(const TensorDesc&)> allocate) = 0;
+  virtual Future<void> get_alloc_async(const std::string& key,
+                                       std::function<Result<void*>(const TensorDesc&)> allocate) = 0;
 
   /// Reads bytes [offset_bytes, offset_bytes + nbytes) of object `key` into `dst`.
   /// \error NotFound; OutOfRange past the end; DataLoss (whole chunks are verified).
-  virtual Future<void> read_range(const std::string& key, uint64_t offset_bytes, uint64_t nbytes,
-                                  void* dst) = 0;
+  virtual Future<void> read_range_async(const std::string& key, uint64_t offset_bytes, uint64_t nbytes,
+                                        void* dst) = 0;
   /// Overwrites bytes [offset_bytes, offset_bytes + nbytes) of object `key` from `src`,
   /// in whichever tier holds it; checksums of touched chunks are recomputed. Durable at the
   /// next flush() (copy-on-write for NVMe chunks; see the contract). Cheapest when the
@@ -266,36 +266,36 @@ class Store {
   /// reads as before and the data file space placed for the call is given back.
   /// \error NotFound; OutOfRange; ResourceExhausted; IoError; DataLoss (reading a partial
   ///     chunk).
-  virtual Future<void> write_range(const std::string& key, uint64_t offset_bytes,
-                                   uint64_t nbytes, const void* src) = 0;
+  virtual Future<void> write_range_async(const std::string& key, uint64_t offset_bytes,
+                                         uint64_t nbytes, const void* src) = 0;
 
   /// Moves object `key` to `tier`: promotion copies up and keeps the NVMe copy; demotion
   /// to kNvme writes back a dirty copy (committed before the future is ready) and frees
   /// the memory tiers. Pinned objects can move between host and device but not to kNvme.
   /// \error NotFound; ResourceExhausted; FailedPrecondition (pinned to nvme); IoError.
-  virtual Future<void> move(const std::string& key, Tier tier) = 0;
+  virtual Future<void> move_async(const std::string& key, Tier tier) = 0;
   /// Promotes `key` to `tier` (default host) unless it already is in that tier or a
   /// faster one. Errors as move().
-  virtual Future<void> prefetch(const std::string& key, Tier tier = Tier::kHost) = 0;
+  virtual Future<void> prefetch_async(const std::string& key, Tier tier = Tier::kHost) = 0;
   /// Demotes `key` to NVMe (write-back when dirty) and frees its memory.
   /// \error NotFound; FailedPrecondition when pinned.
-  virtual Future<void> evict(const std::string& key) = 0;
+  virtual Future<void> evict_async(const std::string& key) = 0;
 
   /// Pins / unpins `key` in its memory tier: a pinned object is never evicted by LRU.
   /// Pins nest (counted). Pinning an NVMe-only object first promotes it to host.
   /// \error NotFound; FailedPrecondition for unpin of an unpinned object.
-  virtual Future<void> pin(const std::string& key) = 0;
-  virtual Future<void> unpin(const std::string& key) = 0;
+  virtual Future<void> pin_async(const std::string& key) = 0;
+  virtual Future<void> unpin_async(const std::string& key) = 0;
 
   /// Deletes `key` from every tier; committed before the future is ready (kOnPut).
   /// \error NotFound.
-  virtual Future<void> remove(const std::string& key) = 0;
+  virtual Future<void> remove_async(const std::string& key) = 0;
 
   /// Makes everything durable: writes back dirty objects, fdatasyncs, commits pending
   /// changes in one transaction. An object that cannot be written back (ResourceExhausted:
   /// NVMe budget or disk full; IoError) stays dirty in memory; every other object is still
   /// written back and committed, and the first such error is returned.
-  virtual Future<void> flush() = 0;
+  virtual Future<void> flush_async() = 0;
 
   /// Metadata of `key`. \error NotFound; FailedPrecondition when the store is closed.
   virtual Result<ObjectInfo> stat(const std::string& key) const = 0;
@@ -332,35 +332,35 @@ class Store {
   virtual Status close() = 0;
 
   // Blocking conveniences: the async call followed by result().
-  Status put_sync(const std::string& key, const void* src, const TensorDesc& desc,
-                  const PutOptions& opts = {}) {
-    return put(key, src, desc, opts).result().status();
+  Status put(const std::string& key, const void* src, const TensorDesc& desc,
+             const PutOptions& opts = {}) {
+    return put_async(key, src, desc, opts).result().status();
   }
-  Status get_sync(const std::string& key, void* dst, const TensorDesc& desc) {
-    return get(key, dst, desc).result().status();
+  Status get(const std::string& key, void* dst, const TensorDesc& desc) {
+    return get_async(key, dst, desc).result().status();
   }
-  Status get_bytes_sync(const std::string& key, void* dst, uint64_t nbytes) {
-    return get_bytes(key, dst, nbytes).result().status();
+  Status get_bytes(const std::string& key, void* dst, uint64_t nbytes) {
+    return get_bytes_async(key, dst, nbytes).result().status();
   }
-  Status get_alloc_sync(const std::string& key,
-                        std::function<Result<void*>(const TensorDesc&)> allocate) {
-    return get_alloc(key, std::move(allocate)).result().status();
+  Status get_alloc(const std::string& key,
+                   std::function<Result<void*>(const TensorDesc&)> allocate) {
+    return get_alloc_async(key, std::move(allocate)).result().status();
   }
-  Status read_range_sync(const std::string& key, uint64_t off, uint64_t n, void* dst) {
-    return read_range(key, off, n, dst).result().status();
+  Status read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
+    return read_range_async(key, off, n, dst).result().status();
   }
-  Status write_range_sync(const std::string& key, uint64_t off, uint64_t n, const void* src) {
-    return write_range(key, off, n, src).result().status();
+  Status write_range(const std::string& key, uint64_t off, uint64_t n, const void* src) {
+    return write_range_async(key, off, n, src).result().status();
   }
-  Status move_sync(const std::string& key, Tier tier) { return move(key, tier).result().status(); }
-  Status prefetch_sync(const std::string& key, Tier tier = Tier::kHost) {
-    return prefetch(key, tier).result().status();
+  Status move(const std::string& key, Tier tier) { return move_async(key, tier).result().status(); }
+  Status prefetch(const std::string& key, Tier tier = Tier::kHost) {
+    return prefetch_async(key, tier).result().status();
   }
-  Status evict_sync(const std::string& key) { return evict(key).result().status(); }
-  Status pin_sync(const std::string& key) { return pin(key).result().status(); }
-  Status unpin_sync(const std::string& key) { return unpin(key).result().status(); }
-  Status remove_sync(const std::string& key) { return remove(key).result().status(); }
-  Status flush_sync() { return flush().result().status(); }
+  Status evict(const std::string& key) { return evict_async(key).result().status(); }
+  Status pin(const std::string& key) { return pin_async(key).result().status(); }
+  Status unpin(const std::string& key) { return unpin_async(key).result().status(); }
+  Status remove(const std::string& key) { return remove_async(key).result().status(); }
+  Status flush() { return flush_async().result().status(); }
 };
 
 /// Reads the catalog of the store at `path` without the write lock and without opening
