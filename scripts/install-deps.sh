@@ -6,7 +6,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git
   liburing-dev libhwloc-dev hwloc libboost-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libxxhash-dev libhwy-dev nlohmann-json3-dev libcli11-dev
+  libxxhash-dev libhwy-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
   fio procps util-linux
 )
