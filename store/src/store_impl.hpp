@@ -515,14 +515,10 @@ class StoreImpl final : public Store {
 
 template <class F>
 Future<void> StoreImpl::run_op(bool mutating, F f) {
-  if (Status st = begin_op(mutating); !st.ok()) return make_ready_future(Result<void>(st));
-  auto p = std::make_shared<Promise<void>>();
-  Future<void> fut = p->future();
-  pool_->submit([this, p, f = std::move(f)]() mutable {
-    p->set(Result<void>(f()));
-    end_op();
+  // The synchronous body's Status, as the ready future run_op_async continues from.
+  return run_op_async(mutating, [f = std::move(f)]() mutable {
+    return make_ready_future(Result<void>(f()));
   });
-  return fut;
 }
 
 template <class F>
