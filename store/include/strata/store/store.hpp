@@ -223,6 +223,8 @@ class Store {
   virtual ~Store() = default;
 
   /// Writes `desc.nbytes()` bytes from `src` as object `key` into `opts.tier`.
+  /// \returns a future that completes once the put is done (durable as the contract above
+  ///     says); `src` must stay valid until then. The errors below arrive through it.
   /// \error AlreadyExists, InvalidArgument (empty key, no GPU, a negative extent, or a
   ///     shape whose numel or nbytes overflows 64 bits: nothing is written),
   ///     ResourceExhausted (budget/ENOSPC; data file space preallocated for the failed put
@@ -331,7 +333,9 @@ class Store {
   /// destructor closes regardless, dropping dirty objects it cannot write back (logged).
   virtual Status close() = 0;
 
-  // Blocking conveniences: the async call followed by result().
+  // Blocking forms (the naming rule: x_async() returns a future, x() blocks). Each calls its
+  // *_async twin above, waits, and returns the future's Status: same arguments, same errors,
+  // same thread-safety; the caller's buffers need only live for the call.
   Status put(const std::string& key, const void* src, const TensorDesc& desc,
              const PutOptions& opts = {}) {
     return put_async(key, src, desc, opts).result().status();
@@ -346,11 +350,12 @@ class Store {
                    std::function<Result<void*>(const TensorDesc&)> allocate) {
     return get_alloc_async(key, std::move(allocate)).result().status();
   }
-  Status read_range(const std::string& key, uint64_t off, uint64_t n, void* dst) {
-    return read_range_async(key, off, n, dst).result().status();
+  Status read_range(const std::string& key, uint64_t offset_bytes, uint64_t nbytes, void* dst) {
+    return read_range_async(key, offset_bytes, nbytes, dst).result().status();
   }
-  Status write_range(const std::string& key, uint64_t off, uint64_t n, const void* src) {
-    return write_range_async(key, off, n, src).result().status();
+  Status write_range(const std::string& key, uint64_t offset_bytes, uint64_t nbytes,
+                     const void* src) {
+    return write_range_async(key, offset_bytes, nbytes, src).result().status();
   }
   Status move(const std::string& key, Tier tier) { return move_async(key, tier).result().status(); }
   Status prefetch(const std::string& key, Tier tier = Tier::kHost) {
