@@ -197,6 +197,8 @@ class StoreImpl final : public Store {
   bool has_device() const override { return has_device_; }
   const StorePlacement& placement() const override { return placement_; }
   Status close() override { return close_impl(true); }
+  Result<Savepoint> savepoint(const std::vector<std::string>& keys) override;
+  Status rollback(const Savepoint& sp) override;
 
  private:
   // ---- store_open.cpp: open, in steps (each returns what makes the open fail)

@@ -40,6 +40,10 @@
 
 namespace strata {
 
+namespace store_detail {
+class StoreImpl;
+}
+
 /// Memory tiers, fastest first. Stable values (persisted, C API).
 enum class Tier : uint8_t {
   kDevice = 0,  ///< GPU HBM (CUDA builds with a GPU only)
@@ -174,6 +178,25 @@ struct VerifyReport {
   uint64_t chunks = 0;
   uint64_t bytes = 0;
   std::vector<Status> errors;  ///< DataLoss / IoError naming key, chunk and offset
+};
+
+/// The NVMe contents of some objects at one moment, restorable by Store::rollback(): a
+/// transaction-abort for copy-on-write updates (write_range), such as a speculative optimizer
+/// step. It holds the objects' chunk layouts of that moment, so the chunks that later
+/// write_range() calls replace stay allocated on disk (not reused) while it lives: at most
+/// one extra copy of what is rewritten. Copyable (copies share the layouts); destroying the
+/// last copy releases them. Thread-safety: a const value, usable from any thread.
+class Savepoint {
+ public:
+  Savepoint() = default;
+  /// The keys saved, in the order given to Store::savepoint().
+  const std::vector<std::string>& keys() const { return keys_; }
+  bool empty() const { return keys_.empty(); }
+
+ private:
+  friend class store_detail::StoreImpl;
+  std::vector<std::string> keys_;
+  std::shared_ptr<const void> state_;  // the store's private record of the versions
 };
 
 /// The tiered object store. Create with Store::open(); close() (or the destructor) flushes.
@@ -324,6 +347,25 @@ class Store {
   /// The NUMA placement chosen at open (StoreOptions::numa_node): one node per NVMe
   /// directory (same order as options().nvme_dirs), the host tier's and the GPU's.
   virtual const StorePlacement& placement() const = 0;
+
+  /// Saves the current NVMe contents of `keys` (objects that live only in NVMe: no host or
+  /// device copy) for rollback(). Cheap: no I/O, no copy (it holds the chunk layouts).
+  /// Call it when no write_range() of these keys is in flight.
+  /// \error NotFound (naming the key) for an absent key; InvalidArgument for a key given
+  ///     twice; FailedPrecondition for an object
+  ///     with a memory copy (host/device tier), a damaged one, or a closed or read-only
+  ///     store. Nothing is saved on error.
+  virtual Result<Savepoint> savepoint(const std::vector<std::string>& keys) = 0;
+  /// Restores every object of `sp` to its NVMe contents at savepoint(): the chunks written
+  /// since by write_range() are dropped (their space is free again) and reads return the
+  /// saved bytes at once; the next flush() commits the saved version (it may be the
+  /// committed one already). Waits for write_range() calls in flight on those objects.
+  /// \error FailedPrecondition (naming the key, nothing restored) when an object of `sp`
+  ///     was removed or replaced by a put since, or got a memory copy (move/prefetch to
+  ///     host or device), or when the store is closed or read-only, or `sp` is of another
+  ///     store. Thread-safety: as every member; do not rollback() while other threads
+  ///     write the same objects.
+  virtual Status rollback(const Savepoint& sp) = 0;
 
   /// Waits for every operation, flushes, releases the lock. Later calls fail with
   /// FailedPrecondition. Idempotent; concurrent calls wait for the first.
