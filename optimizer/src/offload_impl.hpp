@@ -3,10 +3,12 @@
 //   offload_tensors.cpp     host-tier memory, add_param, the range accessors
 //   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
 //   offload_checkpoint.cpp  the checkpoint record, checkpoint(), restore at open()
+//   offload_overlap.cpp     the step overlapped with backward (begin_step .. finish_step)
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "strata/optimizer/offload.hpp"
 #include "strata/base/thread_pool.hpp"
 #include "strata/store/pinned_pool.hpp"
+#include "strata/store/store.hpp"
 
 namespace strata::optimizer {
 
@@ -102,6 +105,30 @@ struct OffloadedOptimizer::Impl {
   mutable bool busy = false;
   std::thread async_thread;
 
+  /// The open overlapped step (offload_overlap.cpp), null when none.
+  struct EarlyStep {
+    StepOptions opts;
+    std::vector<char> started;        // per tensor: an early update was queued or ran
+    std::vector<EarlyGrad> entries;   // per tensor: its start_update() entry (grad null: none)
+    std::vector<Hyperparams> used_hp;  // per tensor: its group's hyperparameters when updated
+    std::vector<Savepoint> savepoints;  // one per batch that ran, in order
+    StepStats stats;                    // the early updates' counters
+    Status error;                       // the first early update's error
+    offload_detail::Clock::time_point first_start{};
+    offload_detail::Clock::time_point last_end{};
+    uint32_t ran = 0;  // tensors whose early update completed
+
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::vector<uint32_t>> queue;  // batches of tensor handles
+    bool running = false;                     // the thread is on a batch
+    bool stop = false;
+    std::thread thread;
+  };
+  std::unique_ptr<EarlyStep> early;
+  /// FailedPrecondition naming `what` while an overlapped step is open.
+  Status check_no_open_step(const char* what) const;
+
   /// Holds the baton for its lifetime (waits for the holder, e.g. an in-flight step).
   class Baton {
    public:
@@ -147,7 +174,41 @@ struct OffloadedOptimizer::Impl {
 
   // ---- offload_pipeline.cpp -------------------------------------------------------------
 
-  Result<StepStats> step(const StepOptions& o);
+  Result<StepStats> step(const StepOptions& o) { return step_impl(o, nullptr, nullptr); }
+
+  /// One pipeline work item: elements [begin, begin + count) of tensor t. `grad` / `copy`
+  /// override the tensor's attached gradient / param copy (early updates) when not null;
+  /// a kFloat32 copy is a memcpy of the updated master.
+  struct Item {
+    uint32_t t;
+    uint64_t begin, count;
+    const void* grad = nullptr;
+    DType grad_type = DType::kFloat32;
+    void* copy = nullptr;
+    DType copy_type = DType::kFloat32;
+  };
+  /// Early updates already applied to some tensors: a step over the rest (see step_impl).
+  struct StartedSet {
+    const std::vector<char>* started;           // per tensor: updated early
+    const std::vector<EarlyGrad>* early_grads;  // per tensor: its entry (grad null: none)
+    float expected_scale = 1.0f;                // the speculation: the gate's scale
+    bool redo = false;  // the early updates were rolled back: update every tensor
+  };
+  /// step(): with `started` null, every tensor with a gradient. With `started` (and not
+  /// redo), the tensors marked there are already updated with scale
+  /// started->expected_scale and are skipped by the pipeline (their counters advance with
+  /// the others); when the gate decides otherwise (skip, another scale) nothing is updated
+  /// and *mismatch is set. Either way a tensor's start_update() entry overrides its
+  /// gradient and param copy.
+  Result<StepStats> step_impl(const StepOptions& o, const StartedSet* started, bool* mismatch);
+  /// Items of tensor h (sub-groups of sg elements), with the early entry's overrides.
+  void append_items(uint32_t h, const EarlyGrad* e, std::vector<Item>& items) const;
+  /// Runs the NVMe pipeline over `items` (see offload_pipeline.cpp). `gate` runs once the
+  /// first reads are in flight and decides whether the step goes ahead and with which
+  /// gradient scale: nullopt skips it (nothing is written).
+  using Gate = std::function<Result<std::optional<float>>()>;
+  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
+                      bool* skipped);
 
   // ---- offload_checkpoint.cpp -----------------------------------------------------------
 
@@ -164,16 +225,7 @@ struct OffloadedOptimizer::Impl {
   Status check_range(ParamHandle h, int stream, uint64_t offset, uint64_t& count) const;
 
   // offload_pipeline.cpp
-  struct Item {
-    uint32_t t;
-    uint64_t begin, count;
-  };
-  /// Decides, once the first reads are in flight, whether the step goes ahead and with
-  /// which gradient scale: nullopt skips the step (nothing is written).
-  using Gate = std::function<Result<std::optional<float>>()>;
   UpdateSpans host_spans(const Tensor& t) const;
-  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
-                      bool* skipped);
 
   // offload_checkpoint.cpp
   std::string serialize_meta() const;

@@ -156,6 +156,7 @@ Status OffloadedOptimizer::Impl::setup_resources() {
 OffloadedOptimizer::OffloadedOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
+  if (impl_ && impl_->early != nullptr) (void)abort_step();  // nothing of it stays
   if (impl_ && impl_->async_thread.joinable()) impl_->async_thread.join();
 }
 
@@ -213,6 +214,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::open(
 
 Result<int> OffloadedOptimizer::add_param_group(const Hyperparams& hp) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("add_param_group"));
   Hyperparams merged = impl_->groups[0].hp;
   for (const auto& kv : hp) merged[kv.first] = kv.second;
   STRATA_ASSIGN_OR_RETURN(auto rule, impl_->build_rule(merged));
@@ -251,6 +253,7 @@ Result<ParamHandle> OffloadedOptimizer::add_param(std::string_view name, uint64_
                                                   const float* init, int group,
                                                   Placement placement) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("add_param"));
   return impl_->add_param(name, numel, init, group, placement);
 }
 
@@ -313,6 +316,7 @@ Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) 
 
 Result<StepStats> OffloadedOptimizer::step(const StepOptions& options) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("step"));
   return impl_->step(options);
 }
 
@@ -324,6 +328,14 @@ Future<StepStats> OffloadedOptimizer::step_async(const StepOptions& options) {
     impl->busy = true;
   }
   if (impl->async_thread.joinable()) impl->async_thread.join();
+  if (Status st = impl->check_no_open_step("step_async"); !st.ok()) {
+    {
+      std::lock_guard<std::mutex> lk(impl->mu);
+      impl->busy = false;
+    }
+    impl->cv.notify_all();
+    return make_ready_future(Result<StepStats>(st));
+  }
   auto promise = std::make_shared<Promise<StepStats>>();
   Future<StepStats> fut = promise->future();
   impl->async_thread = std::thread([impl, options, promise] {
@@ -352,6 +364,7 @@ Status OffloadedOptimizer::read_param(ParamHandle h, float* dst, uint64_t offset
 Status OffloadedOptimizer::write_param(ParamHandle h, const float* src, uint64_t offset,
                                        uint64_t count) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("write_param"));
   return impl_->write_stream(h, 0, src, offset, count);
 }
 Status OffloadedOptimizer::read_state(ParamHandle h, int stream, float* dst, uint64_t offset,
@@ -362,6 +375,7 @@ Status OffloadedOptimizer::read_state(ParamHandle h, int stream, float* dst, uin
 Status OffloadedOptimizer::write_state(ParamHandle h, int stream, const float* src,
                                        uint64_t offset, uint64_t count) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("write_state"));
   return impl_->write_stream(h, stream + 1, src, offset, count);
 }
 
@@ -373,6 +387,7 @@ Result<int64_t> OffloadedOptimizer::step_count(ParamHandle h) const {
 
 Status OffloadedOptimizer::set_step_count(ParamHandle h, int64_t step) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("set_step_count"));
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
   if (step < 0) return invalid_argument("offload set_step_count: step " + std::to_string(step) + " < 0");
   impl_->tensors[h].state.set_step(step);
@@ -381,6 +396,7 @@ Status OffloadedOptimizer::set_step_count(ParamHandle h, int64_t step) {
 
 Status OffloadedOptimizer::checkpoint() {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("checkpoint"));
   return impl_->checkpoint();
 }
 

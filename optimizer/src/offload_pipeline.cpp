@@ -13,6 +13,7 @@
 // second are a continuation of those of the first.
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 #include "offload_impl.hpp"
@@ -85,12 +86,18 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     const size_t slot = i % B;
     UpdateSpans sp;
     sp.param = slot_stream(slot, 0);
-    sp.grad = static_cast<const char*>(t.grad) + it.begin * dtype_size(t.grad_type);
-    sp.grad_type = t.grad_type;
+    const void* grad = it.grad != nullptr ? it.grad : t.grad;
+    const DType grad_type = it.grad != nullptr ? it.grad_type : t.grad_type;
+    sp.grad = static_cast<const char*>(grad) + it.begin * dtype_size(grad_type);
+    sp.grad_type = grad_type;
     for (int k = 0; k < num_states; ++k) sp.states[k] = slot_stream(slot, 1 + k);
-    if (t.copy != nullptr) {
-      sp.param_copy = static_cast<char*>(t.copy) + it.begin * dtype_size(t.copy_type);
-      sp.param_copy_type = t.copy_type;
+    void* copy = it.copy != nullptr ? it.copy : t.copy;
+    const DType copy_type = it.copy != nullptr ? it.copy_type : t.copy_type;
+    char* copy_at = copy == nullptr ? nullptr
+                                    : static_cast<char*>(copy) + it.begin * dtype_size(copy_type);
+    if (copy_at != nullptr && copy_type != DType::kFloat32) {
+      sp.param_copy = copy_at;
+      sp.param_copy_type = copy_type;
     }
     sp.numel = it.count;
     StepInfo info;
@@ -98,6 +105,9 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     info.grad_scale = grad_scale;
     const auto t_compute = Clock::now();
     st = apply_update(*groups[t.group].rule, sp, info, pool.get());
+    if (st.ok() && copy_at != nullptr && copy_type == DType::kFloat32) {
+      std::memcpy(copy_at, sp.param, it.count * 4);  // the updated fp32 master
+    }
     stats.compute_seconds += seconds_since(t_compute);
     if (!st.ok()) break;
     // Write back; a chunk shared with the previous item's writes waits for them.
@@ -129,7 +139,24 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
   return Status::OK();
 }
 
-Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
+void OffloadedOptimizer::Impl::append_items(uint32_t h, const EarlyGrad* e,
+                                            std::vector<Item>& items) const {
+  const Tensor& t = tensors[h];
+  for (uint64_t b = 0; b < t.numel; b += sg) {
+    Item it{h, b, std::min(sg, t.numel - b)};
+    if (e != nullptr) {
+      it.grad = e->grad;
+      it.grad_type = e->grad_type;
+      it.copy = e->param_copy;
+      it.copy_type = e->param_copy_type;
+    }
+    items.push_back(it);
+  }
+}
+
+Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
+                                                      const StartedSet* started,
+                                                      bool* mismatch) {
   const auto t0 = Clock::now();
   StepStats stats;
   if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
@@ -143,11 +170,19 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
       views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
     }
   }
+  // Early updates: the tensors already updated (skipped here unless redoing), and each
+  // tensor's start_update() entry (its gradient and param copy override the attached ones).
+  const bool speculating = started != nullptr && !started->redo;
+  auto is_started = [&](uint32_t h) { return speculating && (*started->started)[h]; };
+  auto early_entry = [&](uint32_t h) -> const EarlyGrad* {
+    if (started == nullptr) return nullptr;
+    const EarlyGrad& e = (*started->early_grads)[h];
+    return e.grad != nullptr ? &e : nullptr;
+  };
   std::vector<Item> items;
   for (uint32_t h : active) {
-    const Tensor& t = tensors[h];
-    if (t.placement == Placement::kHost) continue;
-    for (uint64_t b = 0; b < t.numel; b += sg) items.push_back({h, b, std::min(sg, t.numel - b)});
+    if (tensors[h].placement == Placement::kHost || is_started(h)) continue;
+    append_items(h, early_entry(h), items);
   }
   // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
   // place. nullopt = skip the step (nothing has changed yet).
@@ -157,14 +192,24 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
       STRATA_ASSIGN_OR_RETURN(double norm, global_l2_norm(views, pool.get()));
       stats.grad_norm = norm * std::fabs(static_cast<double>(o.grad_scale));
       if (!std::isfinite(stats.grad_norm)) {
-        if (o.skip_if_nonfinite) return std::optional<float>();
+        if (o.skip_if_nonfinite) {
+          if (speculating) *mismatch = true;
+          return std::optional<float>();
+        }
       } else {
         stats.clip_coef = clip_coefficient(stats.grad_norm, o.max_grad_norm);
         scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
       }
     } else if (o.skip_if_nonfinite) {
       STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(views, pool.get()));
-      if (bad) return std::optional<float>();
+      if (bad) {
+        if (speculating) *mismatch = true;
+        return std::optional<float>();
+      }
+    }
+    if (speculating && scale != started->expected_scale) {
+      *mismatch = true;  // the early updates used another scale: nothing more is updated
+      return std::optional<float>();
     }
     for (uint32_t h : active) {
       Tensor& t = tensors[h];
@@ -174,8 +219,20 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
       StepInfo info;
       info.step = t.state.step() + 1;
       info.grad_scale = scale;
+      UpdateSpans sp = host_spans(t);
+      void* copy = t.copy;
+      DType copy_type = t.copy_type;
+      if (const EarlyGrad* e = early_entry(h); e != nullptr && e->param_copy != nullptr) {
+        copy = e->param_copy;
+        copy_type = e->param_copy_type;
+      }
+      sp.param_copy = copy_type == DType::kFloat32 ? nullptr : copy;
+      sp.param_copy_type = copy_type;
       const auto tc = Clock::now();
-      STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, host_spans(t), info, pool.get()));
+      STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, sp, info, pool.get()));
+      if (copy != nullptr && copy_type == DType::kFloat32) {
+        std::memcpy(copy, t.host[0].data(), t.numel * 4);
+      }
       stats.compute_seconds += seconds_since(tc);
     }
     return std::optional<float>(scale);

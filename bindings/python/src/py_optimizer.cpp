@@ -85,7 +85,9 @@ py::dict stats_dict(const optimizer::StepStats &s) {
       "numel_updated"_a = s.numel_updated, "bytes_read"_a = s.bytes_read,
       "bytes_written"_a = s.bytes_written, "seconds"_a = s.seconds,
       "compute_seconds"_a = s.compute_seconds,
-      "io_wait_seconds"_a = s.io_wait_seconds);
+      "io_wait_seconds"_a = s.io_wait_seconds,
+      "tensors_started_early"_a = s.tensors_started_early,
+      "early_seconds"_a = s.early_seconds, "rolled_back"_a = s.rolled_back);
 }
 
 struct StepFutureImpl : FutureImplOf<optimizer::StepStats> {
@@ -223,6 +225,69 @@ class PyOptimizer {
     return PyFuture(std::make_unique<StepFutureImpl>(std::move(f)), py::none(), {});
   }
 
+  /// Opens an overlapped step (OffloadedOptimizer::begin_step).
+  void begin_step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+    auto& opt = o();
+    check(release_gil([&] { return opt.begin_step(so); }));
+  }
+
+  /// start_update() of `entries`, a list of (handle, grad, param_copy or None): host
+  /// fp32/fp16/bf16 arrays of the parameter's numel elements, kept referenced until
+  /// finish_step()/abort_step().
+  void start_update(const py::list& entries) {
+    std::vector<optimizer::EarlyGrad> gs;
+    std::vector<TensorRef> refs;
+    for (py::handle item : entries) {
+      auto t = item.cast<py::tuple>();
+      if (t.size() != 3) throw StatusError(invalid_argument("start_update: entries are (handle, grad, param_copy)"));
+      const uint32_t h = t[0].cast<uint32_t>();
+      auto info = check(o().param_info(h));
+      optimizer::EarlyGrad g;
+      g.param = h;
+      TensorRef gr = view_tensor(t[1], false, std::nullopt);
+      if (gr.device || gr.numel != info.numel)
+        throw StatusError(invalid_argument("start_update: the gradient of '" + info.name +
+                                           "' must be a host array of " +
+                                           std::to_string(info.numel) + " elements"));
+      static std::byte empty_dummy;
+      g.grad = gr.numel == 0 ? static_cast<const void*>(&empty_dummy) : gr.data;
+      g.grad_type = gr.dtype;
+      refs.push_back(std::move(gr));
+      if (!py::reinterpret_borrow<py::object>(t[2]).is_none()) {
+        TensorRef cr = view_tensor(t[2], true, std::nullopt);
+        if (cr.device || cr.numel != info.numel)
+          throw StatusError(invalid_argument("start_update: the param copy of '" + info.name +
+                                             "' must be a writable host array of " +
+                                             std::to_string(info.numel) + " elements"));
+        g.param_copy = cr.numel == 0 ? nullptr : cr.data;
+        g.param_copy_type = cr.dtype;
+        refs.push_back(std::move(cr));
+      }
+      gs.push_back(g);
+    }
+    auto& opt = o();
+    check(release_gil([&] { return opt.start_update(gs); }));
+    for (auto& r : refs) early_refs_.push_back(std::move(r));
+  }
+
+  py::dict finish_step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+    auto& opt = o();
+    auto r = release_gil([&] { return opt.finish_step(so); });
+    early_refs_.clear();
+    return stats_dict(check(std::move(r)));
+  }
+
+  void abort_step() {
+    auto& opt = o();
+    Status st = release_gil([&] { return opt.abort_step(); });
+    early_refs_.clear();
+    check(st);
+  }
+
+  bool step_open() { return o().step_open(); }
+
   /// Reads (stream < 0: the master) into `out` (fp32, count elements) or a new array.
   py::object read(uint32_t h, int stream, py::object out, uint64_t offset, uint64_t count) {
     const uint64_t numel = check(o().param_info(h)).numel;
@@ -297,6 +362,7 @@ class PyOptimizer {
   std::unique_ptr<optimizer::OffloadedOptimizer> opt_;
   std::map<uint32_t, TensorRef> grads_;
   std::map<uint32_t, TensorRef> copies_;
+  std::vector<TensorRef> early_refs_;  // start_update()'s arrays, until finish/abort
 };
 
 }  // namespace
@@ -342,6 +408,13 @@ void register_optimizer(py::module_& m) {
       .def("set_grad", &PyOptimizer::set_grad, "param"_a, "grad"_a)
       .def("set_param_copy", &PyOptimizer::set_param_copy, "param"_a, "dst"_a)
       .def("clear_grads", &PyOptimizer::clear_grads)
+      .def("begin_step", &PyOptimizer::begin_step, "max_grad_norm"_a = 0.0,
+           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
+      .def("start_update", &PyOptimizer::start_update, "entries"_a)
+      .def("finish_step", &PyOptimizer::finish_step, "max_grad_norm"_a = 0.0,
+           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
+      .def("abort_step", &PyOptimizer::abort_step)
+      .def("step_open", &PyOptimizer::step_open)
       .def("step", &PyOptimizer::step, "max_grad_norm"_a = 0.0, "grad_scale"_a = 1.0f,
            "skip_if_nonfinite"_a = true)
       .def("step_async", &PyOptimizer::step_async, "max_grad_norm"_a = 0.0,

@@ -207,6 +207,26 @@ struct StepStats {
   double seconds = 0.0;           ///< wall time of the step
   double compute_seconds = 0.0;   ///< time inside apply_update()
   double io_wait_seconds = 0.0;   ///< time the update stage waited for reads / free slots
+  /// Overlapped steps (begin_step): tensors whose update ran before finish_step(), and the
+  /// wall time those early updates took (the part of the step overlapped with backward).
+  uint32_t tensors_started_early = 0;
+  double early_seconds = 0.0;
+  /// Overlapped steps: the speculation failed (skip, clipping, changed hyperparameters or
+  /// options) and the early updates were rolled back and redone by finish_step().
+  bool rolled_back = false;
+};
+
+/// One gradient handed to start_update(): `grad` holds the tensor's numel elements of
+/// `grad_type` (kFloat32, kFloat16, kBFloat16; host memory). `param_copy`, when not null,
+/// receives the updated master as `param_copy_type` (kFloat32, kFloat16 or kBFloat16),
+/// numel elements of host memory: a buffer of the caller's, not the model's live weights,
+/// since backward may still read those (see OVERLAPPED STEP).
+struct EarlyGrad {
+  ParamHandle param = 0;
+  const void* grad = nullptr;
+  DType grad_type = DType::kFloat32;
+  void* param_copy = nullptr;
+  DType param_copy_type = DType::kFloat32;
 };
 
 /// The offloaded optimizer. Create with create() (new) or open() (resume a checkpoint).
@@ -318,6 +338,50 @@ class OffloadedOptimizer {
   ///     after such an error the NVMe tensors may be partly updated and counters are not
   ///     advanced: resume from the last checkpoint.
   Result<StepStats> step(const StepOptions& options = {});
+  // ---- the step overlapped with backward ------------------------------------------------
+  //
+  // OVERLAPPED STEP. begin_step(o) opens a step whose tensors are updated as their
+  // gradients become final (start_update(), e.g. from a backward hook), on an internal
+  // thread, while the caller goes on; finish_step() completes it. The early updates
+  // speculate that the step is neither skipped (no inf/NaN) nor clipped (global norm <=
+  // max_grad_norm, so the clip factor is exactly 1): before each batch of early updates the
+  // store keeps its tensors' NVMe contents (Store::savepoint(); one extra copy of what is
+  // rewritten stays on disk until finish_step()). finish_step() computes the gate of step()
+  // over every attached gradient (same norm, same order); when it confirms the speculation
+  // it updates the tensors not started yet (and the host-tier tensors, which are always
+  // updated there: their in-place update cannot be rolled back cheaply) and the step is
+  // bit-identical to step(o); otherwise it rolls the early updates back
+  // (Store::rollback()) and runs step(o): also bit-identical, at the cost of the early I/O.
+  // Only NVMe-tier tensors start early. During an open step, members that change state
+  // (write_param, write_state, set_step_count, add_param, step, checkpoint) fail with
+  // FailedPrecondition; reads may show a started tensor's speculative update.
+
+  /// Opens an overlapped step with options `o` (those of the step() it stands for).
+  /// \error FailedPrecondition when one is open already; InvalidArgument as step().
+  Status begin_step(const StepOptions& o);
+  /// Starts the update of the tensors in `grads` (their gradients final for this step) in
+  /// the background, in order, and returns at once. The buffers must stay valid and
+  /// unmodified until finish_step()/abort_step() returns. Each gradient is also attached
+  /// (as set_grad). Host-tier and zero-size tensors are only attached here.
+  /// \error FailedPrecondition when no step is open or a tensor was started already;
+  ///     OutOfRange for a bad handle; InvalidArgument for a bad dtype or a null gradient.
+  ///     An I/O error of an early update is reported by finish_step().
+  Status start_update(const std::vector<EarlyGrad>& grads);
+  /// Completes the open step (see OVERLAPPED STEP) with the gradients attached now:
+  /// started tensors with the gradients given to start_update(), the others with
+  /// set_grad()'s. `o` must equal begin_step()'s, else the early updates are rolled back and
+  /// the step runs with `o`. Writes the param copies given to start_update() for started
+  /// tensors that completed.
+  /// \error FailedPrecondition when no step is open; the I/O errors of step() or of an
+  ///     early update (then every early update is rolled back: the NVMe tensors are as
+  ///     before the step, counters not advanced).
+  Result<StepStats> finish_step(const StepOptions& o);
+  /// Rolls back the open step's early updates and closes it (nothing changes; no-op when
+  /// none is open). \error the store's rollback error.
+  Status abort_step();
+  /// True between begin_step() and finish_step()/abort_step().
+  bool step_open() const;
+
   /// step() on an internal thread. Gradient and copy buffers must stay valid until the
   /// future is ready; other members called meanwhile wait for it.
   Future<StepStats> step_async(const StepOptions& options = {});

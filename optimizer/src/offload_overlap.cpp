@@ -1,0 +1,231 @@
+// The offloaded optimizer's step overlapped with backward (offload.hpp, OVERLAPPED STEP):
+// begin_step / start_update / finish_step / abort_step.
+//
+// One background thread per open step takes the batches of start_update() in order. For
+// each batch it takes a Store::savepoint() of the batch's NVMe objects (every stream), then
+// runs the pipeline over the batch's items with the speculated gradient scale (the step's
+// grad_scale: no clipping) while holding the baton, so other members wait for at most one
+// batch. finish_step() joins the thread and runs step_impl() over the rest; a failed
+// speculation rolls every savepoint back (in reverse order) and runs the whole step again.
+#include <cmath>
+#include <cstring>
+
+#include "offload_impl.hpp"
+
+namespace strata::optimizer {
+
+using namespace offload_detail;
+
+Status OffloadedOptimizer::Impl::check_no_open_step(const char* what) const {
+  if (early == nullptr) return Status::OK();
+  return failed_precondition(std::string("offload ") + what +
+                             ": an overlapped step is open (finish_step() or abort_step() "
+                             "first)");
+}
+
+namespace {
+
+/// The early thread: one batch after another until stopped. Runs each batch holding the
+/// baton (Impl::Baton) so that members called meanwhile wait for it.
+void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl::EarlyStep* e) {
+  using Impl = OffloadedOptimizer::Impl;
+  for (;;) {
+    std::vector<uint32_t> batch;
+    {
+      std::unique_lock<std::mutex> lk(e->mu);
+      e->cv.wait(lk, [&] { return e->stop || !e->queue.empty(); });
+      if (e->queue.empty()) return;
+      batch = std::move(e->queue.front());
+      e->queue.pop_front();
+      e->running = true;
+    }
+    {
+      Impl::Baton b(impl);
+      if (e->error.ok()) {
+        const auto t0 = Clock::now();
+        if (e->first_start == Clock::time_point{}) e->first_start = t0;
+        std::vector<std::string> keys;
+        std::vector<Impl::Item> items;
+        for (uint32_t h : batch) {
+          const auto& t = impl->tensors[h];
+          for (const auto& k : t.keys) keys.push_back(k);
+          impl->append_items(h, &e->entries[h], items);
+          e->used_hp[h] = impl->groups[t.group].hp;
+        }
+        auto sp = impl->store->savepoint(keys);
+        if (!sp.ok()) {
+          e->error = sp.status().with_context("offload overlapped step: savepoint");
+        } else {
+          e->savepoints.push_back(std::move(sp).value());
+          const float scale = e->opts.grad_scale;
+          bool skipped = false;
+          Status st = impl->run_pipeline(
+              items, [scale]() -> Result<std::optional<float>> { return std::optional<float>(scale); },
+              e->stats, &skipped);
+          if (!st.ok()) {
+            e->error = st.with_context("offload overlapped step: early update");
+          } else {
+            e->ran += static_cast<uint32_t>(batch.size());
+          }
+        }
+        e->last_end = Clock::now();
+        e->stats.early_seconds += seconds_since(t0);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      e->running = false;
+    }
+    e->cv.notify_all();
+  }
+}
+
+/// Stops and joins the early thread of `e` after the batches queued so far.
+void join_early(OffloadedOptimizer::Impl::EarlyStep* e) {
+  {
+    std::lock_guard<std::mutex> lk(e->mu);
+    e->stop = true;
+  }
+  e->cv.notify_all();
+  if (e->thread.joinable()) e->thread.join();
+}
+
+/// Rolls back every batch's savepoint, the last first. \returns the first error.
+Status roll_back(const std::shared_ptr<Store>& store, OffloadedOptimizer::Impl::EarlyStep* e) {
+  Status first;
+  for (auto it = e->savepoints.rbegin(); it != e->savepoints.rend(); ++it) {
+    Status st = store->rollback(*it);
+    if (first.ok() && !st.ok()) first = st.with_context("offload overlapped step: rollback");
+  }
+  e->savepoints.clear();
+  return first;
+}
+
+}  // namespace
+
+Status OffloadedOptimizer::begin_step(const StepOptions& o) {
+  Impl::Baton b(impl_.get());
+  if (impl_->early != nullptr) {
+    return failed_precondition("offload begin_step: an overlapped step is open already");
+  }
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
+    return invalid_argument("offload begin_step: max_grad_norm must be >= 0 and grad_scale "
+                            "finite");
+  }
+  auto e = std::make_unique<Impl::EarlyStep>();
+  e->opts = o;
+  const size_t n = impl_->tensors.size();
+  e->started.assign(n, 0);
+  e->entries.assign(n, EarlyGrad{});
+  e->used_hp.assign(n, Hyperparams{});
+  Impl::EarlyStep* raw = e.get();
+  e->thread = std::thread(run_early_batches, impl_.get(), raw);
+  impl_->early = std::move(e);
+  return Status::OK();
+}
+
+bool OffloadedOptimizer::step_open() const {
+  Impl::Baton b(impl_.get());
+  return impl_->early != nullptr;
+}
+
+Status OffloadedOptimizer::start_update(const std::vector<EarlyGrad>& grads) {
+  // Not under the baton: the early thread holds it while it runs a batch, and this call
+  // must not wait for that (it runs during backward). Only tensors not started yet are
+  // touched, and the thread only reads the tensors of its batches.
+  Impl* impl = impl_.get();
+  Impl::EarlyStep* e = impl->early.get();
+  if (e == nullptr) return failed_precondition("offload start_update: no overlapped step is open");
+  std::vector<uint32_t> batch;
+  {
+    std::lock_guard<std::mutex> lk(e->mu);
+    for (const auto& g : grads) {
+      STRATA_RETURN_IF_ERROR(impl->check_handle(g.param));
+      const auto& t = impl->tensors[g.param];
+      if (e->started[g.param] || e->entries[g.param].grad != nullptr) {
+        return failed_precondition("offload start_update '" + t.name +
+                                   "': its update was started already in this step");
+      }
+      if (g.grad == nullptr) {
+        return invalid_argument("offload start_update '" + t.name + "': the gradient is null");
+      }
+      auto ok_type = [](DType d) {
+        return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+      };
+      if (!ok_type(g.grad_type) || (g.param_copy != nullptr && !ok_type(g.param_copy_type))) {
+        return invalid_argument("offload start_update '" + t.name +
+                                "': gradients and param copies must be fp32, fp16 or bf16");
+      }
+    }
+    for (const auto& g : grads) {
+      auto& t = impl->tensors[g.param];
+      e->entries[g.param] = g;
+      t.grad = g.grad;
+      t.grad_type = g.grad_type;
+      if (t.placement == Placement::kHost || t.numel == 0) continue;
+      e->started[g.param] = 1;
+      batch.push_back(g.param);
+    }
+    if (!batch.empty()) e->queue.push_back(std::move(batch));
+  }
+  e->cv.notify_all();
+  return Status::OK();
+}
+
+Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
+  Impl* impl = impl_.get();
+  if (impl->early == nullptr) {
+    return failed_precondition("offload finish_step: no overlapped step is open");
+  }
+  const auto t0 = Clock::now();
+  join_early(impl->early.get());  // every queued batch has run
+  Impl::Baton b(impl);
+  std::unique_ptr<Impl::EarlyStep> e = std::move(impl->early);
+  if (!e->error.ok()) {
+    Status rb = roll_back(impl->store, e.get());
+    return rb.ok() ? e->error : rb;
+  }
+  // The speculation also assumed these options and each started tensor's hyperparameters.
+  bool valid = o.grad_scale == e->opts.grad_scale && o.max_grad_norm == e->opts.max_grad_norm &&
+               o.skip_if_nonfinite == e->opts.skip_if_nonfinite;
+  for (uint32_t h = 0; valid && h < impl->tensors.size(); ++h) {
+    if (e->started[h] && e->used_hp[h] != impl->groups[impl->tensors[h].group].hp) valid = false;
+  }
+  Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false};
+  Result<StepStats> r = Status::OK();
+  bool mismatch = false;
+  if (valid) {
+    r = impl->step_impl(o, &set, &mismatch);
+    if (!r.ok()) {
+      Status rb = roll_back(impl->store, e.get());
+      return rb.ok() ? r.status() : rb;
+    }
+  }
+  if (!valid || mismatch) {
+    STRATA_RETURN_IF_ERROR(roll_back(impl->store, e.get()));
+    set.redo = true;
+    r = impl->step_impl(o, &set, nullptr);
+    if (!r.ok()) return r.status();
+    r->rolled_back = true;
+  }
+  StepStats& s = *r;
+  s.tensors_started_early = e->ran;
+  s.early_seconds = e->stats.early_seconds;
+  s.bytes_read += e->stats.bytes_read;
+  s.bytes_written += e->stats.bytes_written;
+  s.compute_seconds += e->stats.compute_seconds;
+  s.io_wait_seconds += e->stats.io_wait_seconds;
+  s.seconds = seconds_since(t0);  // the exposed part: from finish_step() to its end
+  return r;
+}
+
+Status OffloadedOptimizer::abort_step() {
+  Impl* impl = impl_.get();
+  if (impl->early == nullptr) return Status::OK();
+  join_early(impl->early.get());
+  Impl::Baton b(impl);
+  std::unique_ptr<Impl::EarlyStep> e = std::move(impl->early);
+  return roll_back(impl->store, e.get());
+}
+
+}  // namespace strata::optimizer
