@@ -82,8 +82,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
-            at ``path``, as of its last :meth:`checkpoint` or :meth:`close` (see close) for
-            every tier (which must then be given; the store is opened without create, so a
+            at ``path`` as of its last :meth:`checkpoint` or :meth:`close`, every tier alike
+            (see close; ``store`` or ``path`` must then be given; the store is opened without create, so a
             missing store or checkpoint creates nothing). The model's parameters must be
             given in the checkpoint's order and param groups: the same number of groups and
             of parameters (zero-size ones included), each with its checkpointed element
