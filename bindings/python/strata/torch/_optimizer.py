@@ -83,8 +83,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             bit-identical comparisons with torch.optim.Adam/AdamW).
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
             at ``path`` as of its last :meth:`checkpoint` or :meth:`close`, every tier alike
-            (see close; ``store`` or ``path`` must then be given; the store is opened without create, so a
-            missing store or checkpoint creates nothing). The model's parameters must be
+            (see close; ``store`` or ``path`` must then be given; the store is opened
+            without create, so a missing store or checkpoint creates nothing). The model's parameters must be
             given in the checkpoint's order and param groups: the same number of groups and
             of parameters (zero-size ones included), each with its checkpointed element
             count. Masters are copied into the parameters, and like
