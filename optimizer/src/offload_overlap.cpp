@@ -105,6 +105,7 @@ Status roll_back(const std::shared_ptr<Store>& store, OffloadedOptimizer::Impl::
 
 Status OffloadedOptimizer::begin_step(const StepOptions& o) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload begin_step"));
   if (impl_->early != nullptr) {
     return failed_precondition("offload begin_step: an overlapped step is open already");
   }
