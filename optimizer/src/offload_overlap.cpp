@@ -173,6 +173,14 @@ Status OffloadedOptimizer::start_update(const std::vector<EarlyGrad>& grads) {
   return Status::OK();
 }
 
+Status OffloadedOptimizer::wait_started() {
+  Impl::EarlyStep* e = impl_->early.get();
+  if (e == nullptr) return failed_precondition("offload wait_started: no overlapped step is open");
+  std::unique_lock<std::mutex> lk(e->mu);
+  e->cv.wait(lk, [&] { return e->queue.empty() && !e->running; });
+  return Status::OK();
+}
+
 Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
   Impl* impl = impl_.get();
   if (impl->early == nullptr) {

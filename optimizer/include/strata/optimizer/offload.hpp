@@ -396,6 +396,9 @@ class OffloadedOptimizer {
   ///     OutOfRange for a bad handle; InvalidArgument for a bad dtype or a null gradient.
   ///     An I/O error of an early update is reported by finish_step().
   Status start_update(const std::vector<EarlyGrad>& grads);
+  /// Waits until the early updates of every start_update() so far have run (or failed).
+  /// \error FailedPrecondition when no step is open.
+  Status wait_started();
   /// Completes the open step (see OVERLAPPED STEP) with the gradients attached now:
   /// started tensors with the gradients given to start_update(), the others with
   /// set_grad()'s. `o` must equal begin_step()'s, else the early updates are rolled back and
