@@ -303,6 +303,11 @@ class PyOptimizer {
 
   bool step_open() { return o().step_open(); }
 
+  void wait_started() {
+    auto& opt = o();
+    check(release_gil([&] { return opt.wait_started(); }));
+  }
+
   /// Reads (stream < 0: the master) into `out` (fp32, count elements) or a new array.
   py::object read(uint32_t h, int stream, py::object out, uint64_t offset, uint64_t count) {
     const uint64_t numel = check(o().param_info(h)).numel;
@@ -430,6 +435,7 @@ void register_optimizer(py::module_& m) {
            "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
       .def("abort_step", &PyOptimizer::abort_step)
       .def("step_open", &PyOptimizer::step_open)
+      .def("wait_started", &PyOptimizer::wait_started)
       .def("step", &PyOptimizer::step, "max_grad_norm"_a = 0.0, "grad_scale"_a = 1.0f,
            "skip_if_nonfinite"_a = true)
       .def("step_async", &PyOptimizer::step_async, "max_grad_norm"_a = 0.0,

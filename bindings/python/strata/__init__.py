@@ -421,8 +421,12 @@ class OffloadedOptimizer:
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
     ``checkpoint()``, ``close()``, ``add_param_group(dict)``, ``hyperparams(group)``,
-    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
-    Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
+    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``;
+    the step overlapped with backward (C++ OVERLAPPED STEP): ``begin_step(max_grad_norm=0.0,
+    grad_scale=1.0, skip_if_nonfinite=True)``, ``start_update([(handle, grad, param_copy or
+    None), ...])`` (the arrays stay referenced until the step ends), ``wait_started()``,
+    ``finish_step(...) -> dict`` (step()'s dict plus ``tensors_started_early``,
+    ``early_seconds``, ``rolled_back``), ``abort_step()``, ``step_open()``. Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
     (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step
     counter advances with each step while an (empty) gradient is attached, kept in the

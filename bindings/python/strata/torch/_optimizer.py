@@ -6,6 +6,7 @@ of gradients and weights in _staging.py, checkpoints and state dicts in _state_d
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import shutil
@@ -17,6 +18,7 @@ import torch
 import strata
 
 from . import _hyperparams
+from ._overlap import BackwardOverlap
 from ._staging import GRAD_DTYPES, Staging, copy_master_to_param
 from ._state_dict import StateDictMixin
 
@@ -54,7 +56,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                  pinned_budget: Optional[Union[int, str]] = None,
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd"):
+                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
+                 overlap_backward: bool = False, overlap_bucket_numel: int = 4 << 20):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim).
             Parameters must be fp32, fp16 or bf16 (CPU or CUDA); float64 (which fp32 masters
@@ -78,6 +81,14 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``; 0 = no clipping.
         :param sub_group_numel, num_buffers, num_threads: pipeline settings, ints >= 0
             (0 = auto).
+        :param overlap_backward: start each parameter's update during backward, as soon as
+            its gradient is final (strata.torch._overlap: speculative early updates of the
+            nvme-tier state, checked at ``step()`` and redone after backward when the step
+            is skipped, clipped or anything they used changed; results bit-identical to
+            False). Costs one staging copy of the parameters. Use :meth:`accumulating` for
+            backward passes that must not step. Default False.
+        :param overlap_bucket_numel: elements per early batch of ``overlap_backward``
+            (int >= 1, default 4 Mi).
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
@@ -188,6 +199,12 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             self.close()
             raise
         self._resuming = False
+        self._overlap: Optional[BackwardOverlap] = None
+        if overlap_backward:
+            self._overlap = BackwardOverlap(self, _check_count("overlap_bucket_numel",
+                                                               overlap_bucket_numel) or 1)
+            for p in self._params:
+                self._overlap.watch(p)
         self._ready = True
         strata._lifetime.register(self.store, self)  # closed before its store, and at exit
 
@@ -229,7 +246,11 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                 _hyperparams.check_amsgrad(merged, bool(self._pushed[0]["amsgrad"]), where)
         super().add_param_group(param_group)
         if self._ready:  # after __init__: register the new group at once
+            self._abort_overlap()
             self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+            if self._overlap is not None:
+                for p in self.param_groups[-1]["params"]:
+                    self._overlap.watch(p)
 
     def _register_group(self, gi: int, group: Dict[str, Any]) -> None:
         if self._resuming:
@@ -271,13 +292,21 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         (``last_step["skipped"]``), as mixed-precision loss scalers expect."""
         self._check_open()
         loss = None
+        ov = self._overlap
+        if ov is not None and ov.open and (closure is not None or not ov.still_valid()):
+            ov.abort()  # what the early updates used changed: an ordinary step instead
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+            if ov is not None:
+                ov.abort()  # the closure's backward started updates: redo them here
+        overlapped = ov is not None and ov.open
         self._sync_hyperparams()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
         for p in self._params:
+            if overlapped and ov.is_started(p):
+                continue  # attached by the early update; its weights come from the staging
             h = self._handle[id(p)]
             g = p.grad
             if g is None:
@@ -288,7 +317,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             stepped.append((p, h))
         if on_gpu:
             torch.cuda.synchronize()
-        stats = self._opt.step(max_grad_norm=self.max_grad_norm)
+        if overlapped:
+            stats = ov.finish()
+        else:
+            stats = self._opt.step(max_grad_norm=self.max_grad_norm)
         self.last_step = stats
         self.bytes_moved["nvme_read"] += stats["bytes_read"]
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
@@ -299,6 +331,23 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         if on_gpu:
             torch.cuda.synchronize()
         return loss
+
+    # ---- the step overlapped with backward --------------------------------------------------
+
+    def accumulating(self):
+        """Context manager for backward passes that must not start updates with
+        ``overlap_backward=True`` (gradient accumulation: all but the last micro-batch),
+        like DDP's ``no_sync()``. A no-op without overlap_backward."""
+        if self._overlap is None:
+            return contextlib.nullcontext()
+        return self._overlap.suspended()
+
+    def _abort_overlap(self) -> None:
+        """Rolls back an overlapped step in flight (before anything that needs the state
+        after the last completed step: checkpoint, state dicts, param-group changes,
+        close)."""
+        if getattr(self, "_overlap", None) is not None and not self._closed:
+            self._overlap.abort()
 
     # ---- lifetime ------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class StateDictMixin:
             checkpoint then stays the resume point.
         """
         self._check_open()
+        self._abort_overlap()  # the state after the last completed step
         self._opt.checkpoint()
 
     def _read_legacy_empty_steps(self) -> Optional[Dict[int, int]]:
@@ -152,6 +153,7 @@ class StateDictMixin:
         tensors shaped like parameter i; for fp16/bf16 parameters also ``master_param``
         (the fp32 master). It loads into torch.optim.Adam/AdamW and back."""
         self._check_open()
+        self._abort_overlap()  # the state after the last completed step
         state: Dict[int, Dict[str, Any]] = {}
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
         for i, p in enumerate(self._params):
@@ -192,6 +194,7 @@ class StateDictMixin:
         :raises strata.FailedPreconditionError: the optimizer is closed.
         """
         self._check_open()
+        self._abort_overlap()  # the state after the last completed step
         groups = state_dict["param_groups"]
         new_groups = self._check_loaded_groups(groups)
         saved_ids = list(itertools.chain.from_iterable(g["params"] for g in groups))

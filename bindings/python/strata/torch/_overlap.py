@@ -1,0 +1,192 @@
+"""The optimizer step overlapped with backward (``overlap_backward=True`` of OffloadAdam /
+OffloadAdamW).
+
+A hook on each parameter's gradient accumulator (its AccumulateGrad node: torch 1.13 has no
+``register_post_accumulate_grad_hook``) fires once the parameter's gradient is final for
+the backward; the parameter joins a bucket, and each full bucket's update starts at once on
+strata's side (C++ ``OffloadedOptimizer::start_update``: state read from NVMe, updated on
+the CPU threads and written back while backward goes on). The updated weights go to a
+staging copy, not to the parameter, since backward may still read it; ``step()`` waits for
+what is in flight, checks the speculation, and copies the staged weights into the
+parameters.
+
+Exactness. The early updates speculate that the step is not skipped (no inf/NaN gradient)
+and not clipped (global norm within ``max_grad_norm``); ``step()`` computes the same gate as
+the ordinary step and, when it fails, the store rolls the early updates back (savepoints of
+the copy-on-write chunks) and the step is redone after backward. It is also redone when
+anything the early updates used changed before ``step()``: a gradient edited or replaced
+after backward (e.g. a hand-written clipping or unscaling), a parameter changed, a
+``closure`` passed to step(), or hyperparameters set in between (strata compares them). So
+results are bit-identical to ``overlap_backward=False``; a redo costs the early I/O again.
+
+Gradient accumulation: wrap the backward passes that must not step in
+``with opt.accumulating(): loss.backward()`` (like DDP's ``no_sync``). Without it, each
+backward restarts the speculation (the earlier one is rolled back), still exact but with
+wasted I/O.
+
+Thread-safety: the hooks run on torch's autograd thread (the caller's, for CPU models);
+one backward at a time per optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ._staging import GRAD_DTYPES
+
+
+def _host_grad(g: torch.Tensor) -> torch.Tensor:
+    """``g`` as a flat, contiguous host tensor of a dtype strata reads (a copy only where
+    needed; CUDA gradients are copied to host memory, synchronously)."""
+    if g.is_sparse:
+        raise RuntimeError("strata offloaded optimizers do not support sparse gradients")
+    if g.is_cuda:
+        host = torch.empty(g.numel(), dtype=g.dtype if g.dtype in GRAD_DTYPES else torch.float32,
+                           pin_memory=True)
+        host.copy_(g.reshape(-1))
+        return host
+    host = g.reshape(-1)
+    if host.dtype not in GRAD_DTYPES:
+        host = host.float()
+    return host.contiguous()
+
+
+class BackwardOverlap:
+    """The overlap machinery of one optimizer (see the module doc).
+
+    :param opt: the OffloadAdam/OffloadAdamW (uses its ``_opt``, ``_handle``, ``_params``,
+        ``max_grad_norm``, ``_sync_hyperparams``, ``bytes_moved``).
+    :param bucket_numel: elements per early batch (a batch's pipeline drains at its end;
+        larger batches overlap better, smaller ones start earlier). Default: 4 Mi.
+    """
+
+    def __init__(self, opt: Any, bucket_numel: int = 4 << 20):
+        self._owner = opt
+        self.bucket_numel = max(1, int(bucket_numel))
+        self._accumulators: Dict[int, Any] = {}  # id(param) -> its AccumulateGrad node
+        self._suspended = 0
+        self._open = False
+        #: id(param) -> (param, grad tensor as given to strata, grad's _version, param's
+        #: _version, staged weights)
+        self._started: Dict[int, Tuple[torch.nn.Parameter, torch.Tensor, int, int,
+                                       torch.Tensor]] = {}
+        self._bucket: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._bucket_numel = 0
+        self._staged: Dict[int, torch.Tensor] = {}  # id(param) -> staging buffer, reused
+        self._callback_queued = False
+        self.backward_end: Optional[float] = None  # time.perf_counter() at its end
+
+    # ---- hooks -----------------------------------------------------------------------------
+
+    def watch(self, p: torch.nn.Parameter) -> None:
+        """Hooks parameter ``p``'s gradient accumulator (no-op when it needs no gradient or
+        is hooked already)."""
+        if id(p) in self._accumulators or not p.requires_grad:
+            return
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(lambda grad_inputs, grad_outputs, p=p: self._on_grad(p))
+        self._accumulators[id(p)] = acc
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """Backward passes inside do not start updates (gradient accumulation)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    def _on_grad(self, p: torch.nn.Parameter) -> None:
+        owner = self._owner
+        if self._suspended or owner._closed or id(p) not in owner._handle or p.grad is None:
+            return
+        if id(p) in self._started or any(e[0] == id(p) for e in self._bucket):
+            self.abort()  # a second backward before step(): start again (accumulation)
+        if not self._open:
+            owner._sync_hyperparams()
+            owner._opt.begin_step(max_grad_norm=owner.max_grad_norm)
+            self._open = True
+            self.backward_end = None
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._callback_queued = True
+        g = _host_grad(p.grad)
+        staged = self._staged.get(id(p))
+        if staged is None or staged.dtype != p.dtype or staged.numel() != p.numel():
+            staged = torch.empty(p.numel(), dtype=p.dtype, pin_memory=p.is_cuda)
+            self._staged[id(p)] = staged
+        self._started[id(p)] = (p, p.grad, p.grad._version, p._version, staged)
+        self._bucket.append((id(p), g, staged))
+        self._bucket_numel += p.numel()
+        if self._bucket_numel >= self.bucket_numel:
+            self._flush_bucket()
+
+    def _on_backward_end(self) -> None:
+        self._callback_queued = False
+        if self._open:
+            self._flush_bucket()
+        self.backward_end = time.perf_counter()
+
+    def _flush_bucket(self) -> None:
+        if not self._bucket:
+            return
+        owner = self._owner
+        entries = [(owner._handle[pid], g, staged) for pid, g, staged in self._bucket]
+        self._bucket, self._bucket_numel = [], 0
+        owner._opt.start_update(entries)
+        owner.bytes_moved["host_grads_read"] += sum(g.numel() * g.element_size()
+                                                    for _, g, _ in entries)
+
+    # ---- the step ----------------------------------------------------------------------------
+
+    @property
+    def open(self) -> bool:
+        """An overlapped step is in flight (a backward started updates since the last
+        step)."""
+        return self._open
+
+    def is_started(self, p: torch.nn.Parameter) -> bool:
+        return id(p) in self._started
+
+    def still_valid(self) -> bool:
+        """True when every started parameter still has the gradient strata was given
+        (same tensor, unmodified) and is itself unmodified."""
+        for p, g, g_version, p_version, _ in self._started.values():
+            if p.grad is not g or g._version != g_version or p._version != p_version:
+                return False
+        return True
+
+    def abort(self) -> None:
+        """Rolls back the early updates (nothing changes); no-op when none is open."""
+        if not self._open:
+            return
+        self._bucket, self._bucket_numel = [], 0
+        self._started.clear()
+        self._open = False
+        self._owner._opt.abort_step()
+
+    def finish(self) -> Dict[str, Any]:
+        """Completes the open step (strata's finish_step) after the caller attached the
+        gradients of the parameters not started; copies the staged weights into the started
+        parameters. Returns strata's step statistics plus ``exposed_seconds`` (end of
+        backward to now) and ``overlapped_seconds`` (the early updates' time)."""
+        owner = self._owner
+        self._flush_bucket()
+        started, self._started = self._started, {}
+        self._open = False
+        stats = owner._opt.finish_step(max_grad_norm=owner.max_grad_norm)
+        if not stats["skipped"]:
+            with torch.no_grad():
+                for p, _, _, _, staged in started.values():
+                    p.view(-1).copy_(staged, non_blocking=p.is_cuda)
+                    nbytes = p.numel() * p.element_size()
+                    owner.bytes_moved["host_to_device" if p.is_cuda else
+                                      "host_weights_written"] += nbytes
+        end = time.perf_counter()
+        stats["exposed_seconds"] = end - (self.backward_end or end)
+        stats["overlapped_seconds"] = stats["early_seconds"]
+        return stats
