@@ -111,7 +111,9 @@ std::string_view placement_name(Placement p);
 /// None can change after create()/open().
 struct OffloadOptions {
   /// Prefix of every store key this optimizer uses (several optimizers may share a store
-  /// under different prefixes). Default "optim/".
+  /// under different prefixes). Two optimizers open at once on one Store object may not
+  /// use prefixes that overlap (equal, or one a prefix of the other, e.g. "optim/" and
+  /// "optim/a/"): create()/open() of the second fails. Default "optim/".
   std::string key_prefix = "optim/";
   /// Elements per pipeline sub-group (per stream). 0 = auto: the largest multiple of the
   /// store's chunk_bytes()/4 elements (at least one chunk, at most 4 chunks) whose buffers
@@ -226,7 +228,10 @@ class OffloadedOptimizer {
   ///     1..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
   ///     factory returns; AlreadyExists when the store already holds key_prefix + "meta"
   ///     (use open()); ResourceExhausted when the pinned pool cannot be created;
-  ///     FailedPrecondition for a read-only store.
+  ///     FailedPrecondition for a read-only store, or when another optimizer open in this
+  ///     process on the same Store object uses an overlapping key_prefix (see
+  ///     OffloadOptions::key_prefix; the message names both prefixes). The claim on the
+  ///     prefix ends when the optimizer is destroyed.
   static Result<std::unique_ptr<OffloadedOptimizer>> create(std::shared_ptr<Store> store,
                                                             RuleFactory factory,
                                                             const Hyperparams& defaults,
@@ -242,7 +247,8 @@ class OffloadedOptimizer {
   /// \error NotFound when there is no checkpoint record or a tensor object is missing;
   ///     FailedPrecondition when the factory rejects the recorded hyperparameters or builds
   ///     a rule whose name or state count differs from the recorded one;
-  ///     DataLoss for a malformed record or (verify_on_open) a bad chunk; errors of create().
+  ///     DataLoss for a malformed record or (verify_on_open) a bad chunk; errors of create()
+  ///     (FailedPrecondition for an overlapping key_prefix of another open optimizer).
   static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
                                                           RuleFactory factory,
                                                           const OffloadOptions& options = {});
