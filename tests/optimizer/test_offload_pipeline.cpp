@@ -429,6 +429,7 @@ TEST(OffloadPipeline, OptionErrors) {
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ((*o)->sub_group_numel(), 2048u);
   EXPECT_LE((*o)->pinned_bytes(), 96u << 10);
+  o->reset();  // its key prefix is free again (one open optimizer per prefix and store)
   EXPECT_EQ(OffloadedOptimizer::create(store, nullptr, {}, {}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(OffloadedOptimizer::create(store, adam_factory(), {{"lr", -1.0}}, {}).status().code(),
