@@ -68,7 +68,8 @@ namespace strata::optimizer {
 
 /// Named hyperparameters of a param group, with torch.optim's argument names: "lr",
 /// "beta1", "beta2" (torch's betas[0], betas[1]), "eps", "weight_decay", "amsgrad" (0/1),
-/// "maximize" (0/1), "momentum", "dampening", "nesterov" (0/1), "lr_decay",
+/// "maximize" (0/1), "any_betas" (0/1, adam/adamw: see AdamOptions::any_betas),
+/// "momentum", "dampening", "nesterov" (0/1), "lr_decay",
 /// "initial_accumulator_value". Booleans are 0.0 / 1.0.
 using Hyperparams = std::map<std::string, double, std::less<>>;
 
