@@ -82,7 +82,10 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         :param pinned_budget: upper bound of the pipeline's pinned buffers (bytes).
         :param chunk_size: chunk size of a store this optimizer creates (a sub-group of the
             pipeline is one chunk of each stream by default).
-        :param key_prefix: prefix of the optimizer's keys in the store.
+        :param key_prefix: prefix of the optimizer's keys in the store. Another optimizer
+            open on the same ``store`` under this prefix or one nesting with it (e.g.
+            "optim/" and "optim/critic/") makes this one raise
+            strata.FailedPreconditionError naming both: pass another ``key_prefix``.
         :param max_grad_norm: > 0 clips gradients by their global L2 norm first, like
             ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``; 0 = no clipping.
         :param sub_group_numel, num_buffers, num_threads: pipeline settings, ints >= 0
@@ -259,10 +262,9 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
 
     def _register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
-        h = len(self._params)
         init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-        got = self._opt.add_param(f"p{h}", p.numel(), init, group=gi, placement=self.tier)
-        assert got == h, (got, h)
+        h = self._opt.add_param(f"p{len(self._params)}", p.numel(), init, group=gi,
+                                placement=self.tier)
         self._table.add(p, h, gi)
 
     def _sync_params(self) -> None:
@@ -302,8 +304,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         :raises KeyError: a parameter this optimizer does not hold.
         """
         self._check_open()
-        hs = (range(len(self._params)) if params is None
-              else [self._handle[id(p)] for p in params])
+        hs = [self._handle[id(p)] for p in (self._params if params is None else params)]
         for h in hs:
             self._table.forget(h)
     def _sync_hyperparams(self) -> None:
@@ -318,10 +319,26 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Adam/AdamW step of every parameter with a gradient (see the module doc).
-        Returns the closure's loss (as torch optimizers do); strata's step statistics are in
-        ``self.last_step``. A step whose gradients hold inf/NaN is skipped entirely
-        (``last_step["skipped"]``), as mixed-precision loss scalers expect."""
+        """One Adam/AdamW step of every parameter with a gradient in ``param_groups`` (see
+        the module doc). Returns the closure's loss (as torch optimizers do); strata's step
+        statistics are in ``self.last_step``. A step whose gradients hold inf/NaN is skipped
+        entirely (``last_step["skipped"]``), as mixed-precision loss scalers expect.
+
+        Like torch.optim, it steps from each parameter's current value: a parameter changed
+        since the optimizer last wrote it (its ``_version`` or ``data_ptr()`` differ:
+        ``model.load_state_dict``, ``p.clamp_()`` under no_grad, ``p.data = t``) has that
+        value (fp16/bf16 widened to fp32) taken as its master first; unchanged ones are not
+        copied. In-place edits through ``p.data`` are not seen: see mark_params_changed.
+        Parameters appended to the last group or in groups appended to ``param_groups``
+        are registered fresh; betas outside [0, 1) set in a group are stepped as torch
+        does. See _param_sync.py and docs/offload.md.
+
+        :raises ValueError: a param_groups edit strata cannot follow (naming the group), a
+            new group's hyperparameter out of range, capturable/differentiable/fused set
+            True in a group, or a beta2 making ``1 - beta2**t`` negative (torch's "math
+            domain error"); nothing is stepped.
+        :raises ZeroDivisionError: a beta1 making ``1 - beta1**t`` zero (as torch).
+        """
         self._check_open()
         loss = None
         if closure is not None:
@@ -332,7 +349,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         self.state.write_back()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
-        for h, p in enumerate(self._params):
+        for p in self._params:
+            h = self._handle[id(p)]
             g = p.grad
             if g is None:
                 self._opt.set_grad(h, None)

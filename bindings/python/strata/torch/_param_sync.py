@@ -51,29 +51,37 @@ def _mark(p: torch.Tensor) -> Tuple[int, int]:
 
 
 class ParamTable:
-    """The registered parameters, in registration order = strata handle order (handle i is
-    parameter position i of the flattened ``param_groups`` at registration)."""
+    """The registered parameters in registration order (their positions in the flattened
+    ``param_groups``) and their strata handles (equal to the positions except for a resumed
+    checkpoint of an earlier version, whose zero-size parameters were added last)."""
 
     def __init__(self) -> None:
-        #: by handle: the parameter, its param group, its (version, data_ptr) when the
-        #: optimizer last wrote or read it
+        #: by position: the parameter, its param group
         self.params: List[torch.Tensor] = []
         self.groups: List[int] = []
-        self._marks: List[Optional[Tuple[int, int]]] = []
-        #: id(param) -> handle
+        #: id(param) -> strata handle
         self.handle: Dict[int, int] = {}
+        #: strata handle -> position
+        self._pos: Dict[int, int] = {}
+        #: by handle: (version, data_ptr) of its parameter when the optimizer last wrote or
+        #: read it (None: take it at the next sync)
+        self._marks: Dict[int, Optional[Tuple[int, int]]] = {}
 
     def add(self, p: torch.Tensor, h: int, group: int) -> None:
-        """Registers ``p`` as handle ``h`` (the next one) of ``group``, as seen now."""
-        assert h == len(self.params), (h, len(self.params))
+        """Registers ``p`` (the next position) as strata handle ``h`` of ``group``."""
+        self._pos[h] = len(self.params)
         self.params.append(p)
         self.groups.append(group)
-        self._marks.append(_mark(p))
         self.handle[id(p)] = h
+        self._marks[h] = _mark(p)
+
+    def param_of(self, h: int) -> torch.Tensor:
+        """The parameter of strata handle ``h``."""
+        return self.params[self._pos[h]]
 
     def mark(self, h: int) -> None:
         """The master of handle ``h`` and its parameter agree now (after a copy either way)."""
-        self._marks[h] = _mark(self.params[h])
+        self._marks[h] = _mark(self.param_of(h))
 
     def forget(self, h: int) -> None:
         """Handle ``h``'s parameter is to be taken as the master at the next sync."""
@@ -81,13 +89,14 @@ class ParamTable:
 
     def changed(self, h: int) -> bool:
         """The parameter of ``h`` was changed outside the optimizer since the last mark."""
-        return self._marks[h] != _mark(self.params[h])
+        return self._marks[h] != _mark(self.param_of(h))
 
     def take_changed(self, opt: Any) -> int:
         """Every changed parameter's current value (widened to fp32) into its master
         (``opt``: strata.OffloadedOptimizer); returns how many were taken."""
         n = 0
-        for h, p in enumerate(self.params):
+        for p in self.params:
+            h = self.handle[id(p)]
             if self.changed(h):
                 opt.write_param(h, as_f32_numpy(p))
                 self.mark(h)
@@ -113,11 +122,11 @@ class ParamTable:
                         "step each parameter once")
                 seen[id(p)] = gi
                 if pos < n:
-                    h = self.handle.get(id(p))
-                    if h != pos or self.groups[pos] != gi:
-                        raise self._refusal(gi, pos, h)
+                    at = self._position(p)
+                    if at != pos or self.groups[pos] != gi:
+                        raise self._refusal(gi, pos, at)
                 elif id(p) in self.handle:
-                    raise self._refusal(gi, pos, self.handle[id(p)])
+                    raise self._refusal(gi, pos, self._position(p))
                 else:
                     check_param(p, pos)
                     fresh.append((gi, p))
@@ -132,7 +141,12 @@ class ParamTable:
                 "stepping a parameter, or build a new optimizer)")
         return fresh
 
+    def _position(self, p: Any) -> Optional[int]:
+        h = self.handle.get(id(p))
+        return None if h is None else self._pos[h]
+
     def _refusal(self, gi: int, pos: int, h: Optional[int]) -> ValueError:
+        """``h``: the position the parameter was registered at (None: not registered)."""
         if h is None:
             what = "holds a parameter the optimizer does not know"
         elif self.groups[h] != gi:

@@ -59,7 +59,7 @@ class _Entry(dict):
 
 class StateView(collections.abc.MutableMapping):
     """The mapping ``opt.state`` (see the module doc). ``owner``: the optimizer (its
-    ``_opt``, ``_params``, ``_handle``)."""
+    ``_opt``, ``_params``, ``_handle``, ``_table``)."""
 
     def __init__(self, owner: Any):
         self._owner = owner
@@ -76,7 +76,7 @@ class StateView(collections.abc.MutableMapping):
 
     def _check_value(self, h: int, key: str, value: Any) -> None:
         names = self._names()
-        p = self._owner._params[h]
+        p = self._owner._table.param_of(h)
         if key == "step":
             step = float(value.item() if torch.is_tensor(value) else value)
             if not (step >= 0 and step == int(step)):
@@ -92,7 +92,7 @@ class StateView(collections.abc.MutableMapping):
                              f"the parameter has {p.numel()}")
 
     def _read(self, h: int) -> _Entry:
-        o, p = self._owner._opt, self._owner._params[h]
+        o, p = self._owner._opt, self._owner._table.param_of(h)
         values: Dict[str, Any] = {"step": torch.tensor(float(o.step_count(h)))}
         for k, name in enumerate(self._names()):
             values[name] = torch.from_numpy(o.read_state(h, k)).view(p.shape)
@@ -152,7 +152,7 @@ class StateView(collections.abc.MutableMapping):
         if h is None:
             raise KeyError("optimizer.state: the parameter is not in this optimizer")
         o = self._owner._opt
-        zeros = np.zeros(self._owner._params[h].numel(), dtype=np.float32)
+        zeros = np.zeros(self._owner._table.param_of(h).numel(), dtype=np.float32)
         for k in range(o.num_states()):
             o.write_state(h, k, zeros)
         o.set_step_count(h, 0)
@@ -166,8 +166,9 @@ class StateView(collections.abc.MutableMapping):
     def __iter__(self) -> Iterator[torch.Tensor]:
         if self._owner._opt is None:
             return iter(())
-        return iter([p for h, p in enumerate(self._owner._params) if p is not None
-                     and (h in self._cache or self._owner._opt.step_count(h) > 0)])
+        hs = [(self._owner._handle[id(p)], p) for p in self._owner._params]
+        return iter([p for h, p in hs
+                     if h in self._cache or self._owner._opt.step_count(h) > 0])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
