@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _strata
 from ._errors import (AlreadyExistsError, CancelledError, DataLossError,
-                      DeadlineExceededError, Error, FailedPreconditionError, InternalError,
+                      DeadlineExceededError, DiskFullError, Error, FailedPreconditionError, InternalError,
                       InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
                       PermissionDeniedError, ResourceExhaustedError, UnavailableError,
                       UnimplementedError)
@@ -45,7 +45,7 @@ __all__ = [
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
     "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",
-    "InternalError", "PermissionDeniedError",
+    "InternalError", "PermissionDeniedError", "DiskFullError",
 ]
 
 # strata dtype name <-> numpy dtype (bf16 has no numpy type: it travels as uint16 bits).
@@ -182,7 +182,8 @@ class Store:
         :raises AlreadyExistsError: (KeyError) ``key`` exists and not ``overwrite``.
         :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array,
             foreign byte order (e.g. numpy ``'>f4'``), sparse/meta/conj/neg torch tensor.
-        :raises ResourceExhaustedError: (MemoryError) the tier's budget or the disk is full.
+        :raises ResourceExhaustedError: (MemoryError) the tier's budget is full;
+            :class:`DiskFullError` (also OSError, ``errno`` ENOSPC) the disk is full.
         :raises IoError: (OSError) a write failed; ``errno`` says why.
         """
         self._s.put(key, array, tier, overwrite, pin, dtype)
