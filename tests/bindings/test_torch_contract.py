@@ -203,7 +203,9 @@ def test_two_optimizers_on_one_store_with_overlapping_prefixes_are_refused(store
     o1.close()
     o3 = st.OffloadAdam(a.parameters(), store=store, resume=True, num_threads=1)
     o3.close()
-    o2.close()
+    del o2  # garbage: its claim ends at once (no reference cycle keeps it)
+    o4 = st.OffloadAdam(b.parameters(), store=store, key_prefix="critic/x/", num_threads=1)
+    o4.close()
 
 
 # ---- 4. checkpoint() records the current param_groups ------------------------------------

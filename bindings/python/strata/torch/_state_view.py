@@ -24,6 +24,7 @@ Thread-safety: as the optimizer (one thread at a time).
 from __future__ import annotations
 
 import collections
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 import numpy as np
@@ -62,8 +63,16 @@ class StateView(collections.abc.MutableMapping):
     ``_opt``, ``_params``, ``_handle``, ``_table``)."""
 
     def __init__(self, owner: Any):
-        self._owner = owner
+        # weak: no reference cycle, so `del opt` still closes the optimizer at once
+        self._owner_ref = weakref.ref(owner)
         self._cache: Dict[int, _Entry] = {}
+
+    @property
+    def _owner(self) -> Any:
+        owner = self._owner_ref()
+        if owner is None:
+            raise ReferenceError("optimizer.state: the optimizer is gone")
+        return owner
 
     # ---- helpers ---------------------------------------------------------------------
 
