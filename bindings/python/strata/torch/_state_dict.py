@@ -45,18 +45,23 @@ class StateDictMixin:
 
     def checkpoint(self) -> None:
         """Makes the state after the last step durable in place: one commit of the
-        optimizer (one store flush), which holds every parameter's state and step count,
+        optimizer's objects, which holds every parameter's state and step count,
         zero-size parameters' included, and the current ``param_groups``' hyperparameters
         (an lr a scheduler set after the last step included). Parameters changed outside
         the optimizer since the last step are taken as their masters first, and parameters
         added to ``param_groups`` are registered (as at step()). Reopen with
-        ``resume=True`` and the same store/path and key_prefix.
+        ``resume=True`` and the same store/path and key_prefix: a resume restores the last
+        checkpoint or :meth:`close` (also garbage collection and interpreter exit),
+        whatever the tier; a process killed without closing resumes at its last
+        checkpoint, even if the store was flushed since.
 
         :raises ValueError: a param_groups edit strata cannot follow or a hyperparameter
             it cannot hold (as step(); nothing is written).
 
-        :raises strata.FailedPreconditionError: the optimizer is closed.
-        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...).
+        :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
+            part-way before (resume from the last checkpoint).
+        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...); the last
+            checkpoint then stays the resume point.
         """
         self._check_open()
         self._sync_params()
