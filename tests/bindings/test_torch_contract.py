@@ -400,3 +400,25 @@ def test_betas_outside_the_constructor_range_step_as_torch(tmp_path, tier, ours,
     with pytest.raises(ValueError, match="Invalid beta parameter at index 0: 1.05"):
         ours(_linear().parameters(), betas=(1.05, 0.999), **_kw(tmp_path, "host"))
     o1.close()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_close_keeps_parameters_changed_outside_and_state_edits(tmp_path, tier):
+    """close() is a checkpoint: it holds a model.load_state_dict made after the last step
+    and an edit of optimizer.state, as checkpoint() does."""
+    m = _linear()
+    kw = _kw(tmp_path, tier)
+    o = st.OffloadAdam(m.parameters(), lr=0.01, **kw)
+    _set_grads(list(m.parameters()), 0)
+    o.step()
+    o.checkpoint()
+    pretrained = {k: v + 5.0 for k, v in _linear(seed=7).state_dict().items()}
+    m.load_state_dict(pretrained)
+    o.state[m.weight]["exp_avg"].fill_(0.25)
+    o.close()
+    fresh = _linear(seed=11)
+    r = st.OffloadAdam(fresh.parameters(), lr=0.01, resume=True, **kw)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, pretrained[k]), k
+    assert torch.equal(r.state[fresh.weight]["exp_avg"], torch.full_like(fresh.weight, 0.25))
+    r.close()

@@ -309,9 +309,11 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         hs = [self._handle[id(p)] for p in (self._params if params is None else params)]
         for h in hs:
             self._table.forget(h)
+
     def _sync_hyperparams(self) -> None:
-        for gi, group in enumerate(self.param_groups):
-            self._check_torch_flags(group, f"param group {gi}: ")
+        """The registered groups' hyperparameters into strata (groups appended to
+        ``param_groups`` directly are registered by _sync_params first)."""
+        for gi, group in enumerate(self.param_groups[:len(self._pushed)]):
             hp = _hyperparams.to_strata(group)
             if hp != self._pushed[gi]:
                 self._opt.set_hyperparams(gi, hp)
@@ -361,6 +363,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             on_gpu |= self._staging.attach(self._opt, p, h)
             stepped.append((p, h))
         for gi, group in enumerate(self.param_groups):
+            self._check_torch_flags(group, f"param group {gi}: ")
             if not _hyperparams.betas_in_range(group):
                 _hyperparams.check_step_betas(group, gi, (
                     self._opt.step_count(self._handle[id(p)]) + 1
