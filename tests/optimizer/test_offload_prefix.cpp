@@ -44,6 +44,10 @@ TEST(OffloadPrefix, OverlappingPrefixesOnOneStoreAreRefusedWhileTheFirstIsOpen) 
   EXPECT_EQ(OffloadedOptimizer::open(store, factory, with_prefix("optim/")).status().code(),
             StatusCode::kFailedPrecondition);
   // Closed, its prefix is free: resume works, and a nested prefix may be created.
+  OFFLOAD_ASSERT_OK(first->close());
+  auto during = OffloadedOptimizer::open(store, factory, with_prefix("optim/"));
+  ASSERT_TRUE(during.ok()) << during.status().to_string();  // the first not yet destroyed
+  during->reset();
   first.reset();
   auto resumed = OffloadedOptimizer::open(store, factory, with_prefix("optim/"));
   ASSERT_TRUE(resumed.ok()) << resumed.status().to_string();

@@ -245,7 +245,7 @@ class OffloadedOptimizer {
   ///     FailedPrecondition for a read-only store, or when another optimizer open in this
   ///     process on the same Store object uses an overlapping key_prefix (see
   ///     OffloadOptions::key_prefix; the message names both prefixes). The claim on the
-  ///     prefix ends when the optimizer is destroyed.
+  ///     prefix ends when the optimizer is closed or destroyed.
   static Result<std::unique_ptr<OffloadedOptimizer>> create(std::shared_ptr<Store> store,
                                                             RuleFactory factory,
                                                             const Hyperparams& defaults,
