@@ -55,10 +55,37 @@ class HostArray {
   uint64_t nbytes_ = 0;
 };
 
+/// The claim of one open optimizer on (store instance, key prefix), process-wide: while it
+/// is held no other optimizer may be created or opened on the same Store object under a
+/// prefix that equals, contains or is contained in this one (their keys would overlap).
+/// Released by its destructor. Thread-safe (one process-wide mutex).
+class PrefixClaim {
+ public:
+  PrefixClaim() = default;
+  /// \error FailedPrecondition naming both prefixes and the store when another open
+  ///     optimizer of `store` holds an overlapping prefix.
+  static Result<PrefixClaim> acquire(const Store* store, const std::string& prefix);
+  PrefixClaim(PrefixClaim&& o) noexcept : store_(o.store_), prefix_(std::move(o.prefix_)) {
+    o.store_ = nullptr;
+  }
+  PrefixClaim& operator=(PrefixClaim&& o) noexcept;
+  PrefixClaim(const PrefixClaim&) = delete;
+  PrefixClaim& operator=(const PrefixClaim&) = delete;
+  ~PrefixClaim() { release(); }
+
+ private:
+  void release();
+  const Store* store_ = nullptr;
+  std::string prefix_;
+};
+
 }  // namespace offload_detail
 
 struct OffloadedOptimizer::Impl {
   using HostArray = offload_detail::HostArray;
+
+  /// First member: released last, after everything else of the optimizer is gone.
+  offload_detail::PrefixClaim claim;
 
   struct Group {
     Hyperparams hp;

@@ -425,6 +425,7 @@ TEST(OffloadPipeline, OptionErrors) {
   // Auto sub-group shrinks to the budget: 4 buffers x 3 streams within 96 KiB -> 8 KiB/stream.
   OffloadOptions fit;
   fit.pinned_budget_bytes = 96 << 10;
+  fit.key_prefix = "fit/";  // its close checkpoints under its own prefix
   auto o = OffloadedOptimizer::create(store, adam_factory(), {}, fit);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ((*o)->sub_group_numel(), 2048u);

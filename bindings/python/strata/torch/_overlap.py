@@ -58,8 +58,9 @@ def _host_grad(g: torch.Tensor) -> torch.Tensor:
 class BackwardOverlap:
     """The overlap machinery of one optimizer (see the module doc).
 
-    :param opt: the OffloadAdam/OffloadAdamW (uses its ``_opt``, ``_handle``, ``_params``,
-        ``max_grad_norm``, ``_sync_hyperparams``, ``bytes_moved``).
+    :param opt: the OffloadAdam/OffloadAdamW (uses its ``_opt``, ``_handle``, ``_table``,
+        ``state``, ``max_grad_norm``, ``_sync_params``, ``_sync_hyperparams``,
+        ``bytes_moved``).
     :param bucket_numel: elements per early batch (a batch's pipeline drains at its end;
         larger batches overlap better, smaller ones start earlier). Default: 4 Mi.
     """
@@ -107,6 +108,11 @@ class BackwardOverlap:
         if id(p) in self._started or any(e[0] == id(p) for e in self._bucket):
             self.abort()  # a second backward before step(): start again (accumulation)
         if not self._open:
+            # What step() takes first, taken before the early updates use it: edits of
+            # param_groups and parameters since the last step, optimizer.state edits, and
+            # the hyperparameters (e.g. a scheduler's step after the last opt.step()).
+            owner._sync_params()
+            owner.state.write_back()
             owner._sync_hyperparams()
             owner._opt.begin_step(max_grad_norm=owner.max_grad_norm)
             self._open = True
@@ -183,6 +189,7 @@ class BackwardOverlap:
             with torch.no_grad():
                 for p, _, _, _, staged in started.values():
                     p.view(-1).copy_(staged, non_blocking=p.is_cuda)
+                    owner._table.mark(owner._handle[id(p)])  # the master and p agree
                     nbytes = p.numel() * p.element_size()
                     owner.bytes_moved["host_to_device" if p.is_cuda else
                                       "host_weights_written"] += nbytes

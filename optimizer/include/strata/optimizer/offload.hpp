@@ -81,7 +81,8 @@ namespace strata::optimizer {
 
 /// Named hyperparameters of a param group, with torch.optim's argument names: "lr",
 /// "beta1", "beta2" (torch's betas[0], betas[1]), "eps", "weight_decay", "amsgrad" (0/1),
-/// "maximize" (0/1), "momentum", "dampening", "nesterov" (0/1), "lr_decay",
+/// "maximize" (0/1), "any_betas" (0/1, adam/adamw: see AdamOptions::any_betas),
+/// "momentum", "dampening", "nesterov" (0/1), "lr_decay",
 /// "initial_accumulator_value". Booleans are 0.0 / 1.0.
 using Hyperparams = std::map<std::string, double, std::less<>>;
 
@@ -124,7 +125,9 @@ std::string_view placement_name(Placement p);
 /// None can change after create()/open().
 struct OffloadOptions {
   /// Prefix of every store key this optimizer uses (several optimizers may share a store
-  /// under different prefixes). Default "optim/".
+  /// under different prefixes). Two optimizers open at once on one Store object may not
+  /// use prefixes that overlap (equal, or one a prefix of the other, e.g. "optim/" and
+  /// "optim/a/"): create()/open() of the second fails. Default "optim/".
   std::string key_prefix = "optim/";
   /// Elements per pipeline sub-group (per stream). 0 = auto: the largest multiple of the
   /// store's chunk_bytes()/4 elements (at least one chunk, at most 4 chunks) whose buffers
@@ -259,7 +262,10 @@ class OffloadedOptimizer {
   ///     1..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
   ///     factory returns; AlreadyExists when the store already holds key_prefix + "meta"
   ///     (use open()); ResourceExhausted when the pinned pool cannot be created;
-  ///     FailedPrecondition for a read-only store.
+  ///     FailedPrecondition for a read-only store, or when another optimizer open in this
+  ///     process on the same Store object uses an overlapping key_prefix (see
+  ///     OffloadOptions::key_prefix; the message names both prefixes). The claim on the
+  ///     prefix ends when the optimizer is closed or destroyed.
   static Result<std::unique_ptr<OffloadedOptimizer>> create(std::shared_ptr<Store> store,
                                                             RuleFactory factory,
                                                             const Hyperparams& defaults,
@@ -278,7 +284,8 @@ class OffloadedOptimizer {
   ///     DataLoss for a malformed record or (verify_on_open) a bad chunk;
   ///     FailedPrecondition when this Store object holds changes of the optimizer's keys
   ///     made after the last checkpoint (an optimizer on it failed to checkpoint them:
-  ///     reopen the store to resume from the last checkpoint); errors of create().
+  ///     reopen the store to resume from the last checkpoint), or for an overlapping
+  ///     key_prefix of another open optimizer; errors of create().
   static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
                                                           RuleFactory factory,
                                                           const OffloadOptions& options = {});
