@@ -166,14 +166,15 @@ struct OffloadedOptimizer::Impl {
   // offload_pipeline.cpp
   struct Item {
     uint32_t t;
-    uint64_t begin, count;
+    uint64_t begin, count;  // elements of tensor t
+    uint64_t slot_off;      // element offset of the item in its batch's slot streams
   };
   /// Decides, once the first reads are in flight, whether the step goes ahead and with
   /// which gradient scale: nullopt skips the step (nothing is written).
   using Gate = std::function<Result<std::optional<float>>()>;
   UpdateSpans host_spans(const Tensor& t) const;
-  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
-                      bool* skipped);
+  Status run_pipeline(const std::vector<Item>& items, const std::vector<size_t>& batches,
+                      const Gate& gate, StepStats& stats, bool* skipped);
 
   // offload_checkpoint.cpp
   std::string serialize_meta() const;

@@ -302,9 +302,9 @@ void OffloadedOptimizer::clear_grads() {
 Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) {
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
-  if (type != DType::kFloat16 && type != DType::kBFloat16) {
+  if (type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32) {
     return invalid_argument("offload set_param_copy '" + impl_->tensors[h].name +
-                            "': the copy must be fp16 or bf16");
+                            "': the copy must be fp16, bf16 or fp32");
   }
   impl_->tensors[h].copy = dst;
   impl_->tensors[h].copy_type = type;

@@ -196,8 +196,9 @@ class PyOptimizer {
            [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
   }
 
-  /// Attaches `dst` (a writable fp16/bf16 host array of numel elements) to receive the
-  /// rounded parameter after each step, or detaches (None). Kept referenced until replaced.
+  /// Attaches `dst` (a writable fp16/bf16/fp32 host array of numel elements) to receive the
+  /// updated parameter at each step (fp16/bf16 rounded to nearest even, fp32 the master), or
+  /// detaches (None). Kept referenced until replaced.
   void set_param_copy(uint32_t h, py::object dst) {
     attach(h, dst, true, "parameter copy", DType::kBFloat16, copies_,
            [this](uint32_t p, void* data, DType t) { return o().set_param_copy(p, data, t); });

@@ -408,7 +408,8 @@ class OffloadedOptimizer:
 
     Create with :meth:`create` (new) or :meth:`resume` (from a checkpoint). Methods:
     ``add_param(name, numel, init=None, group=0, placement="auto") -> handle``,
-    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16 array)``,
+    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16/fp32 array)``
+    (receives the updated weights at each step),
     ``step(max_grad_norm=0.0, grad_scale=1.0, skip_if_nonfinite=True) -> dict`` (also
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,

@@ -150,9 +150,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         #: per group: the hyperparameters strata holds (what _sync_hyperparams compares to)
         self._pushed: List[Dict[str, float]] = []
         #: cumulative bytes moved, by tier and direction
+        #: (nvme_* from strata's step statistics; the others: see _staging.Staging)
         self.bytes_moved: Dict[str, int] = dict(nvme_read=0, nvme_written=0, host_grads_read=0,
-                                                host_weights_written=0, device_to_host=0,
-                                                host_to_device=0)
+                                                host_weights_written=0, host_copies=0,
+                                                device_to_host=0, host_to_device=0)
         self._staging = Staging(self.bytes_moved)
         #: stats of the last step (dict from strata: bytes_read, bytes_written, grad_norm, ...)
         self.last_step: Dict[str, Any] = {}
@@ -279,8 +280,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             h = self._handle[id(p)]
             g = p.grad
             if g is None:
-                self._opt.set_grad(h, None)
-                self._opt.set_param_copy(h, None)
+                self._staging.detach(self._opt, h)
                 continue
             on_gpu |= self._staging.attach(self._opt, p, h)
             stepped.append((p, h))
@@ -293,7 +293,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         if stats["skipped"]:
             return loss
         for p, h in stepped:
-            self._staging.copy_back(self._opt, p, h)
+            self._staging.copy_back(p, h)
         if on_gpu:
             torch.cuda.synchronize()
         return loss

@@ -302,9 +302,12 @@ class OffloadedOptimizer {
   /// Detaches every gradient.
   void clear_grads();
 
-  /// Makes every step write a copy of the updated master of `h`, converted to `type`
-  /// (kFloat16 or kBFloat16, round to nearest even), to `dst` (numel elements, host
-  /// memory): the weights of the next forward pass. nullptr detaches.
+  /// Makes every step write a copy of the updated master of `h`, as `type`, to `dst`
+  /// (numel elements, host memory): the weights of the next forward pass. kFloat16 /
+  /// kBFloat16: rounded to nearest even by the update kernel; kFloat32: the master itself,
+  /// copied out of the pipeline's pinned slot (NVMe tier) or the DRAM master (host tier)
+  /// right after its update, so no second read of the master is needed to refresh an
+  /// fp32 model. The copy is written only when the step is not skipped. nullptr detaches.
   /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
   Status set_param_copy(ParamHandle h, void* dst, DType type);
 
