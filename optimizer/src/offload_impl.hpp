@@ -3,6 +3,7 @@
 //   offload_tensors.cpp     host-tier memory, add_param, the range accessors
 //   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
 //   offload_checkpoint.cpp  the checkpoint record, checkpoint(), restore at open()
+//   offload_space.cpp       the disk space the state needs, checked against free space
 #pragma once
 
 #include <chrono>
@@ -148,6 +149,12 @@ struct OffloadedOptimizer::Impl {
   // ---- offload_pipeline.cpp -------------------------------------------------------------
 
   Result<StepStats> step(const StepOptions& o);
+
+  // ---- offload_space.cpp ----------------------------------------------------------------
+
+  Result<DiskSpaceNeed> disk_space_need(const std::vector<uint64_t>& more_numels) const;
+  /// ResourceExhausted (message starting with `what`) when disk_space_need does not fit.
+  Status check_disk_space(const std::vector<uint64_t>& more_numels, const std::string& what) const;
 
   // ---- offload_checkpoint.cpp -----------------------------------------------------------
 

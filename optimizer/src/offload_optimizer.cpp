@@ -185,6 +185,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::create(
   STRATA_RETURN_IF_ERROR(impl->init_from_rule(*rule));
   impl->groups.push_back({defaults, std::move(rule)});
   STRATA_RETURN_IF_ERROR(impl->setup_resources());
+  STRATA_RETURN_IF_ERROR(impl->check_disk_space({}, "offload create"));
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
 }
 
