@@ -2,8 +2,11 @@
 // read of the masters), small tensors packed into shared pipeline slots (bit-identical to
 // the reference for any packing), and the disk-space check of create()/add_param().
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -121,6 +124,114 @@ TEST(OffloadIo, Fp32CopyReceivesTheUpdatedMasterOnBothTiers) {
     EXPECT_TRUE(st->skipped);
     for (uint32_t t = 0; t < kMixed.size(); ++t) EXPECT_TRUE(bit_equal(copies[t], before[t]));
   }
+}
+
+// A 20 MiB tmpfs mounted over a temporary directory (needs CAP_SYS_ADMIN): ok() false with
+// the reason when it cannot be mounted.
+struct SmallFs {
+  TempDir dir;
+  std::string why;
+  bool mounted = false;
+  SmallFs() {
+    if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=20m") == 0) {
+      mounted = true;
+    } else {
+      why = std::string("mount -t tmpfs -o size=20m refused: ") + std::strerror(errno);
+    }
+  }
+  ~SmallFs() {
+    if (mounted) ::umount2(dir.path().c_str(), MNT_DETACH);
+  }
+  std::string path() const { return dir.path(); }
+};
+
+// Bytes on disk (st_blocks) of the store's data files under `root`.
+uint64_t data_file_blocks(const std::string& root) {
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    if (e.path().extension() != ".data") continue;
+    struct stat sb;
+    if (::stat(e.path().c_str(), &sb) == 0) total += static_cast<uint64_t>(sb.st_blocks) * 512;
+  }
+  return total;
+}
+
+TEST(OffloadIo, StateThatDoesNotFitIsRefusedNamingNeedFreeSpaceAndPath) {
+  SmallFs fs;
+  if (!fs.mounted) GTEST_SKIP() << fs.why;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(fs.path() + "/s")));
+  auto opt = must(OffloadedOptimizer::create(store, adam(), kHp, {}));
+  // 12 MiB of state (1 Mi fp32 x 3 streams): 24 MiB with its copy-on-write copies.
+  const uint64_t numel = 1ull << 20;
+  auto need = must(opt->disk_space({numel}));
+  EXPECT_EQ(need.state_bytes, 3 * numel * 4);
+  EXPECT_EQ(need.need_bytes, 2 * need.state_bytes + need.in_flight_bytes + need.margin_bytes);
+  EXPECT_EQ(need.short_path, fs.path() + "/s");
+  auto h = opt->add_param("big", numel, nullptr, 0, Placement::kNvme);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
+  const std::string msg = h.status().to_string();
+  EXPECT_NE(msg.find("add_param 'big'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fs.path() + "/s"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs " + std::to_string(need.short_need) + " more bytes"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("has " + std::to_string(need.short_free) + " bytes"), std::string::npos) << msg;
+  EXPECT_EQ(opt->num_params(), 0u);  // nothing was added
+  EXPECT_EQ(opt->check_disk_space({numel}).code(), StatusCode::kResourceExhausted);
+}
+
+TEST(OffloadIo, StateThatFitsStepsAndTheStoreGivesSpaceBackAfterEachCommit) {
+  SmallFs fs;
+  if (!fs.mounted) GTEST_SKIP() << fs.why;
+  const std::string root = fs.path() + "/s";
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(root)));
+  auto opt = must(OffloadedOptimizer::create(store, adam(), kHp, {}));
+  // ~3.6 MiB of state on a 20 MiB file system that keeps 4 MiB of catalog ballast.
+  const std::vector<uint64_t> sizes = {100000, 100000, 99999, 77};
+  OFFLOAD_ASSERT_OK(opt->check_disk_space(sizes));
+  std::vector<RefTensor> ref;
+  auto rule = must(adam()(kHp));
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    auto init = values(t, sizes[t]);
+    must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0, Placement::kNvme));
+    ref.emplace_back(*rule, init);
+  }
+  const DiskSpaceNeed need = must(opt->disk_space());
+  EXPECT_EQ(need.held_bytes, need.state_bytes);
+  const uint64_t T = need.state_bytes;
+  const uint64_t record = 4096;  // the checkpoint record's NVMe copy (one block)
+  // The data file also keeps a preallocated tail for its growth (at most a quarter of the
+  // free space when it grew), given back at close.
+  const uint64_t tail = need.free_bytes / 4;
+  for (int s = 1; s <= 40; ++s) {
+    std::vector<std::vector<float>> grads;
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      grads.push_back(grad_for(t, s, sizes[t]));
+      OFFLOAD_ASSERT_OK(opt->set_grad(t, grads.back().data(), DType::kFloat32));
+      OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads.back().data()));
+    }
+    auto st = opt->step();
+    ASSERT_TRUE(st.ok()) << "step " << s << ": " << st.status().to_string();
+    // Between commits: at most two copies and the in-flight chunks.
+    const auto space = must(store->nvme_space());
+    ASSERT_EQ(space.size(), 1u);
+    EXPECT_LE(space[0].used_bytes, 2 * T + need.in_flight_bytes + record) << "step " << s;
+    EXPECT_LE(data_file_blocks(root), 2 * T + need.in_flight_bytes + record + tail) << "step " << s;
+    if (s % 5 == 0) {
+      OFFLOAD_ASSERT_OK(opt->checkpoint());
+      // After a commit the replaced copies are punched out: one copy (and the tail).
+      EXPECT_EQ(must(store->nvme_space())[0].used_bytes, T + record) << "checkpoint of step " << s;
+      EXPECT_LE(data_file_blocks(root), T + record + tail) << "after the checkpoint of step " << s;
+    }
+  }
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    ASSERT_TRUE(bit_equal(dump(*opt, t)[0], ref[t].param)) << "master of t" << t;
+  }
+  // A finished store holds its state: one copy, no tail.
+  OFFLOAD_ASSERT_OK(opt->checkpoint());
+  opt.reset();
+  OFFLOAD_ASSERT_OK(store->close());
+  EXPECT_EQ(data_file_blocks(root), T + record);
 }
 
 }  // namespace
