@@ -106,7 +106,7 @@ uint64_t ExtentAllocator::used(uint32_t dir) const {
   return dirs_[dir].used;
 }
 
-void ExtentAllocator::punch_free(uint32_t dir,
+void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end,
                                  const std::function<bool(uint64_t, uint64_t)>& punch) {
   std::lock_guard<std::mutex> lk(mu_);
   Dir& d = dirs_[dir];
@@ -115,6 +115,7 @@ void ExtentAllocator::punch_free(uint32_t dir,
     if (!punch(r.first, r.second)) return;
     d.punched.insert(r);
   }
+  if (file_end > d.end) punch(d.end, file_end - d.end);
 }
 
 uint64_t ExtentAllocator::end(uint32_t dir) const {

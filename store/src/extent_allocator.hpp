@@ -66,9 +66,11 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   uint64_t used(uint32_t dir) const;
 
   /// Calls `punch(offset, length)` for every free range of `dir` not handed to it since
-  /// it last became free, holding the allocator's lock: no range is allocated while it is
+  /// it last became free, then for [end(dir), file_end) when the file reaches past its
+  /// allocated end, holding the allocator's lock: no range is allocated while it is
   /// punched. `punch` returns false to stop (e.g. the file system cannot punch holes).
-  void punch_free(uint32_t dir, const std::function<bool(uint64_t, uint64_t)>& punch);
+  void punch_free(uint32_t dir, uint64_t file_end,
+                  const std::function<bool(uint64_t, uint64_t)>& punch);
 
   /// End of the allocated part of `dir`'s data file: no extent lies at or past it.
   uint64_t end(uint32_t dir) const;

@@ -119,7 +119,7 @@ void StoreImpl::give_back_free_space() {
   if (punch_unsupported_.load()) return;
   std::lock_guard<std::mutex> lk(grow_mu_);
   for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
-    alloc_->punch_free(d, [&](uint64_t off, uint64_t len) {
+    alloc_->punch_free(d, file_end_[d].load(), [&](uint64_t off, uint64_t len) {
       if (::fallocate(grow_fds_[d], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       static_cast<off_t>(off), static_cast<off_t>(len)) == 0) {
         return true;

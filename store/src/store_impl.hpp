@@ -266,10 +266,11 @@ class StoreImpl final : public Store {
   /// After a failed write (put, write_range, flush, demotion), once its new extents are
   /// released: gives back data file space preallocated past the allocator's end.
   void trim_data_files();
-  /// After a commit: punches holes (fallocate PUNCH_HOLE) over the data files' free
-  /// extents, e.g. the copy-on-write originals the commit stopped naming, so a store holds
-  /// on disk about what its objects take. Ranges stay unallocatable while punched; a file
-  /// system without hole punching is tried once.
+  /// After a commit: punches holes (fallocate PUNCH_HOLE, size kept) over the data files'
+  /// free extents, e.g. the copy-on-write originals the commit stopped naming, and over
+  /// their preallocated tails, so a store holds on disk about what its objects take.
+  /// Ranges stay unallocatable while punched; a file system without hole punching is
+  /// tried once.
   void give_back_free_space();
   /// The catalog ballast: a small preallocated file beside catalog.db, deleted when a
   /// commit fails for lack of space so that the commit (e.g. a remove() freeing space) can

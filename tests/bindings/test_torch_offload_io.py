@@ -125,3 +125,59 @@ def test_same_tensors_are_not_attached_again(tmp_path, monkeypatch):
         assert sorted(calls) == ["set_grad"] * 4 + ["set_param_copy"] * 3
     finally:
         opt.close()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 20 MiB tmpfs (needs CAP_SYS_ADMIN; skipped with the reason when refused)."""
+    import subprocess
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount -t tmpfs -o size=20m refused: {r.stderr.strip() or r.returncode}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _data_blocks(root):
+    return sum(os.stat(os.path.join(root, f)).st_blocks * 512
+               for f in os.listdir(root) if f.endswith(".data"))
+
+
+def test_state_that_does_not_fit_is_refused_at_creation(small_fs):
+    import strata
+    ps = _params(4, [(1024, 1024)])  # 12 MiB of state: 24 MiB with its new copies
+    with pytest.raises(strata.ResourceExhaustedError) as e:
+        st.OffloadAdamW(ps, path=str(small_fs / "s"))
+    msg = str(e.value)
+    assert str(small_fs / "s") in msg and "more bytes" in msg and "bytes (" in msg, msg
+    assert "2 x its state (12582912 bytes" in msg, msg
+
+
+def test_state_that_fits_steps_and_disk_usage_stays_bounded(small_fs):
+    shapes = [(300, 1000), (77,)]
+    ours = _params(5, shapes)
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    root = str(small_fs / "s")
+    opt = st.OffloadAdamW(ours, lr=1e-3, path=root, arithmetic="torch")
+    torch_opt = torch.optim.AdamW(ref, lr=1e-3)
+    try:
+        need = opt._opt.disk_space()
+        T = need["state_bytes"]
+        assert T == 3 * (-(-300 * 1000 * 4 // 4096) * 4096 + 4096)  # 4 KiB blocks
+        tail = (20 << 20) // 4  # the data file's preallocated growth between commits, at most
+        for step in range(30):
+            _grads(ours, step)
+            _grads(ref, step)
+            opt.step()
+            torch_opt.step()
+            assert _data_blocks(root) <= 2 * T + need["in_flight_bytes"] + 4096 + tail
+            if step % 5 == 4:
+                opt.checkpoint()
+                assert _data_blocks(root) == T + 4096  # + the checkpoint record
+        for a, b in zip(ours, ref):
+            assert torch.equal(a, b)
+    finally:
+        opt.close()

@@ -414,7 +414,10 @@ class OffloadedOptimizer:
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
     ``checkpoint()``, ``add_param_group(dict)``, ``hyperparams(group)``,
-    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
+    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``,
+    ``disk_space(more_numels=[]) -> dict`` and ``check_disk_space(more_numels=[])`` (the
+    disk a store needs: 2 x the state + in-flight + 1 MiB, see docs/offload.md "Disk
+    space"; ResourceExhaustedError naming the directory, need and free bytes).
     Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
     (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step

@@ -101,6 +101,13 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             parameter count or sizes differ from the model's.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
+        :raises strata.ResourceExhaustedError: the store's file system lacks the space the
+            state needs: 2 x (masters + moments: 12 bytes per parameter, 16 with amsgrad,
+            each tensor rounded up to 4 KiB) + the pipeline's in-flight chunks + 1 MiB,
+            because a step writes new copies beside the last checkpoint's (see
+            docs/offload.md, "Disk space"); the message names the directory, the bytes
+            needed and the bytes free. Checked before any state is written, here and in
+            :meth:`add_param_group`.
         :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
             ``chunk_size=0``). On any error nothing is left behind: a temporary directory
             this constructor made is removed and a store it opened is closed.
@@ -235,6 +242,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             _hyperparams.adopt_checkpoint(group, self._opt.hyperparams(gi), type(self).__name__,
                                           gi)
         hp = _hyperparams.to_strata(group)
+        if not self._resuming:  # the whole group's disk space first: one clear error
+            self._opt.check_disk_space([p.numel() for p in group["params"]])
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
