@@ -35,7 +35,7 @@ def _grads(params, step):
 def test_step_reads_and_writes_12_bytes_per_fp32_parameter(tmp_path, tier):
     if _proc_io() is None:
         pytest.skip("/proc/self/io is not readable here")
-    shapes = [(512, 512), (1000, 300), (7,), (4096,)]  # 566,159 parameters
+    shapes = [(512, 512), (1000, 300), (7,), (4096,)]  # 566,247 parameters
     numel = sum(torch.Size(s).numel() for s in shapes)
     ours = _params(0, shapes)
     opt = st.OffloadAdamW(ours, lr=1e-3, path=str(tmp_path / "s"), tier=tier)
