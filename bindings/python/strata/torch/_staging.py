@@ -113,13 +113,13 @@ class Staging:
         else:
             buf = self._pinned_buf(h, "copy", p.numel(), p.dtype, p.is_cuda)
             self._set(opt.set_param_copy, self._copy, h, buf, buf)
-        self.bytes_moved["host_weights_written"] += p.numel() * p.element_size()
         return on_gpu
 
     def copy_back(self, p: torch.nn.Parameter, h: int) -> None:
-        """After a step: the updated weights of handle ``h`` into ``p`` where the kernel
-        wrote a buffer (CUDA copies are queued non-blocking: synchronize before using
-        them)."""
+        """After a step that was not skipped: counts the weights the step wrote and copies
+        them into ``p`` where the kernel wrote a buffer (CUDA copies are queued
+        non-blocking: synchronize before using them)."""
+        self.bytes_moved["host_weights_written"] += p.numel() * p.element_size()
         if not p.is_cuda and p.is_contiguous():
             return  # written by the step
         buf = self._pinned[(h, "copy")]
