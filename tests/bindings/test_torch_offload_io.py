@@ -128,17 +128,9 @@ def test_same_tensors_are_not_attached_again(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def small_fs(tmp_path):
-    """A 20 MiB tmpfs (needs CAP_SYS_ADMIN; skipped with the reason when refused)."""
-    import subprocess
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"mount -t tmpfs -o size=20m refused: {r.stderr.strip() or r.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def small_fs(mount_tmpfs):
+    """A 20 MiB tmpfs (skips where mount is refused)."""
+    return mount_tmpfs("20m")
 
 
 def _data_blocks(root):
