@@ -3,6 +3,7 @@
 //   offload_tensors.cpp     host-tier memory, add_param, the range accessors
 //   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
 //   offload_checkpoint.cpp  the checkpoint record, checkpoint(), close(), restore at open()
+//   offload_space.cpp       the disk space the state needs, checked against free space
 //   offload_overlap.cpp     the step overlapped with backward (begin_step .. finish_step)
 #pragma once
 
@@ -212,12 +213,13 @@ struct OffloadedOptimizer::Impl {
 
   Result<StepStats> step(const StepOptions& o) { return step_impl(o, nullptr, nullptr); }
 
-  /// One pipeline work item: elements [begin, begin + count) of tensor t. `grad` / `copy`
-  /// override the tensor's attached gradient / param copy (early updates) when not null;
-  /// a kFloat32 copy is a memcpy of the updated master.
+  /// One pipeline work item: elements [begin, begin + count) of tensor t, at element
+  /// offset slot_off of its batch's slot streams. `grad` / `copy` override the tensor's
+  /// attached gradient / param copy (early updates) when not null.
   struct Item {
     uint32_t t;
     uint64_t begin, count;
+    uint64_t slot_off;
     const void* grad = nullptr;
     DType grad_type = DType::kFloat32;
     void* copy = nullptr;
@@ -237,14 +239,23 @@ struct OffloadedOptimizer::Impl {
   /// and *mismatch is set. Either way a tensor's start_update() entry overrides its
   /// gradient and param copy.
   Result<StepStats> step_impl(const StepOptions& o, const StartedSet* started, bool* mismatch);
-  /// Items of tensor h (sub-groups of sg elements), with the early entry's overrides.
-  void append_items(uint32_t h, const EarlyGrad* e, std::vector<Item>& items) const;
-  /// Runs the NVMe pipeline over `items` (see offload_pipeline.cpp). `gate` runs once the
-  /// first reads are in flight and decides whether the step goes ahead and with which
-  /// gradient scale: nullopt skips it (nothing is written).
+  /// The items of the tensors of `work` (handle, start_update() entry or null) in order:
+  /// sub-groups of at most sg elements, packed into batches of one slot each (batch j:
+  /// items [batches[j], batches[j + 1]), each at a 4 KiB-aligned slot offset).
+  void plan_items(const std::vector<std::pair<uint32_t, const EarlyGrad*>>& work,
+                  std::vector<Item>& items, std::vector<size_t>& batches) const;
+  /// Runs the NVMe pipeline over `items` packed into `batches` (see offload_pipeline.cpp).
+  /// `gate` runs once the first reads are in flight and decides whether the step goes
+  /// ahead and with which gradient scale: nullopt skips it (nothing is written).
   using Gate = std::function<Result<std::optional<float>>()>;
-  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
-                      bool* skipped);
+  Status run_pipeline(const std::vector<Item>& items, const std::vector<size_t>& batches,
+                      const Gate& gate, StepStats& stats, bool* skipped);
+
+  // ---- offload_space.cpp ----------------------------------------------------------------
+
+  Result<DiskSpaceNeed> disk_space_need(const std::vector<uint64_t>& more_numels) const;
+  /// ResourceExhausted (message starting with `what`) when disk_space_need does not fit.
+  Status check_disk_space(const std::vector<uint64_t>& more_numels, const std::string& what) const;
 
   // ---- offload_checkpoint.cpp -----------------------------------------------------------
 

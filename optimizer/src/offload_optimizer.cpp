@@ -261,6 +261,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::create(
   STRATA_RETURN_IF_ERROR(impl->init_from_rule(*rule));
   impl->groups.push_back({defaults, std::move(rule)});
   STRATA_RETURN_IF_ERROR(impl->setup_resources());
+  STRATA_RETURN_IF_ERROR(impl->check_disk_space({}, "offload create"));
   STRATA_RETURN_IF_ERROR(impl->store->hold({impl->meta_key()}));
   impl->changed = true;  // close() makes even an optimizer without steps resumable
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
@@ -389,9 +390,9 @@ Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) 
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_param_copy"));
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
-  if (type != DType::kFloat16 && type != DType::kBFloat16) {
+  if (type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32) {
     return invalid_argument("offload set_param_copy '" + impl_->tensors[h].name +
-                            "': the copy must be fp16 or bf16");
+                            "': the copy must be fp16, bf16 or fp32");
   }
   impl_->tensors[h].copy = dst;
   impl_->tensors[h].copy_type = type;

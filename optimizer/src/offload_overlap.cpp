@@ -45,13 +45,16 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
         const auto t0 = Clock::now();
         if (e->first_start == Clock::time_point{}) e->first_start = t0;
         std::vector<std::string> keys;
-        std::vector<Impl::Item> items;
+        std::vector<std::pair<uint32_t, const EarlyGrad*>> work;
         for (uint32_t h : batch) {
           const auto& t = impl->tensors[h];
           for (const auto& k : t.keys) keys.push_back(k);
-          impl->append_items(h, &e->entries[h], items);
+          work.emplace_back(h, &e->entries[h]);
           e->used_hp[h] = impl->groups[t.group].hp;
         }
+        std::vector<Impl::Item> items;
+        std::vector<size_t> batches;
+        impl->plan_items(work, items, batches);
         auto sp = impl->store->savepoint(keys);
         if (!sp.ok()) {
           e->error = sp.status().with_context("offload overlapped step: savepoint");
@@ -60,7 +63,7 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
           const float scale = e->opts.grad_scale;
           bool skipped = false;
           Status st = impl->run_pipeline(
-              items, [scale]() -> Result<std::optional<float>> { return std::optional<float>(scale); },
+              items, batches, [scale]() -> Result<std::optional<float>> { return std::optional<float>(scale); },
               e->stats, &skipped);
           if (!st.ok()) {
             e->error = st.with_context("offload overlapped step: early update");
@@ -99,6 +102,16 @@ Status roll_back(const std::shared_ptr<Store>& store, OffloadedOptimizer::Impl::
   }
   e->savepoints.clear();
   return first;
+}
+
+/// After finish/abort: the gradients given to start_update() are detached (the caller's
+/// buffers need not outlive the step).
+void detach_early_grads(OffloadedOptimizer::Impl* impl, const OffloadedOptimizer::Impl::EarlyStep& e) {
+  for (size_t h = 0; h < e.entries.size(); ++h) {
+    if (e.entries[h].grad != nullptr && impl->tensors[h].grad == e.entries[h].grad) {
+      impl->tensors[h].grad = nullptr;
+    }
+  }
 }
 
 }  // namespace
@@ -190,6 +203,11 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
   join_early(impl->early.get());  // every queued batch has run
   Impl::Baton b(impl);
   std::unique_ptr<Impl::EarlyStep> e = std::move(impl->early);
+  struct Detach {
+    Impl* impl;
+    const Impl::EarlyStep& e;
+    ~Detach() { detach_early_grads(impl, e); }
+  } detach{impl, *e};
   if (!e->error.ok()) {
     Status rb = roll_back(impl->store, e.get());
     return rb.ok() ? e->error : rb;
@@ -234,6 +252,7 @@ Status OffloadedOptimizer::abort_step() {
   join_early(impl->early.get());
   Impl::Baton b(impl);
   std::unique_ptr<Impl::EarlyStep> e = std::move(impl->early);
+  detach_early_grads(impl, *e);
   return roll_back(impl->store, e.get());
 }
 

@@ -282,7 +282,7 @@ TEST(OffloadPipeline, HalfGradientsAndBf16CopyAndDetachedGrads) {
   OFFLOAD_ASSERT_OK(run->opt->set_grad(2, h2.data(), DType::kBFloat16));
   OFFLOAD_ASSERT_OK(run->opt->set_param_copy(0, copy0.data(), DType::kBFloat16));
   EXPECT_EQ(run->opt->set_grad(0, h0.data(), DType::kInt8).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(run->opt->set_param_copy(0, copy0.data(), DType::kFloat32).code(),
+  EXPECT_EQ(run->opt->set_param_copy(0, copy0.data(), DType::kFloat64).code(),
             StatusCode::kInvalidArgument);
   auto st = run->opt->step();
   ASSERT_TRUE(st.ok()) << st.status().to_string();

@@ -416,17 +416,22 @@ class OffloadedOptimizer:
 
     Create with :meth:`create` (new) or :meth:`resume` (from a checkpoint). Methods:
     ``add_param(name, numel, init=None, group=0, placement="auto") -> handle``,
-    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16 array)``,
+    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16/fp32 array)``
+    (receives the updated weights at each step),
     ``step(max_grad_norm=0.0, grad_scale=1.0, skip_if_nonfinite=True) -> dict`` (also
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
     ``checkpoint()``, ``close()``, ``add_param_group(dict)``, ``hyperparams(group)``,
-    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``;
-    the step overlapped with backward (C++ OVERLAPPED STEP): ``begin_step(max_grad_norm=0.0,
+    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``,
+    ``disk_space(more_numels=[]) -> dict`` and ``check_disk_space(more_numels=[])`` (the
+    disk a store needs: 2 x the state + in-flight + 1 MiB, see docs/offload.md "Disk
+    space"; ResourceExhaustedError naming the directory, need and free bytes); the step
+    overlapped with backward (C++ OVERLAPPED STEP): ``begin_step(max_grad_norm=0.0,
     grad_scale=1.0, skip_if_nonfinite=True)``, ``start_update([(handle, grad, param_copy or
     None), ...])`` (the arrays stay referenced until the step ends), ``wait_started()``,
     ``finish_step(...) -> dict`` (step()'s dict plus ``tensors_started_early``,
-    ``early_seconds``, ``rolled_back``), ``abort_step()``, ``step_open()``. Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
+    ``early_seconds``, ``rolled_back``), ``abort_step()``, ``step_open()``.
+    Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
     (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step
     counter advances with each step while an (empty) gradient is attached, kept in the

@@ -125,6 +125,13 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             parameter count or sizes differ from the model's.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
+        :raises strata.ResourceExhaustedError: the store's file system lacks the space the
+            state needs: 2 x (masters + moments: 12 bytes per parameter, 16 with amsgrad,
+            each tensor rounded up to 4 KiB) + the pipeline's in-flight chunks + 1 MiB,
+            because a step writes new copies beside the last checkpoint's (see
+            docs/offload.md, "Disk space"); the message names the directory, the bytes
+            needed and the bytes free. Checked before any state is written, here and in
+            :meth:`add_param_group`.
         :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
             ``chunk_size=0``). On any error nothing is left behind: a temporary directory
             this constructor made is removed and a store it opened is closed.
@@ -180,9 +187,10 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         #: per group: the hyperparameters strata holds (what _sync_hyperparams compares to)
         self._pushed: List[Dict[str, float]] = []
         #: cumulative bytes moved, by tier and direction
+        #: (nvme_* from strata's step statistics; the others: see _staging.Staging)
         self.bytes_moved: Dict[str, int] = dict(nvme_read=0, nvme_written=0, host_grads_read=0,
-                                                host_weights_written=0, device_to_host=0,
-                                                host_to_device=0)
+                                                host_weights_written=0, host_copies=0,
+                                                device_to_host=0, host_to_device=0)
         self._staging = Staging(self.bytes_moved)
         #: stats of the last step (dict from strata: bytes_read, bytes_written, grad_norm, ...)
         self.last_step: Dict[str, Any] = {}
@@ -265,6 +273,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             _hyperparams.adopt_checkpoint(group, self._opt.hyperparams(gi), type(self).__name__,
                                           gi)
         hp = _hyperparams.to_strata(group)
+        if not self._resuming:  # the whole group's disk space first: one clear error
+            self._opt.check_disk_space([p.numel() for p in group["params"]])
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
@@ -391,8 +401,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             h = self._handle[id(p)]
             g = p.grad
             if g is None:
-                self._opt.set_grad(h, None)
-                self._opt.set_param_copy(h, None)
+                self._staging.detach(self._opt, h)
                 continue
             on_gpu |= self._staging.attach(self._opt, p, h)
             stepped.append((p, h))
@@ -415,7 +424,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         if stats["skipped"]:
             return loss
         for p, h in stepped:
-            self._staging.copy_back(self._opt, p, h)
+            self._staging.copy_back(p, h)
             self._table.mark(h)
         if on_gpu:
             torch.cuda.synchronize()

@@ -171,6 +171,8 @@ class BackwardOverlap:
         if not self._open:
             return
         self._bucket, self._bucket_numel = [], 0
+        for pid in self._started:
+            self._owner._staging.forget_grad(self._owner._handle[pid])
         self._started.clear()
         self._open = False
         self._owner._opt.abort_step()
@@ -184,6 +186,8 @@ class BackwardOverlap:
         self._flush_bucket()
         started, self._started = self._started, {}
         self._open = False
+        for pid in started:
+            owner._staging.forget_grad(owner._handle[pid])
         stats = owner._opt.finish_step(max_grad_norm=owner.max_grad_norm)
         if not stats["skipped"]:
             with torch.no_grad():
