@@ -147,6 +147,7 @@ struct OffloadedOptimizer::Impl {
     std::vector<Savepoint> savepoints;  // one per batch that ran, in order
     StepStats stats;                    // the early updates' counters
     Status error;                       // the first early update's error
+    bool nonfinite = false;             // a started tensor's gradient holds inf/NaN
     offload_detail::Clock::time_point first_start{};
     offload_detail::Clock::time_point last_end{};
     uint32_t ran = 0;  // tensors whose early update completed
@@ -231,6 +232,10 @@ struct OffloadedOptimizer::Impl {
     const std::vector<EarlyGrad>* early_grads;  // per tensor: its entry (grad null: none)
     float expected_scale = 1.0f;                // the speculation: the gate's scale
     bool redo = false;  // the early updates were rolled back: update every tensor
+    /// Every started tensor's gradient was scanned and found finite (the non-finite check
+    /// then scans only the others; the global norm, when clipping, is still computed over
+    /// every gradient, exactly as step()).
+    bool started_finite = false;
   };
   /// step(): with `started` null, every tensor with a gradient. With `started` (and not
   /// redo), the tensors marked there are already updated with scale

@@ -1,8 +1,8 @@
 // The offloaded optimizer's step overlapped with backward (offload.hpp, OVERLAPPED STEP):
 // begin_step / start_update / finish_step / abort_step.
 //
-// One background thread per open step takes the batches of start_update() in order. For
-// each batch it takes a Store::savepoint() of the batch's NVMe objects (every stream), then
+// One background thread per open step takes the batches of start_update() in order (all
+// those queued when it becomes free, merged into one). For each batch it takes a Store::savepoint() of the batch's NVMe objects (every stream), then
 // runs the pipeline over the batch's items with the speculated gradient scale (the step's
 // grad_scale: no clipping) while holding the baton, so other members wait for at most one
 // batch. finish_step() joins the thread and runs step_impl() over the rest; a failed
@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "offload_impl.hpp"
+#include "strata/optimizer/grad_utils.hpp"
 
 namespace strata::optimizer {
 
@@ -35,13 +36,15 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
       std::unique_lock<std::mutex> lk(e->mu);
       e->cv.wait(lk, [&] { return e->stop || !e->queue.empty(); });
       if (e->queue.empty()) return;
-      batch = std::move(e->queue.front());
-      e->queue.pop_front();
+      // Everything queued meanwhile runs as one batch: while a batch runs, the gradients
+      // that become final accumulate, so the batches grow with the update's lag.
+      for (auto& b : e->queue) batch.insert(batch.end(), b.begin(), b.end());
+      e->queue.clear();
       e->running = true;
     }
     {
       Impl::Baton b(impl);
-      if (e->error.ok()) {
+      if (e->error.ok() && !e->nonfinite) {
         const auto t0 = Clock::now();
         if (e->first_start == Clock::time_point{}) e->first_start = t0;
         std::vector<std::string> keys;
@@ -52,11 +55,22 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
           work.emplace_back(h, &e->entries[h]);
           e->used_hp[h] = impl->groups[t.group].hp;
         }
+        // A non-finite gradient fails the speculation for sure: its batch is not run.
+        std::vector<GradView> views;
+        for (uint32_t h : batch) {
+          const auto& en = e->entries[h];
+          views.push_back({en.grad, en.grad_type, impl->tensors[h].numel});
+        }
+        auto bad = has_inf_or_nan(views, impl->pool.get());
         std::vector<Impl::Item> items;
         std::vector<size_t> batches;
         impl->plan_items(work, items, batches);
-        auto sp = impl->store->savepoint(keys);
-        if (!sp.ok()) {
+        Result<Savepoint> sp = Savepoint{};
+        if (!bad.ok()) {
+          e->error = bad.status().with_context("offload overlapped step: gradient check");
+        } else if (*bad) {
+          e->nonfinite = true;  // finish_step() redoes the step (it will skip)
+        } else if (sp = impl->store->savepoint(keys); !sp.ok()) {
           e->error = sp.status().with_context("offload overlapped step: savepoint");
         } else {
           e->savepoints.push_back(std::move(sp).value());
@@ -213,12 +227,15 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
     return rb.ok() ? e->error : rb;
   }
   // The speculation also assumed these options and each started tensor's hyperparameters.
-  bool valid = o.grad_scale == e->opts.grad_scale && o.max_grad_norm == e->opts.max_grad_norm &&
+  bool valid = !e->nonfinite && o.grad_scale == e->opts.grad_scale &&
+               o.max_grad_norm == e->opts.max_grad_norm &&
                o.skip_if_nonfinite == e->opts.skip_if_nonfinite;
   for (uint32_t h = 0; valid && h < impl->tensors.size(); ++h) {
     if (e->started[h] && e->used_hp[h] != impl->groups[impl->tensors[h].group].hp) valid = false;
   }
-  Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false};
+  // Every batch that ran had its gradients scanned finite (a non-finite one made the
+  // speculation invalid above).
+  Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false, true};
   Result<StepStats> r = Status::OK();
   bool mismatch = false;
   if (valid) {

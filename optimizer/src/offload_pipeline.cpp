@@ -185,10 +185,14 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   }
   std::vector<uint32_t> active;
   std::vector<GradView> views;
+  std::vector<GradView> unscanned;  // speculating with started_finite: the others' only
   for (uint32_t h = 0; h < tensors.size(); ++h) {
     if (tensors[h].grad != nullptr) {
       active.push_back(h);
       views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
+      if (started == nullptr || started->redo || !(*started->started)[h]) {
+        unscanned.push_back(views.back());
+      }
     }
   }
   // Early updates: the tensors already updated (skipped here unless redoing), and each
@@ -227,7 +231,8 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
         scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
       }
     } else if (o.skip_if_nonfinite) {
-      STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(views, pool.get()));
+      const bool scanned = speculating && started->started_finite;
+      STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(scanned ? unscanned : views, pool.get()));
       if (bad) {
         if (speculating) *mismatch = true;
         return std::optional<float>();

@@ -57,7 +57,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
                  num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
-                 overlap_backward: bool = False, overlap_bucket_numel: int = 4 << 20,
+                 overlap_backward: bool = False, overlap_bucket_numel: int = 1,
                  **torch_kwargs: Any):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim).
@@ -99,8 +99,9 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             is skipped, clipped or anything they used changed; results bit-identical to
             False). Costs one staging copy of the parameters. Use :meth:`accumulating` for
             backward passes that must not step. Default False.
-        :param overlap_bucket_numel: elements per early batch of ``overlap_backward``
-            (int >= 1, default 4 Mi).
+        :param overlap_bucket_numel: with ``overlap_backward``, gradient elements gathered
+            before they are handed to strata (int >= 1; default 1: each at once -- strata
+            merges what arrives while its previous batch runs).
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).

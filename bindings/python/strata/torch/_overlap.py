@@ -61,11 +61,12 @@ class BackwardOverlap:
     :param opt: the OffloadAdam/OffloadAdamW (uses its ``_opt``, ``_handle``, ``_table``,
         ``state``, ``max_grad_norm``, ``_sync_params``, ``_sync_hyperparams``,
         ``bytes_moved``).
-    :param bucket_numel: elements per early batch (a batch's pipeline drains at its end;
-        larger batches overlap better, smaller ones start earlier). Default: 4 Mi.
+    :param bucket_numel: elements gathered before they are handed to strata (>= 1; 1 =
+        each gradient at once). strata merges whatever arrived while its previous batch ran,
+        so small values let the last gradients of backward start at once. Default 1.
     """
 
-    def __init__(self, opt: Any, bucket_numel: int = 4 << 20):
+    def __init__(self, opt: Any, bucket_numel: int = 1):
         self._owner = opt
         self.bucket_numel = max(1, int(bucket_numel))
         self._accumulators: Dict[int, Any] = {}  # id(param) -> its AccumulateGrad node
