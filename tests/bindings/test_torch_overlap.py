@@ -73,13 +73,16 @@ def test_clipping_is_exact(tmp_path, max_norm):
     seq, ovl = make_model(), make_model()
     sopt = strata_opt(seq, tmp_path, "seq", False, max_grad_norm=max_norm)
     oopt = strata_opt(ovl, tmp_path, "ovl", True, max_grad_norm=max_norm)
-    for x, y in batches(4):
+    for i, (x, y) in enumerate(batches(4)):
         for m, o in ((seq, sopt), (ovl, oopt)):
             o.zero_grad()
             loss_of(m, x, y).backward()
             o.step()
         assert same_params(seq, ovl)
-        assert oopt.last_step["rolled_back"] == (max_norm < 1)
+        # Clipped: the first step's speculation is rolled back, then none is tried
+        # while the steps stay clipped.
+        assert oopt.last_step["rolled_back"] == (max_norm < 1 and i == 0)
+        assert (oopt.last_step["tensors_started_early"] > 0) == (max_norm > 1 or i == 0)
         assert oopt.last_step["clip_coef"] == sopt.last_step["clip_coef"]
     assert sopt.last_step["clip_coef"] < 1 if max_norm < 1 else sopt.last_step["clip_coef"] == 1
 
@@ -98,6 +101,9 @@ def test_non_finite_gradient_skips_the_step(tmp_path):
             loss.backward()
             o.step()
         assert same_params(seq, ovl)
+        # the skipped step's speculation was rolled back; the next one tries none
+        assert oopt.last_step["rolled_back"] == (i == 1)
+        assert (oopt.last_step["tensors_started_early"] > 0) == (i == 0)
     assert oopt.state_dict()["state"][0]["step"].item() == 2.0  # one step skipped
 
 

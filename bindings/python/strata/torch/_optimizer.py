@@ -418,6 +418,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             stats = ov.finish()
         else:
             stats = self._opt.step(max_grad_norm=self.max_grad_norm)
+        if ov is not None:
+            ov.after_step(stats)
         self.state.invalidate()
         self.last_step = stats
         self.bytes_moved["nvme_read"] += stats["bytes_read"]

@@ -19,6 +19,12 @@ after backward (e.g. a hand-written clipping or unscaling), a parameter changed,
 ``closure`` passed to step(), or hyperparameters set in between (strata compares them). So
 results are bit-identical to ``overlap_backward=False``; a redo costs the early I/O again.
 
+Speculation policy: a step that was clipped or skipped makes the next backward start no
+early updates (a clipped run usually stays clipped for a while, and each failed speculation
+costs its I/O twice); speculation resumes after a step that was neither. Hand-written
+clipping (``torch.nn.utils.clip_grad_norm_``, which rescales every gradient in place, also by
+1.0) fails every speculation: pass ``max_grad_norm=`` to the optimizer instead.
+
 Gradient accumulation: wrap the backward passes that must not step in
 ``with opt.accumulating(): loss.backward()`` (like DDP's ``no_sync``). Without it, each
 backward restarts the speculation (the earlier one is rolled back), still exact but with
@@ -81,6 +87,7 @@ class BackwardOverlap:
         self._staged: Dict[int, torch.Tensor] = {}  # id(param) -> staging buffer, reused
         self._callback_queued = False
         self.backward_end: Optional[float] = None  # time.perf_counter() at its end
+        self._speculate = True  # the last step was neither clipped nor skipped
 
     # ---- hooks -----------------------------------------------------------------------------
 
@@ -104,7 +111,8 @@ class BackwardOverlap:
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         owner = self._owner
-        if self._suspended or owner._closed or id(p) not in owner._handle or p.grad is None:
+        if (self._suspended or not self._speculate or owner._closed
+                or id(p) not in owner._handle or p.grad is None):
             return
         if id(p) in self._started or any(e[0] == id(p) for e in self._bucket):
             self.abort()  # a second backward before step(): start again (accumulation)
@@ -166,6 +174,10 @@ class BackwardOverlap:
             if p.grad is not g or g._version != g_version or p._version != p_version:
                 return False
         return True
+
+    def after_step(self, stats: Dict[str, Any]) -> None:
+        """Records whether the next backward speculates (see the module doc)."""
+        self._speculate = not stats["skipped"] and not stats["clip_coef"] < 1.0
 
     def abort(self) -> None:
         """Rolls back the early updates (nothing changes); no-op when none is open."""
