@@ -14,7 +14,9 @@ BUILD_DIR=${STRATA_BUILD_DIR:-build}
 DIR=${STRATA_DIR:-/var/tmp/strata}
 mkdir -p "$DIR"
 "$BUILD_DIR/strata" info --path "$DIR"
-"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write
+# The write keeps its 1 GiB file for the read; removed when this script ends, however it ends.
+trap 'rm -f "$DIR/strata-bench-io.dat"' EXIT
+"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write --keep
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op read
 # Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
 STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
