@@ -7,16 +7,15 @@ of gradients and weights in _staging.py, checkpoints and state dicts in _state_d
 from __future__ import annotations
 
 import operator
-import os
 import shutil
-import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
 import strata
 
-from . import _hyperparams
+from .._data_dir import make_temp_dir
+from . import _hyperparams, _names
 from ._staging import GRAD_DTYPES, Staging, copy_master_to_param
 from ._state_dict import StateDictMixin
 
@@ -54,19 +53,26 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                  pinned_budget: Optional[Union[int, str]] = None,
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd"):
+                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
+                 overwrite: bool = False):
         """
-        :param params: iterable of parameters or of param-group dicts (as torch.optim).
-            Parameters must be fp32, fp16 or bf16 (CPU or CUDA); float64 (which fp32 masters
-            would silently round) and complex parameters are refused.
+        :param params: iterable of parameters or of param-group dicts (as torch.optim), or
+            of ``(name, parameter)`` pairs such as ``model.named_parameters()`` (also as a
+            group's ``"params"``): the names are recorded in the store's keys
+            (``<key_prefix>p/p<i>:<name>/...``, shown by ``strata store ls``; see
+            _names.py) and checked at a resume. Parameters must be fp32, fp16 or bf16 (CPU
+            or CUDA); float64 (which fp32 masters would silently round) and complex
+            parameters are refused.
         :param lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam/AdamW
             (weight_decay default: 0 for Adam, 1e-2 for AdamW). With ``resume=True`` the
             checkpoint's values win (see ``resume``).
         :param store: a :class:`strata.Store` to keep the state in (the optimizer does not
             close it). Default: a store opened at ``path``.
         :param path: directory of the store when ``store`` is None. Default: a new
-            temporary directory under $STRATA_DIR (default /var/tmp/strata), removed by
-            :meth:`close`.
+            temporary directory ``optim-<pid>-*`` under $STRATA_DIR (default
+            /var/tmp/strata-<uid>, made mode 0700; see ``strata.default_data_dir``), removed
+            by :meth:`close`; one that a killed process left behind (its process gone, its
+            store not open) is removed when the next one is made.
         :param tier: where masters and moments live: ``"nvme"`` (default), ``"host"``
             (DRAM), or ``"auto"`` (DRAM while within ``host_budget``, then NVMe).
         :param host_budget: DRAM bytes for host-resident tensors under ``tier="auto"``.
@@ -81,6 +87,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
+        :param overwrite: start fresh over an optimizer checkpointed under ``key_prefix`` in
+            ``store`` or at ``path``: its record and objects are deleted first (only those:
+            other key prefixes' objects, also nested ones, stay). Without it such a
+            checkpoint is refused (AlreadyExistsError). Excludes ``resume``.
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
             at ``path`` (which must then be given; the store is opened without create, so a
             missing store or checkpoint creates nothing). The model's parameters must be
@@ -97,8 +107,12 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             object.
         :raises ValueError: a hyperparameter or pipeline setting out of range (as torch;
             naming the argument), an unsupported parameter dtype (naming the parameter index
-            and dtype), ``resume`` without ``store``/``path``, or a checkpoint whose groups,
-            parameter count or sizes differ from the model's.
+            and dtype), ``resume`` without ``store``/``path``, ``resume`` with ``overwrite``,
+            a param group mixing named and plain parameters, or a checkpoint whose groups,
+            parameter count, sizes or parameter names differ from the model's.
+        :raises strata.AlreadyExistsError: neither ``resume`` nor ``overwrite``, and the store
+            holds an optimizer under ``key_prefix`` (the message says which to pass).
+        :raises PermissionError: the default directory belongs to another user.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
         :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
@@ -112,6 +126,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         self._owned_dir: Optional[str] = None
         self._closed = False
         self._ready = False  # set at the end of __init__; add_param_group registers after
+        self._names_by_id: Dict[int, str] = {}  # id(param) -> name given with it
         if weight_decay is None:
             weight_decay = self._DEFAULT_WEIGHT_DECAY
         _hyperparams.check(self._RULE, dict(lr=lr, eps=eps, betas=betas,
@@ -127,6 +142,9 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                              f"{max_grad_norm!r}")
         if resume and store is None and path is None:
             raise ValueError("resume=True needs the store or path of the checkpoint")
+        if resume and overwrite:
+            raise ValueError("resume=True continues from the checkpoint that overwrite=True "
+                             "deletes: pass one of them")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults)  # checks the parameters' dtypes
@@ -160,9 +178,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             if store is None:
                 self._owns_store = True
                 if path is None:
-                    base = os.environ.get("STRATA_DIR", "/var/tmp/strata")
-                    os.makedirs(base, exist_ok=True)
-                    path = self._owned_dir = tempfile.mkdtemp(prefix="optim-", dir=base)
+                    path = self._owned_dir = make_temp_dir("optim-")
                 # resume: never create a store (a missing one is NotFound, nothing is made)
                 store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
                                            chunk_size=chunk_size, create=not resume)
@@ -176,9 +192,19 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                 self._legacy_empty_steps = self._read_legacy_empty_steps()
                 self._resume_handles = self._check_checkpoint_layout()
             else:
-                self._opt = strata.OffloadedOptimizer.create(
-                    store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
-                    default_placement=tier, **common)
+                if overwrite:
+                    self._remove_checkpoint()
+                try:
+                    self._opt = strata.OffloadedOptimizer.create(
+                        store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
+                        default_placement=tier, **common)
+                except strata.AlreadyExistsError:
+                    where = f"the store at {path!r}" if path is not None else "store="
+                    raise strata.AlreadyExistsError(
+                        f"{type(self).__name__}: {where} already holds an optimizer "
+                        f"checkpoint under key_prefix {key_prefix!r}: pass resume=True to "
+                        "continue from it, overwrite=True to delete it and start fresh, or "
+                        "another key_prefix") from None
             for gi, group in enumerate(self.param_groups):
                 self._register_group(gi, group)
             if resume:
@@ -203,11 +229,11 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         if self._ready:
             self._check_open()
         if isinstance(param_group, dict) and "params" in param_group:
-            params = param_group["params"]
+            params, names = param_group["params"], None
             if torch.is_tensor(params):
                 params = [params]
             elif not isinstance(params, set):  # torch raises TypeError for sets
-                params = list(params)
+                params, names = _names.split_named(list(params), len(self.param_groups))
                 base = sum(len(g["params"]) for g in self.param_groups)
                 for j, p in enumerate(params):
                     if torch.is_tensor(p) and p.dtype not in _PARAM_DTYPES:
@@ -220,6 +246,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                         raise ValueError(f"parameter {base + j} is sparse; strata offloaded "
                                          "optimizers do not support sparse parameters")
             param_group = dict(param_group, params=params)
+            if names is not None:
+                self._names_by_id.update((id(p), n) for p, n in zip(params, names))
             if self._ready:
                 merged = {**self.defaults, **param_group}
                 where = f"param group {len(self.param_groups)}: "
@@ -239,7 +267,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             assert got == gi, (got, gi)
         self._pushed.append(hp)
         for p in group["params"]:
-            name = f"p{len(self._params)}"
+            name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
             if self._resuming:  # checked by _check_checkpoint_layout
                 h = self._resume_handles[len(self._params)]
                 if h is None:
