@@ -231,7 +231,7 @@ class TrackedOffloadAdamW(strata_torch.OffloadAdamW):
 
 
 def main():
-    default_dir = os.path.join(os.environ.get("STRATA_DIR", "/var/tmp/strata"), "train_lm")
+    default_dir = os.path.join(strata.default_data_dir(), "train_lm")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=positive_int, default=150, help="training steps (default 150)")
     ap.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
