@@ -1,5 +1,5 @@
 // The offloaded optimizer's checkpoint (see offload.hpp, CHECKPOINT CONTRACT): the text
-// record under key_prefix + "meta", checkpoint(), and the restore of open().
+// record under key_prefix + "meta", checkpoint(), close(), and the restore of open().
 //
 // Record (version 1), one item per line, doubles in C99 hex (%a) so they round-trip:
 //   strata-offload-meta 1
@@ -8,6 +8,9 @@
 //   params <n>            then n lines: param <name> <numel> host|nvme <group> <step>
 //                                       <durable_step>
 //   end
+// The record is written only by checkpoint(), so both step fields are the step of the
+// checkpoint; open() restores <durable_step> (records of earlier versions, refreshed
+// after every step, held a host-tier tensor's last step in <step>).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -127,8 +130,7 @@ std::string OffloadedOptimizer::Impl::serialize_meta() const {
   for (const auto& t : tensors) {
     const bool host = t.placement == Placement::kHost;
     o << "param " << t.name << ' ' << t.numel << ' ' << (host ? "host" : "nvme") << ' '
-      << t.group << ' ' << t.state.step() << ' ' << (host ? t.durable_step : t.state.step())
-      << '\n';
+      << t.group << ' ' << t.state.step() << ' ' << t.state.step() << '\n';
   }
   o << "end\n";
   return o.str();
@@ -147,7 +149,28 @@ Status OffloadedOptimizer::Impl::put_meta() {
       .with_context("offload: writing the checkpoint record");
 }
 
+std::vector<std::string> OffloadedOptimizer::Impl::all_keys() const {
+  std::vector<std::string> keys{meta_key()};
+  for (const auto& t : tensors) keys.insert(keys.end(), t.keys.begin(), t.keys.end());
+  return keys;
+}
+
+Status OffloadedOptimizer::Impl::check_open(const char* what) const {
+  if (closed) return failed_precondition(std::string(what) + ": the optimizer is closed");
+  return Status::OK();
+}
+
 Status OffloadedOptimizer::Impl::checkpoint() {
+  STRATA_RETURN_IF_ERROR(check_open("offload checkpoint"));
+  if (!broken.ok()) {
+    return failed_precondition(
+        "offload checkpoint: a step failed after it may have changed some tensors (" +
+        broken.to_string() + "), so the state since the last checkpoint cannot be saved; "
+        "open the store again and resume (OffloadedOptimizer::open) to continue from the "
+        "last checkpoint");
+  }
+  // Every object of the optimizer is held (Store::hold): nothing of what follows is
+  // committed until the one Store::commit() below, whoever flushes the store meanwhile.
   std::vector<Future<void>> futs;
   for (const auto& t : tensors) {
     if (t.placement != Placement::kHost) continue;
@@ -157,17 +180,33 @@ Status OffloadedOptimizer::Impl::checkpoint() {
   }
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
       "offload checkpoint: writing host-tier tensors"));
-  std::vector<int64_t> saved;
+  STRATA_RETURN_IF_ERROR(put_meta());
+  STRATA_RETURN_IF_ERROR(
+      store->commit(all_keys()).with_context("offload checkpoint: Store::commit"));
+  changed = false;
+  return Status::OK();
+}
+
+Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
+  if (closed) return Status::OK();
+  Status st;
+  if (want_checkpoint && (changed || !broken.ok())) st = checkpoint();
+  // Without a checkpoint of the last changes the holds stay: no later flush of the store
+  // may commit part of them (its close drops them).
+  if (st.ok() && (want_checkpoint || !changed)) store->release(all_keys());
+  closed = true;
   for (auto& t : tensors) {
-    saved.push_back(t.durable_step);
-    t.durable_step = t.state.step();
+    t.host.clear();
+    t.grad = nullptr;
+    t.copy = nullptr;
   }
-  Status st = put_meta();
-  if (st.ok()) st = store->flush().with_context("offload checkpoint: Store::flush");
-  if (!st.ok()) {
-    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].durable_step = saved[i];
-  }
-  return st;
+  host_bytes = 0;
+  slots.clear();
+  pinned.reset();
+  pool.reset();
+  if (st.ok()) return st;
+  return Status(st.code(), "offload close: the state since the last checkpoint is not saved "
+                           "(a resume restores the last checkpoint): " + st.message());
 }
 
 Result<std::vector<std::string>> OffloadedOptimizer::Impl::recorded_keys() {
@@ -189,7 +228,25 @@ Result<std::vector<std::string>> OffloadedOptimizer::Impl::recorded_keys() {
 }
 
 Status OffloadedOptimizer::Impl::restore() {
-  STRATA_ASSIGN_OR_RETURN(MetaRecord m, read_meta(*store, meta_key(), factory));
+  const std::string key = meta_key();
+  STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store->stat(key));
+  // A key with uncommitted changes: an optimizer on this store object stopped after its
+  // last checkpoint without a new one (failed step or checkpoint); its changes are held,
+  // and only a reopen of the store drops them.
+  auto check_clean = [&](const ObjectInfo& oi) -> Status {
+    if (!oi.dirty) return Status::OK();
+    return failed_precondition(
+        "offload open: object '" + oi.key + "' of store " + store->options().path +
+        " holds changes made after the last checkpoint by an optimizer that could not "
+        "checkpoint them; close and reopen the store to resume from the last checkpoint");
+  };
+  STRATA_RETURN_IF_ERROR(check_clean(info));
+  std::string text(info.nbytes, '\0');
+  STRATA_RETURN_IF_ERROR(store->get_bytes(key, text.data(), text.size()));
+  STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
+  if (!factory) {
+    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+  }
   for (size_t g = 0; g < m.groups.size(); ++g) {
     auto built = build_rule(m.groups[g]);
     if (!built.ok()) {
@@ -219,11 +276,11 @@ Status OffloadedOptimizer::Impl::restore() {
     t.placement = p.placement;
     t.group = p.group;
     const bool host = p.placement == Placement::kHost;
-    t.state.set_step(host ? p.durable_step : p.step);
-    t.durable_step = t.state.step();
+    t.state.set_step(p.durable_step);
     for (int s = 0; s < num_streams(); ++s) {
       t.keys.push_back(key_of(p.name, s));
       STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store->stat(t.keys[s]));
+      STRATA_RETURN_IF_ERROR(check_clean(oi));
       if (oi.nbytes != p.numel * 4) {
         return data_loss("offload open: object '" + t.keys[s] + "' holds " +
                          std::to_string(oi.nbytes) + " bytes, the record says " +
@@ -242,7 +299,7 @@ Status OffloadedOptimizer::Impl::restore() {
     by_name[t.name] = static_cast<ParamHandle>(tensors.size());
     tensors.push_back(std::move(t));
   }
-  return Status::OK();
+  return store->hold(all_keys());
 }
 
 }  // namespace strata::optimizer

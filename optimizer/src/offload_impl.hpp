@@ -2,7 +2,7 @@
 //   offload_optimizer.cpp   create/open, rules and resources, the public members
 //   offload_tensors.cpp     host-tier memory, add_param, the range accessors
 //   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
-//   offload_checkpoint.cpp  the checkpoint record, checkpoint(), restore at open()
+//   offload_checkpoint.cpp  the checkpoint record, checkpoint(), close(), restore at open()
 #pragma once
 
 #include <chrono>
@@ -67,7 +67,6 @@ struct OffloadedOptimizer::Impl {
     Placement placement = Placement::kNvme;
     int group = 0;
     ParamState state;
-    int64_t durable_step = 0;  // host tensors: step of the backing objects' contents
     const void* grad = nullptr;
     DType grad_type = DType::kFloat32;
     void* copy = nullptr;
@@ -87,6 +86,12 @@ struct OffloadedOptimizer::Impl {
   std::vector<Tensor> tensors;
   std::unordered_map<std::string, ParamHandle> by_name;
   uint64_t host_bytes = 0;
+  // Lifetime (checkpoint rule, offload.hpp): `changed` = something changed since the last
+  // checkpoint (close() checkpoints only then); `broken` = a step failed after it may
+  // have changed tensors (no checkpoint can be made any more); `closed` = close() ran.
+  bool changed = false;
+  Status broken;
+  bool closed = false;
 
   std::unique_ptr<ThreadPool> pool;  // the kernel threads (make_kernel_pool)
   std::shared_ptr<PinnedPool> pinned;
@@ -119,6 +124,10 @@ struct OffloadedOptimizer::Impl {
            (stream == 0 ? std::string("param") : state_names[stream - 1]);
   }
   std::string meta_key() const { return opts.key_prefix + "meta"; }
+  /// Every store key of the optimizer: the record and each tensor's streams.
+  std::vector<std::string> all_keys() const;
+  /// FailedPrecondition "<what>: the optimizer is closed" once close() ran.
+  Status check_open(const char* what) const;
   int num_streams() const { return 1 + num_states; }
   float* slot_stream(size_t slot, int stream) const {
     return reinterpret_cast<float*>(static_cast<char*>(slots[slot].data()) +
@@ -151,10 +160,13 @@ struct OffloadedOptimizer::Impl {
 
   // ---- offload_checkpoint.cpp -----------------------------------------------------------
 
-  /// Replaces the record by the current state: a pinned, dirty host-tier object, committed
-  /// by the next Store::flush() together with the NVMe tensors' pending chunks.
+  /// Replaces the record by the current state: a pinned, dirty host-tier object under a
+  /// Store::hold(), committed by checkpoint()'s Store::commit() with the tensors' chunks.
   Status put_meta();
   Status checkpoint();
+  /// close(): a checkpoint when anything changed (and `checkpoint`), then the holds and
+  /// the resources go.
+  Status close(bool checkpoint);
   /// open(): the groups, rules, resources and tensors of the record under meta_key().
   Status restore();
   /// remove(): the stream objects of every parameter the record lists (builds the

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "offload_impl.hpp"
+#include "strata/base/logging.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/kernel_pool.hpp"
 #include "strata/store/topology.hpp"
@@ -156,7 +157,19 @@ Status OffloadedOptimizer::Impl::setup_resources() {
 OffloadedOptimizer::OffloadedOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 OffloadedOptimizer::~OffloadedOptimizer() {
-  if (impl_ && impl_->async_thread.joinable()) impl_->async_thread.join();
+  if (!impl_) return;
+  Status st = close();
+  if (!st.ok()) log_warn(st.to_string());
+}
+
+Status OffloadedOptimizer::close(bool checkpoint) {
+  Status st;
+  {
+    Impl::Baton b(impl_.get());  // waits for an in-flight step
+    st = impl_->close(checkpoint);
+  }
+  if (impl_->async_thread.joinable()) impl_->async_thread.join();
+  return st;
 }
 
 static Status check_store(const std::shared_ptr<Store>& store) {
@@ -185,6 +198,8 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::create(
   STRATA_RETURN_IF_ERROR(impl->init_from_rule(*rule));
   impl->groups.push_back({defaults, std::move(rule)});
   STRATA_RETURN_IF_ERROR(impl->setup_resources());
+  STRATA_RETURN_IF_ERROR(impl->store->hold({impl->meta_key()}));
+  impl->changed = true;  // close() makes even an optimizer without steps resumable
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
 }
 
@@ -229,10 +244,12 @@ Status OffloadedOptimizer::remove(std::shared_ptr<Store> store, RuleFactory fact
 
 Result<int> OffloadedOptimizer::add_param_group(const Hyperparams& hp) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload add_param_group"));
   Hyperparams merged = impl_->groups[0].hp;
   for (const auto& kv : hp) merged[kv.first] = kv.second;
   STRATA_ASSIGN_OR_RETURN(auto rule, impl_->build_rule(merged));
   impl_->groups.push_back({std::move(merged), std::move(rule)});
+  impl_->changed = true;
   return static_cast<int>(impl_->groups.size() - 1);
 }
 
@@ -254,10 +271,12 @@ Status OffloadedOptimizer::set_hyperparams(int group, const Hyperparams& hp) {
   if (group < 0 || static_cast<size_t>(group) >= impl_->groups.size()) {
     return out_of_range("offload: no param group " + std::to_string(group));
   }
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_hyperparams"));
   Hyperparams merged = impl_->groups[group].hp;
   for (const auto& kv : hp) merged[kv.first] = kv.second;
   STRATA_ASSIGN_OR_RETURN(auto rule, impl_->build_rule(merged));
   impl_->groups[group] = {std::move(merged), std::move(rule)};
+  impl_->changed = true;
   return Status::OK();
 }
 
@@ -300,6 +319,7 @@ Result<ParamHandle> OffloadedOptimizer::find_param(std::string_view name) const 
 
 Status OffloadedOptimizer::set_grad(ParamHandle h, const void* data, DType type) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_grad"));
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
   if (type != DType::kFloat32 && type != DType::kFloat16 && type != DType::kBFloat16) {
     return invalid_argument("offload set_grad '" + impl_->tensors[h].name +
@@ -317,6 +337,7 @@ void OffloadedOptimizer::clear_grads() {
 
 Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_param_copy"));
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
   if (type != DType::kFloat16 && type != DType::kBFloat16) {
     return invalid_argument("offload set_param_copy '" + impl_->tensors[h].name +
@@ -391,7 +412,9 @@ Status OffloadedOptimizer::set_step_count(ParamHandle h, int64_t step) {
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
   if (step < 0) return invalid_argument("offload set_step_count: step " + std::to_string(step) + " < 0");
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_step_count"));
   impl_->tensors[h].state.set_step(step);
+  impl_->changed = true;
   return Status::OK();
 }
 

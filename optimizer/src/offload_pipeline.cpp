@@ -132,6 +132,7 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
 Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
   const auto t0 = Clock::now();
   StepStats stats;
+  STRATA_RETURN_IF_ERROR(check_open("offload step"));
   if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
     return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite");
   }
@@ -181,7 +182,10 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
     return std::optional<float>(scale);
   };
   bool skipped = false;
-  STRATA_RETURN_IF_ERROR(run_pipeline(items, gate, stats, &skipped));
+  if (Status st = run_pipeline(items, gate, stats, &skipped); !st.ok()) {
+    broken = st;  // host tensors or NVMe chunks may be updated, counters are not
+    return st;
+  }
   if (skipped) {
     stats.skipped = true;
     stats.tensors_updated = 0;
@@ -190,7 +194,7 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
     return stats;
   }
   for (uint32_t h : active) tensors[h].state.advance();
-  STRATA_RETURN_IF_ERROR(put_meta());
+  changed = changed || !active.empty();
   stats.seconds = seconds_since(t0);
   return stats;
 }

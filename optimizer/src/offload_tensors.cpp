@@ -91,6 +91,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
                                                         const float* init, int group,
                                                         Placement placement) {
   std::string name(name_in);
+  STRATA_RETURN_IF_ERROR(check_open("offload add_param"));
   if (!valid_name(name)) {
     return invalid_argument("offload: parameter name '" + name +
                             "' must be non-empty printable ASCII without whitespace");
@@ -114,6 +115,8 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   t.placement = placement;
   t.group = group;
   for (int s = 0; s < num_streams(); ++s) t.keys.push_back(key_of(name, s));
+  // Held before they are written: only checkpoint()'s commit makes their changes durable.
+  STRATA_RETURN_IF_ERROR(store->hold(t.keys));
   const TensorDesc desc{DType::kFloat32, {static_cast<int64_t>(numel)}};
   PutOptions po;
   po.tier = Tier::kNvme;
@@ -154,6 +157,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
     }
   }
   const ParamHandle h = static_cast<ParamHandle>(tensors.size());
+  changed = true;
   by_name[name] = h;
   tensors.push_back(std::move(t));
   return h;
@@ -163,6 +167,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
 
 Status OffloadedOptimizer::Impl::check_range(ParamHandle h, int stream, uint64_t offset,
                                              uint64_t& count) const {
+  STRATA_RETURN_IF_ERROR(check_open("offload read/write"));
   STRATA_RETURN_IF_ERROR(check_handle(h));
   if (stream < 0 || stream >= num_streams()) {
     return out_of_range("offload: state stream " + std::to_string(stream - 1) +
@@ -197,6 +202,7 @@ Status OffloadedOptimizer::Impl::write_stream(ParamHandle h, int stream, const f
   if (count == 0) return Status::OK();
   if (src == nullptr) return invalid_argument("offload: source is null");
   Tensor& t = tensors[h];
+  changed = true;
   if (t.placement == Placement::kHost) {
     std::memcpy(t.host[stream].data() + offset, src, count * 4);
     return Status::OK();

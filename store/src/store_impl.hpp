@@ -9,7 +9,7 @@
 //   store_commit.cpp     the group-commit thread
 //   store_datapath.cpp   chunk I/O: O_DIRECT or staged, checksummed, pipelined
 //   store_tiers.cpp      LRU, eviction, promotion, demotion, move
-//   store_ops.cpp        put, get, ranges, pin, remove, flush
+//   store_ops.cpp        put, get, ranges, pin, remove, flush, hold / commit
 //   store_query.cpp      stat, list, contains, usage, verify
 //
 // The model in brief:
@@ -44,6 +44,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "catalog_sqlite.hpp"
@@ -185,7 +186,14 @@ class StoreImpl final : public Store {
   Future<void> pin_async(const std::string& key) override;
   Future<void> unpin_async(const std::string& key) override;
   Future<void> remove_async(const std::string& key) override;
-  Future<void> flush_async() override { return run_op(true, [this] { return flush_impl(); }); }
+  Future<void> flush_async() override {
+    return run_op(true, [this] { return flush_impl(nullptr); });
+  }
+  Status hold(const std::vector<std::string>& keys) override;
+  void release(const std::vector<std::string>& keys) override;
+  Future<void> commit_async(std::vector<std::string> keys) override {
+    return run_op(true, [this, keys = std::move(keys)] { return flush_impl(&keys); });
+  }
   Result<ObjectInfo> stat(const std::string& key) const override;
   std::vector<ObjectInfo> list(std::string_view prefix) const override;
   bool contains(const std::string& key) const override;
@@ -444,7 +452,8 @@ class StoreImpl final : public Store {
   /// the caller holds `o->io` shared until the future completes.
   Future<void> write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_t off, uint64_t n,
                                 const uint8_t* src, bool src_dev);
-  Status flush_impl();
+  /// flush() (`only` null: every key not held) or commit() (`only`: those keys).
+  Status flush_impl(const std::vector<std::string>* only);
 
   // ---- store_query.cpp
   ObjectInfo info_locked(const Obj& o) const;
@@ -492,6 +501,7 @@ class StoreImpl final : public Store {
   std::unordered_map<std::string, LayoutPtr> durable_;
   std::unordered_map<std::string, int> pending_creates_;
   std::unordered_map<std::string, int> inflight_;  // commits enqueued, not yet applied, per key
+  std::unordered_set<std::string> held_;  // hold(): left out of flush() and close()
   std::list<ObjPtr> host_lru_, device_lru_;
   std::atomic<uint32_t> next_dir_{0};
 

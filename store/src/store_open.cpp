@@ -390,7 +390,7 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
       std::unique_lock<std::mutex> lk(ops_mu_);
       ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
     }
-    st = flush_impl();
+    st = flush_impl(nullptr);  // held keys stay uncommitted
     if (!st.ok() && stay_open_on_failure) {
       // Dirty objects could not be written back (e.g. ENOSPC, the NVMe budget): closing
       // now would drop them. Stay open so that the caller can make room and close again.

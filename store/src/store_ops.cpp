@@ -1,9 +1,10 @@
 // strata::store (private) — the data operations: put (group-committed or in a memory
 // tier), get / get_alloc / read_range, write_range (copy-on-write per NVMe chunk), pin,
-// unpin, remove and flush.
+// unpin, remove, flush, and hold / commit (flush of a chosen set of keys).
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "checksum.hpp"
 #include "piece_pipeline.hpp"
@@ -415,7 +416,37 @@ Future<void> StoreImpl::remove_async(const std::string& key) {
   });
 }
 
-Status StoreImpl::flush_impl() {
+Status StoreImpl::hold(const std::vector<std::string>& keys) {
+  STRATA_RETURN_IF_ERROR(begin_op(true));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    held_.insert(keys.begin(), keys.end());
+  }
+  end_op();
+  return Status::OK();
+}
+
+void StoreImpl::release(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& k : keys) held_.erase(k);
+}
+
+Status StoreImpl::flush_impl(const std::vector<std::string>* only) {
+  // The versions concerned (under mu_): every live one not held, or those of `only`.
+  auto concerned_locked = [&] {
+    std::vector<ObjPtr> v;
+    if (only == nullptr) {
+      for (auto& [k, o] : objects_) {
+        if (!held_.count(k)) v.push_back(o);
+      }
+    } else {
+      for (const auto& k : std::set<std::string>(only->begin(), only->end())) {
+        auto it = objects_.find(k);
+        if (it != objects_.end()) v.push_back(it->second);
+      }
+    }
+    return v;
+  };
   // 1. Write back every dirty memory copy (each under its own lock). One that cannot be
   //    written (e.g. the NVMe budget is full) does not stop the others, nor the commit of
   //    everything written: the first such error is returned after the commit.
@@ -423,7 +454,7 @@ Status StoreImpl::flush_impl() {
   std::vector<ObjPtr> snapshot;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [k, o] : objects_) snapshot.push_back(o);
+    snapshot = concerned_locked();
   }
   for (auto& o : snapshot) {
     bool dirty;
@@ -450,18 +481,18 @@ Status StoreImpl::flush_impl() {
     o->current = *l;
     o->dirty = false;
   }
-  // 2. Lock every changed live version (key order), enqueue one batch, unlock.
+  // 2. Under mu_, one batch of every concerned live version whose NVMe copy the catalog
+  //    does not name yet. Keys with a commit in flight are skipped: that commit (a newer
+  //    put or a remove) supersedes this version and is ordered after it anyway.
   std::vector<catalog::Op> ops;
   std::vector<std::pair<std::string, LayoutPtr>> updates;
-  // 2. Under mu_, one batch of every live version whose NVMe copy the catalog does not name
-  //    yet. Keys with a commit in flight are skipped: that commit (a newer put or a
-  //    remove) supersedes this version and is ordered after it anyway.
   Future<void> f;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [key, o] : objects_) {
+    for (auto& o : concerned_locked()) {
+      const std::string& key = o->key;
       auto it = durable_.find(key);
-      if (!o->current || o->dirty || inflight_.count(key) ||
+      if (!o->live || !o->current || o->dirty || inflight_.count(key) ||
           (it != durable_.end() && it->second == o->current)) {
         continue;
       }

@@ -87,3 +87,56 @@ def test_future_timeout_is_timeout_error(store):
     except TimeoutError as e:  # the usual outcome: a 128 MiB read is not done at once
         assert isinstance(e, strata.DeadlineExceededError)
     assert f.result().shape == (32 << 20,)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 2 MiB tmpfs mounted under tmp_path (skips where mount is refused)."""
+    import subprocess
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield str(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_is_os_error_with_enospc(tmp_path, tiny_tmpfs):
+    s = strata.Store.open(str(tmp_path / "root"), nvme=[tiny_tmpfs], chunk_size="1MiB",
+                          staging="4MiB", workers=2)
+    try:
+        with pytest.raises(OSError) as e:  # as any disk-full error is caught
+            s.put("big", np.zeros(3 << 20, dtype=np.uint8))
+        err = e.value
+        assert err.errno == errno.ENOSPC
+        assert isinstance(err, strata.Error)
+        assert isinstance(err, strata.DiskFullError)
+        assert isinstance(err, strata.ResourceExhaustedError)  # as before: also MemoryError
+        assert err.code == "ResourceExhausted"
+        assert tiny_tmpfs in err.message
+        assert f"[errno {errno.ENOSPC}]" in str(err)
+        assert "big" not in s
+        # the store stays usable and the failed put's space is free again
+        s.put("small", np.arange(1 << 18, dtype=np.uint8))
+        assert np.array_equal(s.get("small"), np.arange(1 << 18, dtype=np.uint8))
+    finally:
+        s.close()
+
+
+def test_full_budget_is_not_an_os_error(tmp_path):
+    s = strata.Store.open(str(tmp_path / "root"), host_budget="1MiB", staging="4MiB",
+                          chunk_size="1MiB", workers=2)
+    try:
+        s.put("a", np.zeros(1 << 20, dtype=np.uint8), tier="host")
+        s.pin("a")
+        with pytest.raises(strata.ResourceExhaustedError) as e:
+            s.put("b", np.zeros(1 << 20, dtype=np.uint8), tier="host")
+        assert isinstance(e.value, MemoryError)
+        assert not isinstance(e.value, OSError)
+        assert e.value.errno == 0
+    finally:
+        s.close()

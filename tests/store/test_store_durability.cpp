@@ -369,5 +369,57 @@ TEST(StoreDurability, OnFlushDurabilityCommitsAtFlush) {
   EXPECT_EQ(list_store(d.path())->size(), 20u);
 }
 
+TEST(StoreDurability, HeldKeysAreCommittedOnlyByCommit) {
+  // hold(): flush() and close() leave a held key's pending write_range and dirty memory
+  // copy uncommitted (close drops them); commit() of the held keys commits them together.
+  TempDir d;
+  const uint64_t n = 3 * (1u << 20) / 2;
+  auto a = pattern(n, 1), b = pattern(n, 2), c = pattern(4096, 3);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_OK(s->put("held", a.data(), TensorDesc::bytes(n)));
+    ASSERT_OK(s->put("free", a.data(), TensorDesc::bytes(n)));
+    ASSERT_OK(s->hold({"held", "rec", "absent"}));
+    ASSERT_OK(s->write_range("held", 0, n, b.data()));
+    ASSERT_OK(s->write_range("free", 0, n, b.data()));
+    ASSERT_OK(s->put("rec", c.data(), TensorDesc::bytes(4096), {Tier::kHost, false, true}));
+    ASSERT_OK(s->flush());
+    EXPECT_TRUE(s->stat("held")->dirty);
+    EXPECT_TRUE(s->stat("rec")->dirty);
+    EXPECT_FALSE(s->stat("free")->dirty);
+    std::vector<uint8_t> out(n);
+    ASSERT_OK(s->get_bytes("held", out.data(), n));
+    EXPECT_EQ(out, b);  // reads see the pending bytes
+    ASSERT_OK(s->close());
+  }
+  {
+    auto s = open_or_die(small_options(d.path()));
+    std::vector<uint8_t> out(n);
+    ASSERT_OK(s->get_bytes("held", out.data(), n));
+    EXPECT_EQ(out, a);  // dropped at close
+    ASSERT_OK(s->get_bytes("free", out.data(), n));
+    EXPECT_EQ(out, b);
+    EXPECT_FALSE(s->contains("rec"));
+    ASSERT_OK(s->hold({"held", "rec"}));
+    ASSERT_OK(s->write_range("held", 0, n, b.data()));
+    ASSERT_OK(s->put("rec", c.data(), TensorDesc::bytes(4096), {Tier::kHost, false, true}));
+    ASSERT_OK(s->commit({"held", "rec", "held", "absent"}));
+    EXPECT_FALSE(s->stat("held")->dirty);
+    EXPECT_FALSE(s->stat("rec")->dirty);
+    s->release({"held"});
+    ASSERT_OK(s->write_range("held", 0, 4096, c.data()));
+    ASSERT_OK(s->close());  // released: the close commits it
+  }
+  auto s = open_or_die(small_options(d.path()));
+  std::vector<uint8_t> out(n), rec(4096);
+  ASSERT_OK(s->get_bytes("held", out.data(), n));
+  std::copy(c.begin(), c.end(), b.begin());
+  EXPECT_EQ(out, b);
+  ASSERT_OK(s->get_bytes("rec", rec.data(), 4096));
+  EXPECT_EQ(rec, c);
+  ASSERT_OK(s->close());
+  EXPECT_EQ(s->hold({"x"}).code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,5 +1,6 @@
 // C API: the offloaded optimizer and the communicator (strata.h).
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -85,7 +86,62 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
   });
 }
 
-void strata_optimizer_free(strata_optimizer_t* o) { delete o; }
+strata_status_t strata_optimizer_close(strata_optimizer_t* o) {
+  if (o == nullptr) return STRATA_OK;
+  std::unique_ptr<strata_optimizer> owned(o);
+  return guard([&]() -> strata_status_t {
+    return owned->opt ? set_error(owned->opt->close()) : STRATA_OK;
+  });
+}
+
+void strata_optimizer_free(strata_optimizer_t* o) {
+  if (strata_optimizer_close(o) != STRATA_OK) {
+    std::fprintf(stderr, "strata_optimizer_free: %s\n", strata_last_error());
+  }
+}
+
+strata_status_t strata_optimizer_set_hyperparams(strata_optimizer_t* o, int group,
+                                                 const char* const* keys,
+                                                 const double* values, size_t n) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (n > 0 && (keys == nullptr || values == nullptr)) return invalid("keys or values is NULL");
+    so::Hyperparams hp;
+    for (size_t i = 0; i < n; ++i) {
+      if (keys[i] == nullptr) return invalid("keys[" + std::to_string(i) + "] is NULL");
+      hp[keys[i]] = values[i];
+    }
+    // The rule factory refuses unknown keys and values out of range, naming them.
+    return set_error(o->opt->set_hyperparams(group, hp));
+  });
+}
+
+strata_status_t strata_optimizer_hyperparam(strata_optimizer_t* o, int group, const char* key,
+                                            double* value) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (key == nullptr || value == nullptr) return invalid("key or value output is NULL");
+    auto hp = o->opt->hyperparams(group);
+    if (!hp.ok()) return set_error(hp.status());
+    auto it = hp->find(key);
+    if (it != hp->end()) {
+      *value = it->second;
+      return STRATA_OK;
+    }
+    // Keys never set take the built-in optimizer's default.
+    auto defaults = so::builtin_default_hyperparams(o->opt->rule_name());
+    if (defaults.ok()) {
+      auto d = defaults->find(key);
+      if (d != defaults->end()) {
+        *value = d->second;
+        return STRATA_OK;
+      }
+    }
+    return set_error(not_found("param group " + std::to_string(group) + " of optimizer '" +
+                               o->opt->rule_name() + "' has no hyperparameter '" +
+                               std::string(key) + "'"));
+  });
+}
 
 strata_status_t strata_optimizer_add_param(strata_optimizer_t* o, const char* name, uint64_t numel,
                                            const float* init, strata_placement_t placement,

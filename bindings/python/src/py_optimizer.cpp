@@ -11,6 +11,7 @@
 #include "py_convert.hpp"
 #include "py_futures.hpp"
 #include "py_store.hpp"
+#include "strata/base/logging.hpp"
 #include "strata/optimizer/offload.hpp"
 #include "tensor_ref.hpp"
 
@@ -152,7 +153,13 @@ class PyOptimizer {
     return p;
   }
 
-  ~PyOptimizer() { close(); }
+  ~PyOptimizer() {
+    try {
+      close(true);
+    } catch (const std::exception& e) {
+      log_warn(std::string("strata optimizer: ") + e.what());
+    }
+  }
 
   /// \error FailedPrecondition once closed.
   optimizer::OffloadedOptimizer& o() {
@@ -160,11 +167,19 @@ class PyOptimizer {
     return *opt_;
   }
 
-  /// Releases the optimizer (waits for an in-flight step, GIL released). Idempotent.
-  void close() {
+  /// OffloadedOptimizer::close(checkpoint) (GIL released): waits for an in-flight step,
+  /// checkpoints when anything changed (unless `checkpoint` is false), and releases the
+  /// optimizer, also when the checkpoint fails. Idempotent.
+  /// \error the checkpoint's, raised after the release.
+  void close(bool checkpoint) {
     if (!opt_) return;
-    py::gil_scoped_release nogil;
-    opt_.reset();
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = opt_->close(checkpoint);
+      opt_.reset();
+    }
+    check(st);
   }
 
   uint32_t add_param(const std::string& name, uint64_t numel, py::object init, int group,
@@ -330,7 +345,7 @@ void register_optimizer(py::module_& m) {
         auto shared = store.shared();
         check(release_gil([&] { return optimizer::OffloadedOptimizer::remove(shared, {}, o); }));
       }, "store"_a, "key_prefix"_a = "optim/")
-      .def("close", &PyOptimizer::close)
+      .def("close", &PyOptimizer::close, "checkpoint"_a = true)
       .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
         return check(o.o().add_param_group(to_hyperparams(hp)));
       })

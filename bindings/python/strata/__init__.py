@@ -24,10 +24,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _strata
+from . import _lifetime, _strata
 from ._data_dir import default_data_dir
 from ._errors import (AlreadyExistsError, CancelledError, DataLossError,
-                      DeadlineExceededError, Error, FailedPreconditionError, InternalError,
+                      DeadlineExceededError, DiskFullError, Error, FailedPreconditionError, InternalError,
                       InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
                       PermissionDeniedError, ResourceExhaustedError, UnavailableError,
                       UnimplementedError)
@@ -47,7 +47,7 @@ __all__ = [
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
     "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",
-    "InternalError", "PermissionDeniedError",
+    "InternalError", "PermissionDeniedError", "DiskFullError",
 ]
 
 # strata dtype name <-> numpy dtype (bf16 has no numpy type: it travels as uint16 bits).
@@ -152,12 +152,19 @@ class Store:
     def close(self) -> None:
         """Flushes and releases the store. Later calls raise FailedPreconditionError.
 
+        Optimizers on the store that are still open are closed first (each close is its
+        last checkpoint), the newest first; their first error is raised after the store
+        closed.
+
         :raises ResourceExhaustedError: (MemoryError) dirty host/device objects could not be
             written back (NVMe budget or disk full). Nothing is dropped: the store stays
             open, so ``delete`` some objects (or ``evict``) and ``close()`` again; a store
             that is garbage-collected open drops what it cannot write back.
         :raises IoError: (OSError) likewise for an I/O error during the write-back."""
+        err = _lifetime.close_users(self)
         self._s.close()
+        if err is not None:
+            raise err
 
     @property
     def closed(self) -> bool:
@@ -184,7 +191,8 @@ class Store:
         :raises AlreadyExistsError: (KeyError) ``key`` exists and not ``overwrite``.
         :raises InvalidArgumentError: (ValueError) unsupported dtype, non-contiguous array,
             foreign byte order (e.g. numpy ``'>f4'``), sparse/meta/conj/neg torch tensor.
-        :raises ResourceExhaustedError: (MemoryError) the tier's budget or the disk is full.
+        :raises ResourceExhaustedError: (MemoryError) the tier's budget is full;
+            :class:`DiskFullError` (also OSError, ``errno`` ENOSPC) the disk is full.
         :raises IoError: (OSError) a write failed; ``errno`` says why.
         """
         self._s.put(key, array, tier, overwrite, pin, dtype)
@@ -414,7 +422,7 @@ class OffloadedOptimizer:
     ``step(max_grad_norm=0.0, grad_scale=1.0, skip_if_nonfinite=True) -> dict`` (also
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
-    ``checkpoint()``, ``add_param_group(dict)``, ``hyperparams(group)``,
+    ``checkpoint()``, ``close()``, ``add_param_group(dict)``, ``hyperparams(group)``,
     ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
     Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
@@ -426,6 +434,23 @@ class OffloadedOptimizer:
     def __init__(self, impl: "_strata._OffloadedOptimizer", store: Store):
         self._o = impl
         self.store = store
+        _lifetime.register(store, self)
+
+    def close(self, checkpoint: bool = True) -> None:
+        """The optimizer's last checkpoint, then its release (also by garbage collection,
+        before its store closes, and at interpreter exit). A resume restores the state of
+        the last :meth:`checkpoint` or close, whatever the tier: checkpoints when anything
+        changed since the last one (``checkpoint=False``: releases without, as if the
+        process were killed now). Idempotent; afterwards the other methods raise
+        FailedPreconditionError.
+
+        :raises ResourceExhaustedError, IoError: the checkpoint failed (e.g. disk full):
+            everything is released all the same, and the last checkpoint stays the resume
+            point.
+        :raises FailedPreconditionError: a step failed part-way before (resume from the
+            last checkpoint), or the store was closed first."""
+        _lifetime.unregister(self.store, self)
+        self._o.close(checkpoint)
 
     @classmethod
     def create(cls, store: Store, optimizer: str = "adamw",

@@ -11,6 +11,7 @@ NotFound                      NotFoundError                   KeyError
 AlreadyExists                 AlreadyExistsError              KeyError
 OutOfRange                    OutOfRangeError                 ValueError
 ResourceExhausted             ResourceExhaustedError          MemoryError
+  ... with errno ENOSPC/EDQUOT  DiskFullError (a subclass)      OSError (errno ENOSPC/EDQUOT)
 FailedPrecondition            FailedPreconditionError         (strata.Error only)
 DataLoss                      DataLossError                   OSError (errno when known)
 Unavailable                   UnavailableError                (strata.Error only)
@@ -22,12 +23,19 @@ Internal                      InternalError                   (strata.Error only
 PermissionDenied              PermissionDeniedError           PermissionError (errno)
 ============================  ==============================  ===========================
 
+A full disk or quota (ResourceExhausted whose errno is ENOSPC or EDQUOT) raises
+:class:`DiskFullError`: a ResourceExhaustedError (so a MemoryError) that is also an OSError
+whose ``errno`` is the OS's, so ``except OSError`` catches it as it catches any disk-full
+error. A budget that is full (host_budget, nvme_budget) stays a plain ResourceExhaustedError.
+
 Each instance has ``code`` (the StatusCode name, e.g. ``"NotFound"``), ``message`` (what
 went wrong, naming the key, path, offset or option) and ``errno`` (0 when no OS call failed;
 for the OSError family it is also ``OSError.errno``).
 """
 
 from __future__ import annotations
+
+import errno as _errno
 
 
 class Error(Exception):
@@ -91,10 +99,26 @@ _TABLE = (
 # Index = strata::StatusCode value.
 _BY_CODE = [None] + [_define(code, *also) for code, *also in _TABLE]
 globals().update((cls.__name__, cls) for cls in _BY_CODE[1:])
-__all__ = ["Error"] + [cls.__name__ for cls in _BY_CODE[1:]]
+
+
+class DiskFullError(_BY_CODE[5], OSError):  # type: ignore[misc,valid-type]
+    """strata StatusCode ResourceExhausted from a full file system or quota: also an
+    OSError with ``errno`` ENOSPC or EDQUOT (and a ResourceExhaustedError, a MemoryError)."""
+
+    code = "ResourceExhausted"
+    __init__ = _OSErrorMixin.__init__
+    __str__ = _OSErrorMixin.__str__
+    errno = OSError.errno  # type: ignore[assignment]
+
+
+#: errnos for which ResourceExhausted means "the disk (or quota) is full"
+_DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+__all__ = ["Error", "DiskFullError"] + [cls.__name__ for cls in _BY_CODE[1:]]
 
 
 def _from_status(code: int, message: str, errno: int) -> Error:
     """Builds the exception for a strata::Status (called by the C++ translator)."""
     cls = _BY_CODE[code] if 0 < code < len(_BY_CODE) else globals()["InternalError"]
+    if cls is _BY_CODE[5] and errno in _DISK_FULL_ERRNOS:
+        cls = DiskFullError
     return cls(message, errno)

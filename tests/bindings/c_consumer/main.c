@@ -1,12 +1,16 @@
 /* A C99 program using strata's installed C API: store, futures, errors, the offloaded
- * optimizer (create, step, checkpoint, resume) and the communicator. Prints "c consumer ok".
- */
+ * optimizer (create, step, checkpoint, resume, hyperparameters after create, the resume
+ * rule: strata_optimizer_free / close vs. a killed child process) and the communicator.
+ * Prints "c consumer ok". Run as `strata_c_consumer child DIR TIER ENDING` it is the
+ * child of test_resume_rule. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "strata/strata.h"
@@ -296,6 +300,192 @@ static void test_optimizer_torch_arithmetic(strata_store_t* store) {
   strata_optimizer_free(opt);
 }
 
+/* An LR schedule from C: strata_optimizer_set_hyperparams before each step, bit-identical
+ * to torch's sequence with that lr; refusals; the value kept by a checkpoint. */
+static void test_set_hyperparams(strata_store_t* store) {
+  enum { N = 2000 };
+  strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+  strata_optimizer_t* opt = NULL;
+  static float p[N], m[N], v[N], g[N], out[N];
+  const char* keys[2] = {"lr", "weight_decay"};
+  double vals[2];
+  double got = 0.0;
+  uint32_t h = 99;
+  int i, s, same = 1;
+
+  oo.key_prefix = "sched/";
+  oo.arithmetic = "torch";
+  oo.num_threads = 1;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_OK);
+  if (opt == NULL) return;
+  EXPECT_RC(strata_optimizer_hyperparam(opt, 0, "lr", &got), STRATA_OK);
+  EXPECT(got == 1e-3); /* adamw's default */
+  for (i = 0; i < N; ++i) {
+    p[i] = (float)((i % 71) - 35) / 30.0f;
+    m[i] = v[i] = 0.0f;
+  }
+  EXPECT_RC(strata_optimizer_add_param(opt, "w", N, p, STRATA_PLACEMENT_AUTO, &h), STRATA_OK);
+  for (s = 1; s <= 4; ++s) {
+    vals[0] = 0.02 / s; /* lr schedule */
+    vals[1] = 0.05;
+    EXPECT_RC(strata_optimizer_set_hyperparams(opt, 0, keys, vals, 2), STRATA_OK);
+    for (i = 0; i < N; ++i) g[i] = (float)(((i * 13 + s * 7) % 89) - 44) / 77.0f;
+    EXPECT_RC(strata_optimizer_set_grad(opt, h, g, STRATA_FLOAT32), STRATA_OK);
+    EXPECT_RC(strata_optimizer_step(opt, 0.0, 1.0f, NULL), STRATA_OK);
+    adamw_torch_ref(p, m, v, g, N, s, 0.02 / s, 0.9, 0.999, 1e-8, 0.05);
+  }
+  EXPECT_RC(strata_optimizer_read_param(opt, h, out, 0, N), STRATA_OK);
+  for (i = 0; i < N; ++i) same &= memcmp(&out[i], &p[i], sizeof(float)) == 0;
+  EXPECT(same);
+  /* Refusals change nothing: unknown key, lr < 0 (with a good key), no such group. */
+  keys[1] = "momentum";
+  EXPECT_RC(strata_optimizer_set_hyperparams(opt, 0, keys, vals, 2), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(strata_last_error(), "momentum") != NULL);
+  keys[1] = "weight_decay";
+  vals[0] = -1.0;
+  EXPECT_RC(strata_optimizer_set_hyperparams(opt, 0, keys, vals, 2), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_optimizer_set_hyperparams(opt, 1, keys, vals, 1), STRATA_ERR_OUT_OF_RANGE);
+  EXPECT_RC(strata_optimizer_set_hyperparams(opt, 0, NULL, vals, 1), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_optimizer_hyperparam(opt, 0, "lr", &got), STRATA_OK);
+  EXPECT(got == 0.02 / 4);
+  EXPECT_RC(strata_optimizer_hyperparam(opt, 0, "nope", &got), STRATA_ERR_NOT_FOUND);
+  vals[0] = 0.125;
+  EXPECT_RC(strata_optimizer_set_hyperparams(opt, 0, keys, vals, 1), STRATA_OK);
+  EXPECT_RC(strata_optimizer_close(opt), STRATA_OK); /* close: the checkpoint keeps lr */
+  opt = NULL;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 1, &opt), STRATA_OK);
+  if (opt == NULL) return;
+  EXPECT_RC(strata_optimizer_hyperparam(opt, 0, "lr", &got), STRATA_OK);
+  EXPECT(got == 0.125);
+  EXPECT_RC(strata_optimizer_hyperparam(opt, 0, "weight_decay", &got), STRATA_OK);
+  EXPECT(got == 0.05);
+  strata_optimizer_free(opt);
+}
+
+/* The resume rule: a child process trains K steps, checkpoints, trains M more, then ends by
+ * `ending`: "free" (strata_optimizer_free, store close, exit 0), "close" (likewise with
+ * strata_optimizer_close), "kill" (SIGKILL). Two parameters placed by `tier` ("auto":
+ * host_budget fits the second only). */
+enum { RK = 2, RM = 2, RN0 = 3000, RN1 = 500 };
+
+static float rule_init(int t, int i) { return (float)(((i + 7 * t) % 83) - 41) / 37.0f; }
+static float rule_grad(int t, int s, int i) {
+  return (float)(((i * 29 + s * 13 + t * 5) % 97) - 48) / 91.0f;
+}
+
+static strata_status_t rule_open(const char* dir, strata_store_t** store) {
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  set_store_options(&o, dir, 16, 8, 0);
+  o.chunk_bytes = 64u << 10;
+  return strata_store_open(&o, store);
+}
+
+static void rule_options(strata_optimizer_options_t* oo, const char* tier) {
+  oo->arithmetic = "torch";
+  oo->lr = 0.01;
+  oo->num_threads = 1;
+  oo->sub_group_numel = 1000;
+  oo->host_budget_bytes = strcmp(tier, "auto") == 0 ? (uint64_t)RN1 * 12 : 0;
+}
+
+static int rule_child(const char* dir, const char* tier, const char* ending) {
+  static float init[RN0];
+  static float gb[2][RN0];
+  strata_store_t* store = NULL;
+  strata_optimizer_t* opt = NULL;
+  strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+  strata_placement_t pl = strcmp(tier, "host") == 0   ? STRATA_PLACEMENT_HOST
+                          : strcmp(tier, "nvme") == 0 ? STRATA_PLACEMENT_NVME
+                                                      : STRATA_PLACEMENT_AUTO;
+  const int n[2] = {RN0, RN1};
+  uint32_t h;
+  int t, s, i;
+  if (rule_open(dir, &store) != STRATA_OK) return 10;
+  rule_options(&oo, tier);
+  if (strata_optimizer_create(store, &oo, 0, &opt) != STRATA_OK) return 11;
+  for (t = 0; t < 2; ++t) {
+    for (i = 0; i < n[t]; ++i) init[i] = rule_init(t, i);
+    if (strata_optimizer_add_param(opt, t == 0 ? "a" : "b", (uint64_t)n[t], init, pl, &h) !=
+        STRATA_OK)
+      return 12;
+  }
+  for (s = 1; s <= RK + RM; ++s) {
+    for (t = 0; t < 2; ++t) {
+      for (i = 0; i < n[t]; ++i) gb[t][i] = rule_grad(t, s, i);
+      if (strata_optimizer_set_grad(opt, (uint32_t)t, gb[t], STRATA_FLOAT32) != STRATA_OK)
+        return 13;
+    }
+    if (strata_optimizer_step(opt, 0.0, 1.0f, NULL) != STRATA_OK) return 14;
+    if (s == RK && strata_optimizer_checkpoint(opt) != STRATA_OK) return 15;
+  }
+  if (strcmp(ending, "kill") == 0) raise(SIGKILL);
+  if (strcmp(ending, "close") == 0) {
+    if (strata_optimizer_close(opt) != STRATA_OK) return 16;
+  } else {
+    strata_optimizer_free(opt);
+  }
+  return strata_store_close(store) == STRATA_OK ? 0 : 17;
+}
+
+static void test_resume_rule(const char* self, const char* base) {
+  const char* tiers[3] = {"nvme", "host", "auto"};
+  const char* endings[3] = {"free", "close", "kill"};
+  static float p[2][RN0], m[2][RN0], v[2][RN0], g[RN0], out[RN0];
+  const int n[2] = {RN0, RN1};
+  int ti, ei, t, s, i;
+  for (ti = 0; ti < 3; ++ti) {
+    for (ei = 0; ei < 3; ++ei) {
+      char dir[300];
+      pid_t pid;
+      int status = 0, steps, same = 1;
+      strata_store_t* store = NULL;
+      strata_optimizer_t* opt = NULL;
+      strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+      int64_t step = -1;
+      snprintf(dir, sizeof dir, "%s/rule-%s-%s", base, tiers[ti], endings[ei]);
+      pid = fork();
+      if (pid == 0) {
+        execl(self, self, "child", dir, tiers[ti], endings[ei], (char*)NULL);
+        _exit(127);
+      }
+      EXPECT(pid > 0 && waitpid(pid, &status, 0) == pid);
+      if (ei == 2) {
+        EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+      } else {
+        EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      }
+      steps = ei == 2 ? RK : RK + RM; /* killed: the checkpoint; else: the close */
+      for (t = 0; t < 2; ++t) {
+        for (i = 0; i < n[t]; ++i) {
+          p[t][i] = rule_init(t, i);
+          m[t][i] = v[t][i] = 0.0f;
+        }
+        for (s = 1; s <= steps; ++s) {
+          for (i = 0; i < n[t]; ++i) g[i] = rule_grad(t, s, i);
+          adamw_torch_ref(p[t], m[t], v[t], g, n[t], s, 0.01, 0.9, 0.999, 1e-8, 1e-2);
+        }
+      }
+      EXPECT_RC(rule_open(dir, &store), STRATA_OK);
+      if (store == NULL) continue;
+      rule_options(&oo, tiers[ti]);
+      EXPECT_RC(strata_optimizer_create(store, &oo, 1, &opt), STRATA_OK);
+      if (opt != NULL) {
+        for (t = 0; t < 2; ++t) {
+          EXPECT_RC(strata_optimizer_step_count(opt, (uint32_t)t, &step), STRATA_OK);
+          EXPECT(step == steps);
+          EXPECT_RC(strata_optimizer_read_param(opt, (uint32_t)t, out, 0, (uint64_t)n[t]),
+                    STRATA_OK);
+          for (i = 0; i < n[t]; ++i) same &= memcmp(&out[i], &p[t][i], sizeof(float)) == 0;
+        }
+        if (!same) fprintf(stderr, "resume rule: %s/%s differs\n", tiers[ti], endings[ei]);
+        EXPECT(same);
+        EXPECT_RC(strata_optimizer_close(opt), STRATA_OK);
+      }
+      EXPECT_RC(strata_store_close(store), STRATA_OK);
+    }
+  }
+}
+
 static void test_optimizer(const char* dir) {
   enum { N = 5000 };
   strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
@@ -380,6 +570,8 @@ static void test_optimizer(const char* dir) {
     strata_optimizer_free(opt);
   }
   test_optimizer_torch_arithmetic(store);
+  test_set_hyperparams(store);
+  EXPECT_RC(strata_optimizer_close(NULL), STRATA_OK);
   EXPECT_RC(strata_store_close(store), STRATA_OK);
 }
 
@@ -407,10 +599,11 @@ static void test_comm(void) {
   strata_comm_free(comm);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
   char tmpl[] = "/tmp/strata-c-consumer-XXXXXX";
   char sub[256];
   char cmd[300];
+  if (argc == 5 && strcmp(argv[1], "child") == 0) return rule_child(argv[2], argv[3], argv[4]);
   if (mkdtemp(tmpl) == NULL) return 1;
   EXPECT(strcmp(strata_status_name(STRATA_ERR_NOT_FOUND), "NotFound") == 0);
   EXPECT(strata_dtype_size(STRATA_BFLOAT16) == 2 && strata_dtype_size(STRATA_INT64) == 8);
@@ -420,6 +613,7 @@ int main(void) {
   test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);
   test_optimizer(sub);
+  test_resume_rule(argv[0], tmpl);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

@@ -1,4 +1,7 @@
-/* strata — C API (C99). Link with -lstrata_c (CMake: strata::c).
+/* strata — C API (C99). Link with -lstrata_c (CMake: strata::c). The library is shared:
+ * with a prefix outside the loader's paths, link with -Wl,-rpath,$PREFIX/lib (or set
+ * LD_LIBRARY_PATH) so that the program finds libstrata_c.so when it runs; CMake's
+ * strata::c sets the build tree's RPATH itself.
  *
  * Conventions
  *  - Every fallible function returns a strata_status_t: STRATA_OK (0) on success, otherwise
@@ -44,8 +47,10 @@ extern "C" {
 
 /** Version of this header's structs and functions.
  *  2: strata_object_info_t.damaged and strata_store_object_damage().
- *  3: strata_optimizer_options_t.arithmetic. */
-#define STRATA_C_API_VERSION 3
+ *  3: strata_optimizer_options_t.arithmetic.
+ *  4: strata_optimizer_close() (free returning the final checkpoint's status),
+ *     strata_optimizer_set_hyperparams() and strata_optimizer_hyperparam(). */
+#define STRATA_C_API_VERSION 4
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -326,16 +331,46 @@ typedef struct strata_optimizer_options {
   }
 
 /** Creates an offloaded optimizer whose fp32 masters and states live in `store` (which must
- *  stay open until strata_optimizer_free). With `resume` = 1 the optimizer checkpointed
- *  under key_prefix is reopened instead (hyperparameters then come from the checkpoint).
+ *  stay open until strata_optimizer_close / free). With `resume` = 1 the optimizer
+ *  checkpointed under key_prefix is reopened instead, as of its last checkpoint or close
+ *  (hyperparameters then come from the checkpoint).
  *  \error INVALID_ARGUMENT (bad option or hyperparameter, an arithmetic other than "simd"
  *      or "torch", "torch" for an optimizer other than adam/adamw); ALREADY_EXISTS (a checkpoint
  *      exists and resume = 0); NOT_FOUND (resume = 1 and none exists); RESOURCE_EXHAUSTED. */
 STRATA_C_API strata_status_t strata_optimizer_create(strata_store_t* store,
                                                      const strata_optimizer_options_t* options,
                                                      int resume, strata_optimizer_t** optimizer);
-/** Releases the optimizer (state since the last checkpoint is not made durable). */
+/** Closes the optimizer: its last checkpoint (one rule for every tier: a resume restores
+ *  the state of the last strata_optimizer_checkpoint() or close; a process killed without
+ *  closing resumes at the last of those). Checkpoints when anything changed since the last
+ *  checkpoint, then frees the handle, also when it returns an error; NULL is a no-op.
+ *  Close the optimizer before its store: a store closed first drops the state since the
+ *  last checkpoint (this call then returns FAILED_PRECONDITION).
+ *  \error what strata_optimizer_checkpoint() returns (RESOURCE_EXHAUSTED, IO,
+ *      FAILED_PRECONDITION after a step that failed part-way or for a closed store); the
+ *      last checkpoint then stays the resume point. */
+STRATA_C_API strata_status_t strata_optimizer_close(strata_optimizer_t* optimizer);
+/** strata_optimizer_close() without its status (an error is logged to stderr and left in
+ *  strata_last_error()). */
 STRATA_C_API void strata_optimizer_free(strata_optimizer_t* optimizer);
+
+/** Sets `n` hyperparameters of param group `group` (0: the only group of the C API):
+ *  keys[i] = values[i], torch.optim's names ("lr", "beta1", "beta2", "eps",
+ *  "weight_decay", "amsgrad" 0/1, "maximize" 0/1, ...), effective from the next step and
+ *  kept by checkpoints (e.g. a learning-rate schedule: set "lr" before each step). All or
+ *  nothing: on error no value changes.
+ *  \error OUT_OF_RANGE (no such group); INVALID_ARGUMENT (NULL keys/values with n > 0, a
+ *      key the optimizer does not know, a value out of range, e.g. lr < 0, or one that
+ *      would change its state streams, e.g. amsgrad switched on). */
+STRATA_C_API strata_status_t strata_optimizer_set_hyperparams(strata_optimizer_t* optimizer,
+                                                              int group,
+                                                              const char* const* keys,
+                                                              const double* values, size_t n);
+/** The value of hyperparameter `key` of param group `group` in *value.
+ *  \error OUT_OF_RANGE (no such group); NOT_FOUND (the group has no such key). */
+STRATA_C_API strata_status_t strata_optimizer_hyperparam(strata_optimizer_t* optimizer,
+                                                         int group, const char* key,
+                                                         double* value);
 
 /** Placement of a parameter's master and states. */
 typedef enum strata_placement {
@@ -390,7 +425,10 @@ STRATA_C_API strata_status_t strata_optimizer_read_param(strata_optimizer_t* opt
 /** Step counter of `param` (torch's state["step"]). \error OUT_OF_RANGE. */
 STRATA_C_API strata_status_t strata_optimizer_step_count(strata_optimizer_t* optimizer,
                                                          uint32_t param, int64_t* step);
-/** Makes the state after the last step durable in place (one store flush). */
+/** Makes the state after the last step durable in place (one commit of the optimizer's
+ *  objects): the resume point until the next checkpoint or close. \error IO,
+ *  RESOURCE_EXHAUSTED (the last checkpoint stays the resume point); FAILED_PRECONDITION
+ *  after a step that failed part-way (resume from the last checkpoint). */
 STRATA_C_API strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* optimizer);
 
 /* ---- communicator ----------------------------------------------------------------------- */

@@ -92,8 +92,9 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             other key prefixes' objects, also nested ones, stay). Without it such a
             checkpoint is refused (AlreadyExistsError). Excludes ``resume``.
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
-            at ``path`` (which must then be given; the store is opened without create, so a
-            missing store or checkpoint creates nothing). The model's parameters must be
+            at ``path`` as of its last :meth:`checkpoint` or :meth:`close`, every tier alike
+            (see close; ``store`` or ``path`` must then be given; the store is opened
+            without create, so a missing store or checkpoint creates nothing). The model's parameters must be
             given in the checkpoint's order and param groups: the same number of groups and
             of parameters (zero-size ones included), each with its checkpointed element
             count. Masters are copied into the parameters, and like
@@ -214,6 +215,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             raise
         self._resuming = False
         self._ready = True
+        strata._lifetime.register(self.store, self)  # closed before its store, and at exit
 
     # ---- setup ---------------------------------------------------------------------------
 
@@ -329,26 +331,69 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
     # ---- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Releases the optimizer (no checkpoint), closes a store it opened, removes its
-        temporary directory. Idempotent, and safe on an object whose constructor failed.
-        Afterwards step/checkpoint/state_dict/load_state_dict/add_param_group raise
-        strata.FailedPreconditionError ("OffloadAdam is closed")."""
-        self._closed = True
-        opt, self._opt = getattr(self, "_opt", None), None
-        if opt is not None:
-            opt._o.close()
+        """The optimizer's last checkpoint, then its release: a resume
+        (``resume=True``) restores the state of the last :meth:`checkpoint` or close, for
+        every tier ("nvme", "host", "auto"). Closing happens here, when the optimizer is
+        garbage-collected (``del opt``), when a :class:`strata.Store` it uses closes (first),
+        and at interpreter exit (an ``atexit`` handler; also after Ctrl-C's
+        KeyboardInterrupt). A process that dies without closing (SIGKILL, a crash, power
+        loss) resumes at its last checkpoint or close; a flush of a shared store between
+        steps moves nothing. The checkpoint takes the current ``param_groups``
+        (e.g. a scheduler's lr) and is skipped when nothing changed since the last one, for
+        an optimizer whose constructor failed, and for one in a temporary directory (which
+        is removed). Then a store the optimizer opened is closed and its temporary
+        directory removed. Idempotent; afterwards step/checkpoint/state_dict/
+        load_state_dict/add_param_group raise strata.FailedPreconditionError
+        ("OffloadAdam is closed").
+
+        :raises strata.ResourceExhaustedError, strata.IoError: the checkpoint failed (e.g.
+            disk full); everything is released all the same and the last checkpoint stays
+            the resume point.
+        :raises strata.FailedPreconditionError: a step failed part-way before (the state
+            since the last checkpoint cannot be saved: resume from it), or the store was
+            closed before the optimizer."""
+        error: Optional[BaseException] = None
+        opt = getattr(self, "_opt", None)
         store = getattr(self, "store", None)
+        if opt is not None and not getattr(self, "_closed", True):
+            # A half-built optimizer, or one whose temporary store is deleted below, is
+            # released without a checkpoint.
+            keep = getattr(self, "_ready", False) and getattr(self, "_owned_dir", None) is None
+            try:
+                if keep:
+                    self._sync_hyperparams()
+            except Exception as e:  # noqa: BLE001 (raised below, after the release)
+                error = e
+                keep = False
+            if store is not None:
+                strata._lifetime.unregister(store, self)
+            try:
+                opt.close(checkpoint=keep)
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+        self._closed = True
+        self._opt = None
         if getattr(self, "_owns_store", False) and store is not None and not store.closed:
-            store.close()
+            try:
+                store.close()
+            except Exception as e:  # noqa: BLE001
+                error = error or e
         owned, self._owned_dir = getattr(self, "_owned_dir", None), None
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
+        if error is not None:
+            raise error
 
     def __del__(self):
         try:
             self.close()
-        except Exception:
-            pass
+        except Exception as e:  # noqa: BLE001 (garbage collection cannot raise)
+            try:
+                import warnings
+                warnings.warn(f"{type(self).__name__} closed by garbage collection: its last "
+                              f"checkpoint failed: {e}", RuntimeWarning)
+            except Exception:  # noqa: BLE001 (interpreter shutdown)
+                pass
 
 
 class OffloadAdam(_OffloadAdamBase):

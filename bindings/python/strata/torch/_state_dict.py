@@ -45,12 +45,16 @@ class StateDictMixin:
 
     def checkpoint(self) -> None:
         """Makes the state after the last step durable in place: one commit of the
-        optimizer (one store flush), which holds every parameter's state and step count,
+        optimizer's objects, which holds every parameter's state and step count,
         zero-size parameters' included. Reopen with ``resume=True`` and the same store/path
-        and key_prefix.
+        and key_prefix: a resume restores the last checkpoint or :meth:`close` (also
+        garbage collection and interpreter exit), whatever the tier; a process killed
+        without closing resumes at its last checkpoint, even if the store was flushed since.
 
-        :raises strata.FailedPreconditionError: the optimizer is closed.
-        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...).
+        :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
+            part-way before (resume from the last checkpoint).
+        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...); the last
+            checkpoint then stays the resume point.
         """
         self._check_open()
         self._opt.checkpoint()

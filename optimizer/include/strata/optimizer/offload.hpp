@@ -19,17 +19,30 @@
 //   P + "p/" + N + "/param"     fp32[numel] master weights
 //   P + "p/" + N + "/" + S      fp32[numel] state stream S (e.g. ".../exp_avg")
 //
-// CHECKPOINT CONTRACT. checkpoint() makes the state after the last completed step durable
-// in place: it writes the host-tier tensors to their backing objects, writes the meta
-// record (pinned host-tier object, so LRU never writes it back on its own) and calls
-// Store::flush(), which commits the copy-on-write chunks of every NVMe tensor and the
-// record in one catalog transaction. No NVMe-resident byte is copied elsewhere. After a
-// crash (SIGKILL, power loss) OffloadedOptimizer::open() restores masters, states, step
-// counters and hyperparameters of the last checkpoint, and later steps are bit-identical to
-// an uninterrupted run given the same gradients. The record is also refreshed (not
-// committed) after every step, so any Store::flush()/close() made BETWEEN steps by the
-// store's owner commits NVMe tensors together with their matching step counters; host-tier
-// tensors are only committed by checkpoint(). Do not flush the store while a step runs.
+// CHECKPOINT CONTRACT (one rule, every tier and every language binding): open()
+// restores the state of the optimizer's last checkpoint, and close() is a checkpoint.
+// checkpoint() makes the state after the last completed step durable in place: it writes
+// the host-tier tensors to their backing objects, writes the meta record, and commits the
+// copy-on-write chunks of every tensor and the record in one catalog transaction
+// (Store::commit of the optimizer's keys). No NVMe-resident byte is copied elsewhere.
+// close() -- also the destructor, strata_optimizer_free() / strata_optimizer_close() in C,
+// close(), garbage collection and interpreter exit in Python -- checkpoints when anything
+// changed since the last checkpoint, then releases the optimizer. A process that ends
+// without closing (SIGKILL, a crash, power loss) resumes at its last checkpoint() or
+// close(): masters, states, step counters and hyperparameters of that moment, every
+// tensor at the same step whatever its tier, and later steps bit-identical to an
+// uninterrupted run given the same gradients.
+// Between checkpoints the optimizer's objects are held out of the store's own flush()
+// and close() (Store::hold): a flush or close of a shared store by its owner commits the
+// store's other objects and none of the optimizer's, so it never moves the optimizer's
+// resume point. Consequences: a store closed before the optimizer drops the state since
+// the last checkpoint (the optimizer's close() then fails with FailedPrecondition: close
+// the optimizer first); a step that fails part-way (an I/O error) leaves the tensors
+// partly updated, so checkpoint() and close() refuse from then on (FailedPrecondition;
+// close() still releases everything) and a resume restores the last checkpoint; a close()
+// whose checkpoint fails (e.g. ResourceExhausted, disk full) returns the error, releases
+// everything and loses nothing committed (the last checkpoint stays the resume point).
+// Do not flush or commit the optimizer's keys while a step or checkpoint() runs.
 //
 // Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
 // of the master and every state stream: num_buffers * (1 + num_states) * sub_group_numel *
@@ -235,14 +248,17 @@ class OffloadedOptimizer {
   /// Resumes the optimizer checkpointed under options.key_prefix in `store`: every tensor
   /// (masters, states: NVMe tensors stay where they are, host tensors are read into DRAM),
   /// step counters, param groups and their hyperparameters, as of the last checkpoint()
-  /// (or Store flush between steps, see the contract). Gradients and parameter copies are
-  /// not restored (attach them again).
+  /// or close() (see the contract). Gradients and parameter copies are not restored
+  /// (attach them again).
   /// \param factory the same factory as at create(); empty = builtin_rule_factory() of the
   ///     recorded rule name.
   /// \error NotFound when there is no checkpoint record or a tensor object is missing;
   ///     FailedPrecondition when the factory rejects the recorded hyperparameters or builds
   ///     a rule whose name or state count differs from the recorded one;
-  ///     DataLoss for a malformed record or (verify_on_open) a bad chunk; errors of create().
+  ///     DataLoss for a malformed record or (verify_on_open) a bad chunk;
+  ///     FailedPrecondition when this Store object holds changes of the optimizer's keys
+  ///     made after the last checkpoint (an optimizer on it failed to checkpoint them:
+  ///     reopen the store to resume from the last checkpoint); errors of create().
   static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
                                                           RuleFactory factory,
                                                           const OffloadOptions& options = {});
@@ -261,9 +277,21 @@ class OffloadedOptimizer {
   static Status remove(std::shared_ptr<Store> store, RuleFactory factory,
                        const OffloadOptions& options = {});
 
-  /// Waits for an in-flight step. Does not checkpoint: state after the last checkpoint()
-  /// is lost unless the store's owner flushes (see the contract). Releases the pinned pool.
+  /// close(); an error is logged (call close() first to see it).
   ~OffloadedOptimizer();
+  /// The last checkpoint of the optimizer (see the contract): waits for an in-flight step,
+  /// checkpoint()s when anything changed since the last checkpoint (a step, a write, a
+  /// hyperparameter, a new parameter or group; a new optimizer counts as changed), then
+  /// releases the kernel threads, the pinned pool and the host-tier DRAM. Releases them
+  /// also when the checkpoint fails. Idempotent (a second call returns OK). Afterwards the
+  /// members that step, read, write or change the optimizer fail with FailedPrecondition;
+  /// the introspection members still answer. `checkpoint` false releases without a
+  /// checkpoint, as if the process were killed now: a resume restores the previous
+  /// checkpoint (for an optimizer abandoned half-built, or a store about to be deleted).
+  /// \error what checkpoint() returns (FailedPrecondition after a failed step or for a
+  ///     closed store, ResourceExhausted, IoError), the message saying the state since the
+  ///     last checkpoint is not saved; the last checkpoint stays the resume point.
+  Status close(bool checkpoint = true);
   OffloadedOptimizer(const OffloadedOptimizer&) = delete;
   OffloadedOptimizer& operator=(const OffloadedOptimizer&) = delete;
 
@@ -329,8 +357,9 @@ class OffloadedOptimizer {
   /// tensor's step counter advances by one. Blocks until the writes of the step are
   /// complete (not yet durable: see checkpoint()).
   /// \error I/O errors of the store (IoError, DataLoss, ResourceExhausted) naming the key;
-  ///     after such an error the NVMe tensors may be partly updated and counters are not
-  ///     advanced: resume from the last checkpoint.
+  ///     after such an error the tensors may be partly updated and counters are not
+  ///     advanced, so checkpoint() and close() refuse: resume from the last checkpoint.
+  ///     FailedPrecondition once closed.
   Result<StepStats> step(const StepOptions& options = {});
   /// step() on an internal thread. Gradient and copy buffers must stay valid until the
   /// future is ready; other members called meanwhile wait for it.
@@ -367,8 +396,11 @@ class OffloadedOptimizer {
   // ---- durability -----------------------------------------------------------------------
 
   /// Makes the state after the last completed step durable in place (see the contract):
-  /// host tensors to their backing objects, the meta record, then one Store::flush().
-  /// Waits for an in-flight step first. \error store errors (IoError, ResourceExhausted).
+  /// host tensors to their backing objects, the meta record, then one Store::commit() of
+  /// the optimizer's keys. Waits for an in-flight step first. On error the previous
+  /// checkpoint stays the resume point.
+  /// \error store errors (IoError, ResourceExhausted); FailedPrecondition once closed, for
+  ///     a closed store, or after a step that failed part-way.
   Status checkpoint();
 
   // ---- introspection --------------------------------------------------------------------

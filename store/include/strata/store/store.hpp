@@ -299,6 +299,25 @@ class Store {
   /// written back and committed, and the first such error is returned.
   virtual Future<void> flush_async() = 0;
 
+  /// Holds `keys` out of flush() and close(): a held key's uncommitted changes (pending
+  /// write_range chunks, a dirty memory copy, a put under Durability::kOnFlush) are
+  /// committed only by commit(); flush() and close() leave them out, so a close() drops
+  /// them and a reopen finds the key's last committed version. For an owner that keeps
+  /// several objects consistent with one another (the offloaded optimizer: masters,
+  /// states and the record naming their step) and must not have another user's flush()
+  /// commit some of them. Puts committed at once (Durability::kOnPut to NVMe), remove(),
+  /// evict() and demotions still commit the key they change. Keys need not exist; holding
+  /// a held key again is a no-op. In memory only: holds end when the store closes.
+  /// \error FailedPrecondition when the store is closed or read-only.
+  virtual Status hold(const std::vector<std::string>& keys) = 0;
+  /// Ends the holds of `keys` (keys not held are ignored): later flush() calls commit them.
+  virtual void release(const std::vector<std::string>& keys) = 0;
+  /// As flush(), for `keys` only (held or not; absent keys are skipped): writes back their
+  /// dirty memory copies, fdatasyncs, and commits their pending changes in one catalog
+  /// transaction, so after a crash either all of them or none show the changes since their
+  /// previous commit. Errors as flush().
+  virtual Future<void> commit_async(std::vector<std::string> keys) = 0;
+
   /// Metadata of `key`. \error NotFound; FailedPrecondition when the store is closed.
   virtual Result<ObjectInfo> stat(const std::string& key) const = 0;
   /// Objects whose key starts with `prefix`, sorted by key (bytewise UTF-8). A read-only
@@ -366,6 +385,9 @@ class Store {
   Status unpin(const std::string& key) { return unpin_async(key).result().status(); }
   Status remove(const std::string& key) { return remove_async(key).result().status(); }
   Status flush() { return flush_async().result().status(); }
+  Status commit(std::vector<std::string> keys) {
+    return commit_async(std::move(keys)).result().status();
+  }
 };
 
 /// Reads the catalog of the store at `path` without the write lock and without opening
