@@ -38,6 +38,16 @@ def _assert_same(m1, m2):
         assert torch.equal(a.detach(), b.detach())
 
 
+def _checkpointed(path, steps):
+    """A model trained ``steps`` steps by an OffloadAdam checkpointed and closed at ``path``."""
+    m = _model()
+    o = st.OffloadAdam(m.parameters(), path=path, **KW)
+    _train(m, o, steps)
+    o.checkpoint()
+    o.close()
+    return m
+
+
 def _keys(path):
     with strata.Store.open(path, create=False) as s:
         return sorted(s.keys())
@@ -47,11 +57,7 @@ def _keys(path):
 
 def test_a_reused_path_is_refused_naming_resume_and_overwrite(tmp_path):
     path = str(tmp_path / "s")
-    m = _model()
-    o = st.OffloadAdam(m.parameters(), path=path, **KW)
-    _train(m, o, 1)
-    o.checkpoint()
-    o.close()
+    m = _checkpointed(path, 1)
     with pytest.raises(strata.AlreadyExistsError) as e:
         st.OffloadAdam(m.parameters(), path=path, **KW)
     assert e.value.message == (
@@ -203,11 +209,7 @@ def test_named_param_groups_and_unnamed_checkpoints(tmp_path):
     assert not os.path.exists(tmp_path / "x")
     # an unnamed checkpoint resumes with named parameters (found by index, as before)
     path2 = str(tmp_path / "unnamed")
-    m3 = _model()
-    o = st.OffloadAdam(m3.parameters(), path=path2, **KW)
-    _train(m3, o, 2)
-    o.checkpoint()
-    o.close()
+    m3 = _checkpointed(path2, 2)
     m4 = _model(seed=9)
     o = st.OffloadAdam(m4.named_parameters(), path=path2, resume=True, **KW)
     _assert_same(m4, m3)
