@@ -148,11 +148,14 @@ def evaluate(model, batches, device):
 
 # ---- training ------------------------------------------------------------------------------
 
-def param_groups(model, weight_decay):
-    """GPT-2 style: no weight decay on biases, LayerNorm weights and the position table."""
+def param_groups(model, weight_decay, named=False):
+    """GPT-2 style: no weight decay on biases, LayerNorm weights and the position table.
+    named: (name, parameter) pairs, which strata's optimizers record in the store's keys
+    (torch 1.13's optimizers take plain parameters)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("pos") else no_decay).append(p)
+        (decay if p.dim() >= 2 and not name.startswith("pos") else no_decay).append(
+            (name, p) if named else p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 
@@ -299,8 +302,8 @@ def main():
                               chunk_size="4MiB")
 
     def make_strata(model):
-        return TrackedOffloadAdamW(param_groups(model, args.weight_decay), lr=args.lr,
-                                   betas=(0.9, 0.95), store=store, tier=args.tier,
+        return TrackedOffloadAdamW(param_groups(model, args.weight_decay, named=True),
+                                   lr=args.lr, betas=(0.9, 0.95), store=store, tier=args.tier,
                                    host_budget=args.host_budget, num_threads=threads,
                                    arithmetic=args.arithmetic)
 

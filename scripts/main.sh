@@ -28,6 +28,7 @@ fi
 trap 'rm -f "$DIR/strata-bench-io.dat"' EXIT
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write --keep
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op read
+rm -f "$DIR/strata-bench-io.dat"
 # Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
 STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
   /usr/bin/python3 examples/train_lm.py --dir "$DIR/train_lm" "$@"

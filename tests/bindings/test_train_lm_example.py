@@ -26,6 +26,11 @@ def test_ten_steps_that_agree_with_torch_pass(tmp_path):
     assert "relative difference 0.0000%" in p.stdout
     assert "the loss drop is checked from 100 steps on; 10 steps: checked against torch only" \
         in p.stdout
+    # the store's objects carry the model's parameter names
+    import strata
+    with strata.Store.open(str(tmp_path / "store"), create=False) as s:
+        keys = set(s.keys())
+    assert "optim/p/p0:tok.weight/exp_avg" in keys, sorted(keys)[:8]
 
 
 def test_ten_steps_that_disagree_with_torch_fail(tmp_path):
