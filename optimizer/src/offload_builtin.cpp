@@ -85,7 +85,8 @@ Builtin adam_builtin(std::string_view name, MakeRule<AdamOptions> make) {
   return builtin_of<O>(std::string(name),
                        {{"lr", &O::lr}, {"beta1", &O::beta1}, {"beta2", &O::beta2},
                         {"eps", &O::eps}, {"weight_decay", &O::weight_decay},
-                        {"amsgrad", &O::amsgrad}, {"maximize", &O::maximize}},
+                        {"amsgrad", &O::amsgrad}, {"maximize", &O::maximize},
+                        {"any_betas", &O::any_betas}},
                        base, make);
 }
 

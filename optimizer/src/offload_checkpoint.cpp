@@ -195,6 +195,7 @@ Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
   // may commit part of them (its close drops them).
   if (st.ok() && (want_checkpoint || !changed)) store->release(all_keys());
   closed = true;
+  claim = offload_detail::PrefixClaim();  // the key prefix is free for another optimizer
   for (auto& t : tensors) {
     t.host.clear();
     t.grad = nullptr;

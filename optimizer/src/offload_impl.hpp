@@ -3,6 +3,7 @@
 //   offload_tensors.cpp     host-tier memory, add_param, the range accessors
 //   offload_pipeline.cpp    step(): gradient checks, DRAM tensors, the NVMe pipeline
 //   offload_checkpoint.cpp  the checkpoint record, checkpoint(), close(), restore at open()
+//   offload_space.cpp       the disk space the state needs, checked against free space
 #pragma once
 
 #include <chrono>
@@ -52,10 +53,37 @@ class HostArray {
   uint64_t nbytes_ = 0;
 };
 
+/// The claim of one open optimizer on (store instance, key prefix), process-wide: while it
+/// is held no other optimizer may be created or opened on the same Store object under a
+/// prefix that equals, contains or is contained in this one (their keys would overlap).
+/// Released by its destructor. Thread-safe (one process-wide mutex).
+class PrefixClaim {
+ public:
+  PrefixClaim() = default;
+  /// \error FailedPrecondition naming both prefixes and the store when another open
+  ///     optimizer of `store` holds an overlapping prefix.
+  static Result<PrefixClaim> acquire(const Store* store, const std::string& prefix);
+  PrefixClaim(PrefixClaim&& o) noexcept : store_(o.store_), prefix_(std::move(o.prefix_)) {
+    o.store_ = nullptr;
+  }
+  PrefixClaim& operator=(PrefixClaim&& o) noexcept;
+  PrefixClaim(const PrefixClaim&) = delete;
+  PrefixClaim& operator=(const PrefixClaim&) = delete;
+  ~PrefixClaim() { release(); }
+
+ private:
+  void release();
+  const Store* store_ = nullptr;
+  std::string prefix_;
+};
+
 }  // namespace offload_detail
 
 struct OffloadedOptimizer::Impl {
   using HostArray = offload_detail::HostArray;
+
+  /// First member: released last, after everything else of the optimizer is gone.
+  offload_detail::PrefixClaim claim;
 
   struct Group {
     Hyperparams hp;
@@ -158,6 +186,12 @@ struct OffloadedOptimizer::Impl {
 
   Result<StepStats> step(const StepOptions& o);
 
+  // ---- offload_space.cpp ----------------------------------------------------------------
+
+  Result<DiskSpaceNeed> disk_space_need(const std::vector<uint64_t>& more_numels) const;
+  /// ResourceExhausted (message starting with `what`) when disk_space_need does not fit.
+  Status check_disk_space(const std::vector<uint64_t>& more_numels, const std::string& what) const;
+
   // ---- offload_checkpoint.cpp -----------------------------------------------------------
 
   /// Replaces the record by the current state: a pinned, dirty host-tier object under a
@@ -181,14 +215,15 @@ struct OffloadedOptimizer::Impl {
   // offload_pipeline.cpp
   struct Item {
     uint32_t t;
-    uint64_t begin, count;
+    uint64_t begin, count;  // elements of tensor t
+    uint64_t slot_off;      // element offset of the item in its batch's slot streams
   };
   /// Decides, once the first reads are in flight, whether the step goes ahead and with
   /// which gradient scale: nullopt skips the step (nothing is written).
   using Gate = std::function<Result<std::optional<float>>()>;
   UpdateSpans host_spans(const Tensor& t) const;
-  Status run_pipeline(const std::vector<Item>& items, const Gate& gate, StepStats& stats,
-                      bool* skipped);
+  Status run_pipeline(const std::vector<Item>& items, const std::vector<size_t>& batches,
+                      const Gate& gate, StepStats& stats, bool* skipped);
 
   // offload_checkpoint.cpp
   std::string serialize_meta() const;

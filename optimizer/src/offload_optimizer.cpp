@@ -2,8 +2,12 @@
 // the pinned slots and kernel threads, and the public members (serialized by the baton).
 // The tensors, the step and the checkpoint record live in offload_tensors.cpp,
 // offload_pipeline.cpp and offload_checkpoint.cpp (offload_impl.hpp lists them).
+#include <algorithm>
 #include <cctype>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "offload_impl.hpp"
 #include "strata/base/logging.hpp"
@@ -27,7 +31,62 @@ bool valid_hp_key(std::string_view k) {
   return true;
 }
 
+/// The (store, prefix) pairs of the optimizers open in this process (PrefixClaim).
+struct ClaimRegistry {
+  std::mutex mu;
+  std::vector<std::pair<const Store*, std::string>> held;
+};
+
+ClaimRegistry& claims() {
+  static ClaimRegistry* r = new ClaimRegistry;  // never destroyed: claims outlive statics
+  return *r;
+}
+
 }  // namespace
+
+// ------------------------------------------------------------------------------ PrefixClaim
+
+Result<PrefixClaim> offload_detail::PrefixClaim::acquire(const Store* store, const std::string& prefix) {
+  auto& r = claims();
+  std::lock_guard<std::mutex> lk(r.mu);
+  for (const auto& [s, p] : r.held) {
+    if (s != store) continue;
+    if (p.compare(0, prefix.size(), prefix) == 0 || prefix.compare(0, p.size(), p) == 0) {
+      const std::string how = p == prefix ? "the same key_prefix '" + p + "'"
+                                          : "key_prefix '" + p + "', which overlaps '" +
+                                                prefix + "' (one is a prefix of the other)";
+      return failed_precondition(
+          "offload: another open optimizer on store " + store->options().path + " uses " +
+          how + ": both would read and write the same keys. Close it first, or give this "
+          "optimizer a key_prefix that neither starts nor is started by '" + p +
+          "' (OffloadOptions::key_prefix; key_prefix= in Python)");
+    }
+  }
+  r.held.emplace_back(store, prefix);
+  PrefixClaim c;
+  c.store_ = store;
+  c.prefix_ = prefix;
+  return c;
+}
+
+offload_detail::PrefixClaim& offload_detail::PrefixClaim::operator=(PrefixClaim&& o) noexcept {
+  if (this != &o) {
+    release();
+    store_ = o.store_;
+    prefix_ = std::move(o.prefix_);
+    o.store_ = nullptr;
+  }
+  return *this;
+}
+
+void offload_detail::PrefixClaim::release() {
+  if (store_ == nullptr) return;
+  auto& r = claims();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = std::find(r.held.begin(), r.held.end(), std::make_pair(store_, prefix_));
+  if (it != r.held.end()) r.held.erase(it);
+  store_ = nullptr;
+}
 
 // ------------------------------------------------------------------------------ Impl
 
@@ -186,6 +245,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::create(
   STRATA_RETURN_IF_ERROR(check_store(store));
   if (!factory) return invalid_argument("offload create: the rule factory is empty");
   auto impl = std::make_unique<Impl>();
+  STRATA_ASSIGN_OR_RETURN(impl->claim, PrefixClaim::acquire(store.get(), options.key_prefix));
   impl->store = std::move(store);
   impl->factory = std::move(factory);
   impl->opts = options;
@@ -198,6 +258,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::create(
   STRATA_RETURN_IF_ERROR(impl->init_from_rule(*rule));
   impl->groups.push_back({defaults, std::move(rule)});
   STRATA_RETURN_IF_ERROR(impl->setup_resources());
+  STRATA_RETURN_IF_ERROR(impl->check_disk_space({}, "offload create"));
   STRATA_RETURN_IF_ERROR(impl->store->hold({impl->meta_key()}));
   impl->changed = true;  // close() makes even an optimizer without steps resumable
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
@@ -207,6 +268,7 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::open(
     std::shared_ptr<Store> store, RuleFactory factory, const OffloadOptions& options) {
   STRATA_RETURN_IF_ERROR(check_store(store));
   auto impl = std::make_unique<Impl>();
+  STRATA_ASSIGN_OR_RETURN(impl->claim, PrefixClaim::acquire(store.get(), options.key_prefix));
   impl->store = std::move(store);
   impl->factory = std::move(factory);
   impl->opts = options;
@@ -339,9 +401,9 @@ Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) 
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_param_copy"));
   STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
-  if (type != DType::kFloat16 && type != DType::kBFloat16) {
+  if (type != DType::kFloat16 && type != DType::kBFloat16 && type != DType::kFloat32) {
     return invalid_argument("offload set_param_copy '" + impl_->tensors[h].name +
-                            "': the copy must be fp16 or bf16");
+                            "': the copy must be fp16, bf16 or fp32");
   }
   impl_->tensors[h].copy = dst;
   impl_->tensors[h].copy_type = type;

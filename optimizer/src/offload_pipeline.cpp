@@ -2,20 +2,25 @@
 // and the sub-group pipeline of the NVMe tensors over the pinned slots.
 //
 // Pipeline (one step, NVMe tensors): the work is a list of items (tensor, begin, count) of
-// at most sub_group_numel elements, in handle order. Item j uses slot j % B. The reads of
-// the first B items (one read_range per stream) are issued at once; the reads of item
-// j >= B are a continuation (Future::then) of the writes of item j - B, issued the moment
-// they complete and the slot is free, whatever the calling thread is doing. The calling
-// thread waits for the reads of item i, runs apply_update() on the slot (the kernel
-// threads), issues the writes of item i (write_range per stream) and moves on. Two items of
-// one tensor whose boundary is not on a store chunk boundary share a chunk; the store
-// forbids concurrent write_range() on one chunk (read-modify-write), so the writes of the
-// second are a continuation of those of the first.
+// at most sub_group_numel elements, in handle order, packed into batches: consecutive
+// items that fit one slot together (each at a 4 KiB-aligned offset of the slot's streams),
+// so a model of many small tensors costs a few round trips to the disk per step, not one
+// per tensor. Batch j uses slot j % B. The reads of the first B batches (one read_range
+// per item and stream) are issued at once; the reads of batch j >= B are a continuation
+// (Future::then) of the writes of batch j - B, issued the moment they complete and the
+// slot is free, whatever the calling thread is doing. The calling thread waits for the
+// reads of batch i, runs apply_update() on each of its items (the kernel threads; an fp32
+// parameter copy is taken from the slot there), issues the writes of batch i (write_range
+// per item and stream) and moves on. Two items of one tensor whose boundary is not on a
+// store chunk boundary share a chunk; the store forbids concurrent write_range() on one
+// chunk (read-modify-write), so the writes of the second are a continuation of those of
+// the first. (Items of one tensor never share a batch: all but its last fill a slot.)
 #include <atomic>
 #include <cmath>
 #include <memory>
 
 #include "offload_impl.hpp"
+#include "strata/base/units.hpp"
 #include "strata/optimizer/grad_utils.hpp"
 
 namespace strata::optimizer {
@@ -34,31 +39,36 @@ UpdateSpans OffloadedOptimizer::Impl::host_spans(const Tensor& t) const {
   return s;
 }
 
-/// Runs the NVMe pipeline over `items`. The reads of the first B items are issued before
-/// `gate` runs, so the gradient checks (inf/NaN scan, global norm: a pass over every
-/// gradient) and the in-place update of DRAM tensors overlap the first reads instead of
-/// leaving the disk idle. Sets *skipped when the gate says skip.
-Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, const Gate& gate,
-                                              StepStats& stats, bool* skipped) {
+/// Runs the NVMe pipeline over `items` (packed into `batches`). The reads of the first B
+/// batches are issued before `gate` runs, so the gradient checks (inf/NaN scan, global
+/// norm: a pass over every gradient) and the in-place update of DRAM tensors overlap the
+/// first reads instead of leaving the disk idle. Sets *skipped when the gate says skip.
+Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
+                                              const std::vector<size_t>& batches,
+                                              const Gate& gate, StepStats& stats,
+                                              bool* skipped) {
   *skipped = false;
   float grad_scale = 1.0f;
-  const size_t n = items.size();
+  const size_t n = batches.size() > 0 ? batches.size() - 1 : 0;  // batches[j]..batches[j+1]
   const size_t B = slots.size();
   const int S = num_streams();
-  // reads[j] / writes[j]: every stream of item j read into / written from its slot.
+  // reads[j] / writes[j]: every stream of every item of batch j read into / written from
+  // its slot.
   std::vector<Future<void>> reads(n), writes(n);
   // Set when the loop ends: reads chained on earlier writes are no longer issued.
   auto stop = std::make_shared<std::atomic<bool>>(false);
-  // Issues the reads or the writes of item j; may run on the thread completing a previous
+  // Issues the reads or the writes of batch j; may run on the thread completing a previous
   // future (a continuation), which only issues requests and never blocks.
-  auto issue = [this, &items, B, S](size_t j, bool write) -> Future<void> {
-    const Item& it = items[j];
-    const Tensor& t = tensors[it.t];
+  auto issue = [this, &items, &batches, B, S](size_t j, bool write) -> Future<void> {
     std::vector<Future<void>> fs;
-    for (int s = 0; s < S; ++s) {
-      float* buf = slot_stream(j % B, s);
-      fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
-                         : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
+    for (size_t k = batches[j]; k < batches[j + 1]; ++k) {
+      const Item& it = items[k];
+      const Tensor& t = tensors[it.t];
+      for (int s = 0; s < S; ++s) {
+        float* buf = slot_stream(j % B, s) + it.slot_off;
+        fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
+                           : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
+      }
     }
     return when_all(fs);
   };
@@ -79,42 +89,45 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items, co
     st = reads[i].result().status();
     stats.io_wait_seconds += seconds_since(t_wait);
     if (!st.ok()) break;
-    // Update.
-    const Item& it = items[i];
-    Tensor& t = tensors[it.t];
+    // Update every item of the batch.
     const size_t slot = i % B;
-    UpdateSpans sp;
-    sp.param = slot_stream(slot, 0);
-    sp.grad = static_cast<const char*>(t.grad) + it.begin * dtype_size(t.grad_type);
-    sp.grad_type = t.grad_type;
-    for (int k = 0; k < num_states; ++k) sp.states[k] = slot_stream(slot, 1 + k);
-    if (t.copy != nullptr) {
-      sp.param_copy = static_cast<char*>(t.copy) + it.begin * dtype_size(t.copy_type);
-      sp.param_copy_type = t.copy_type;
+    for (size_t k = batches[i]; k < batches[i + 1] && st.ok(); ++k) {
+      const Item& it = items[k];
+      Tensor& t = tensors[it.t];
+      UpdateSpans sp;
+      sp.param = slot_stream(slot, 0) + it.slot_off;
+      sp.grad = static_cast<const char*>(t.grad) + it.begin * dtype_size(t.grad_type);
+      sp.grad_type = t.grad_type;
+      for (int s = 0; s < num_states; ++s) sp.states[s] = slot_stream(slot, 1 + s) + it.slot_off;
+      if (t.copy != nullptr) {
+        sp.param_copy = static_cast<char*>(t.copy) + it.begin * dtype_size(t.copy_type);
+        sp.param_copy_type = t.copy_type;
+      }
+      sp.numel = it.count;
+      StepInfo info;
+      info.step = t.state.step() + 1;
+      info.grad_scale = grad_scale;
+      const auto t_compute = Clock::now();
+      st = apply_update(*groups[t.group].rule, sp, info, pool.get());
+      stats.compute_seconds += seconds_since(t_compute);
+      stats.bytes_read += static_cast<uint64_t>(S) * it.count * 4;
+      stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
     }
-    sp.numel = it.count;
-    StepInfo info;
-    info.step = t.state.step() + 1;
-    info.grad_scale = grad_scale;
-    const auto t_compute = Clock::now();
-    st = apply_update(*groups[t.group].rule, sp, info, pool.get());
-    stats.compute_seconds += seconds_since(t_compute);
     if (!st.ok()) break;
-    // Write back; a chunk shared with the previous item's writes waits for them.
-    if (i > 0 && items[i - 1].t == it.t && (it.begin * 4) % chunk_bytes != 0) {
+    // Write back; a chunk shared with the previous batch's writes waits for them.
+    const Item& first = items[batches[i]];
+    if (i > 0 && items[batches[i] - 1].t == first.t && (first.begin * 4) % chunk_bytes != 0) {
       writes[i] = writes[i - 1].then([issue, i](const Result<void>&) { return issue(i, true); });
     } else {
       writes[i] = issue(i, true);
     }
-    // The slot is free once these writes are done: then the reads of item i + B start.
+    // The slot is free once these writes are done: then the reads of batch i + B start.
     if (i + B < n) {
       reads[i + B] = writes[i].then([issue, stop, j = i + B](const Result<void>&) {
         if (stop->load()) return make_ready_future(Result<void>(cancelled("offload step stopped")));
         return issue(j, false);
       });
     }
-    stats.bytes_read += static_cast<uint64_t>(S) * it.count * 4;
-    stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
   }
   stop->store(true);
   // Every issued request completes before the slots can be reused or the step returns.
@@ -144,12 +157,27 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
       views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
     }
   }
+  // Items of at most sg elements, packed into batches of one slot each: batch j holds
+  // items [batches[j], batches[j + 1]), each at a 4 KiB-aligned offset of the streams.
   std::vector<Item> items;
+  std::vector<size_t> batches;
+  const uint64_t slot_numel = stream_stride / 4, page_numel = kAlign / 4;
+  uint64_t fill = slot_numel;  // elements taken in the current batch (none open yet)
   for (uint32_t h : active) {
     const Tensor& t = tensors[h];
     if (t.placement == Placement::kHost) continue;
-    for (uint64_t b = 0; b < t.numel; b += sg) items.push_back({h, b, std::min(sg, t.numel - b)});
+    for (uint64_t b = 0; b < t.numel; b += sg) {
+      const uint64_t count = std::min(sg, t.numel - b);
+      const uint64_t padded = align_up(count, page_numel);
+      if (fill + padded > slot_numel) {
+        batches.push_back(items.size());
+        fill = 0;
+      }
+      items.push_back({h, b, count, fill});
+      fill += padded;
+    }
   }
+  batches.push_back(items.size());  // the end of the last batch
   // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
   // place. nullopt = skip the step (nothing has changed yet).
   auto gate = [&]() -> Result<std::optional<float>> {
@@ -182,7 +210,7 @@ Result<StepStats> OffloadedOptimizer::Impl::step(const StepOptions& o) {
     return std::optional<float>(scale);
   };
   bool skipped = false;
-  if (Status st = run_pipeline(items, gate, stats, &skipped); !st.ok()) {
+  if (Status st = run_pipeline(items, batches, gate, stats, &skipped); !st.ok()) {
     broken = st;  // host tensors or NVMe chunks may be updated, counters are not
     return st;
   }

@@ -109,6 +109,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
     placement = host_bytes + bytes_all <= opts.host_budget_bytes ? Placement::kHost
                                                                   : Placement::kNvme;
   }
+  STRATA_RETURN_IF_ERROR(check_disk_space({numel}, "offload add_param '" + name + "'"));
   Tensor t;
   t.name = name;
   t.numel = numel;

@@ -129,10 +129,17 @@ Status check_adam(const AdamOptions& o) {
   const char* name = o.decoupled_weight_decay ? "AdamW" : "Adam";
   STRATA_RETURN_IF_ERROR(check(o.lr >= 0.0, name, "learning rate", o.lr, ">= 0"));
   STRATA_RETURN_IF_ERROR(check(o.eps >= 0.0, name, "epsilon value", o.eps, ">= 0"));
-  STRATA_RETURN_IF_ERROR(
-      check(o.beta1 >= 0.0 && o.beta1 < 1.0, name, "beta parameter at index 0", o.beta1, "in [0, 1)"));
-  STRATA_RETURN_IF_ERROR(
-      check(o.beta2 >= 0.0 && o.beta2 < 1.0, name, "beta parameter at index 1", o.beta2, "in [0, 1)"));
+  if (o.any_betas) {
+    STRATA_RETURN_IF_ERROR(
+        check(std::isfinite(o.beta1), name, "beta parameter at index 0", o.beta1, "finite"));
+    STRATA_RETURN_IF_ERROR(
+        check(std::isfinite(o.beta2), name, "beta parameter at index 1", o.beta2, "finite"));
+  } else {
+    STRATA_RETURN_IF_ERROR(check(o.beta1 >= 0.0 && o.beta1 < 1.0, name,
+                                 "beta parameter at index 0", o.beta1, "in [0, 1)"));
+    STRATA_RETURN_IF_ERROR(check(o.beta2 >= 0.0 && o.beta2 < 1.0, name,
+                                 "beta parameter at index 1", o.beta2, "in [0, 1)"));
+  }
   return check(o.weight_decay >= 0.0, name, "weight_decay value", o.weight_decay, ">= 0");
 }
 

@@ -1,6 +1,7 @@
 // The update engine: validation, tiling over the thread pool, step counting.
 #include "strata/optimizer/update.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "kernels.hpp"
@@ -40,9 +41,9 @@ Status validate_impl(const UpdateRule& rule, const UpdateSpans& s, bool need_gra
                             " is not supported (fp32, fp16 or bf16)");
   }
   if (s.param_copy != nullptr && s.param_copy_type != DType::kFloat16 &&
-      s.param_copy_type != DType::kBFloat16) {
+      s.param_copy_type != DType::kBFloat16 && s.param_copy_type != DType::kFloat32) {
     return invalid_argument("param_copy_type " + std::string(dtype_name(s.param_copy_type)) +
-                            " is not supported (fp16 or bf16)");
+                            " is not supported (fp16, bf16 or fp32)");
   }
   if (s.numel == 0) return Status::OK();
   if (s.param == nullptr) return invalid_argument("param is null with numel " + std::to_string(s.numel));
@@ -72,15 +73,29 @@ Status apply_update(const UpdateRule& rule, const UpdateSpans& spans, const Step
     return invalid_argument("step must be >= 1, got " + std::to_string(info.step));
   }
   const size_t n = spans.numel;
+  // An fp32 copy is the updated master itself: the rule updates without it, and each tile
+  // is copied right after its update (still in cache).
+  float* f32_copy = nullptr;
+  UpdateSpans s = spans;
+  if (s.param_copy != nullptr && s.param_copy_type == DType::kFloat32) {
+    f32_copy = static_cast<float*>(s.param_copy);
+    s.param_copy = nullptr;
+  }
+  auto run = [&](size_t begin, size_t count) {
+    rule.update(s.slice(begin, count), info);
+    if (f32_copy != nullptr && count > 0) {
+      std::memcpy(f32_copy + begin, s.param + begin, count * sizeof(float));
+    }
+  };
   if (pool == nullptr || pool->num_threads() <= 1 || n < kMinParallelNumel) {
-    rule.update(spans, info);
+    run(0, n);
     return Status::OK();
   }
   const size_t tiles = (n + kTileNumel - 1) / kTileNumel;
   pool->parallel_for(tiles, [&](size_t t0, size_t t1) {
     const size_t begin = t0 * kTileNumel;
     const size_t end = std::min(n, t1 * kTileNumel);
-    rule.update(spans.slice(begin, end - begin), info);
+    run(begin, end - begin);
   });
   return Status::OK();
 }

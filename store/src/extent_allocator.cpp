@@ -27,6 +27,7 @@ Result<std::shared_ptr<Extent>> ExtentAllocator::allocate(uint32_t dir, uint64_t
     if (it->second >= len) {
       off = it->first;
       uint64_t rest = it->second - len;
+      d.punched.erase(*it);
       d.free.erase(it);
       if (rest) d.free.emplace(off + len, rest);
       found = true;
@@ -35,12 +36,14 @@ Result<std::shared_ptr<Extent>> ExtentAllocator::allocate(uint32_t dir, uint64_t
   }
   if (!found) d.end += len;
   used_ += len;
+  d.used += len;
   return make(dir, off, len);
 }
 
 std::shared_ptr<Extent> ExtentAllocator::adopt(uint32_t dir, uint64_t off, uint64_t len) {
   std::lock_guard<std::mutex> lk(mu_);
   dirs_[dir].loaded.emplace_back(off, len);
+  dirs_[dir].used += len;
   used_ += len;
   return make(dir, off, len);
 }
@@ -70,9 +73,11 @@ void ExtentAllocator::release(uint32_t dir, uint64_t off, uint64_t len) {
   std::lock_guard<std::mutex> lk(mu_);
   used_ -= len;
   Dir& d = dirs_[dir];
+  d.used -= len;
   auto next = d.free.lower_bound(off);
   if (next != d.free.end() && off + len == next->first) {  // merge with the next
     len += next->second;
+    d.punched.erase(*next);
     next = d.free.erase(next);
   }
   if (next != d.free.begin()) {  // merge with the previous
@@ -80,6 +85,7 @@ void ExtentAllocator::release(uint32_t dir, uint64_t off, uint64_t len) {
     if (prev->first + prev->second == off) {
       off = prev->first;
       len += prev->second;
+      d.punched.erase(*prev);
       d.free.erase(prev);
     }
   }
@@ -93,6 +99,23 @@ void ExtentAllocator::release(uint32_t dir, uint64_t off, uint64_t len) {
 uint64_t ExtentAllocator::used() const {
   std::lock_guard<std::mutex> lk(mu_);
   return used_;
+}
+
+uint64_t ExtentAllocator::used(uint32_t dir) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return dirs_[dir].used;
+}
+
+void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end,
+                                 const std::function<bool(uint64_t, uint64_t)>& punch) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Dir& d = dirs_[dir];
+  for (const auto& r : d.free) {
+    if (d.punched.count(r)) continue;
+    if (!punch(r.first, r.second)) return;
+    d.punched.insert(r);
+  }
+  if (file_end > d.end) punch(d.end, file_end - d.end);
 }
 
 uint64_t ExtentAllocator::end(uint32_t dir) const {

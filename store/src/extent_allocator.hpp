@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,8 +61,16 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   /// Frees [off, off + len) of `dir` (Extent's destructor calls it).
   void release(uint32_t dir, uint64_t off, uint64_t len);
 
-  /// Bytes allocated (or adopted) and not released, over all directories.
+  /// Bytes allocated (or adopted) and not released, over all directories / in `dir`.
   uint64_t used() const;
+  uint64_t used(uint32_t dir) const;
+
+  /// Calls `punch(offset, length)` for every free range of `dir` not handed to it since
+  /// it last became free, then for [end(dir), file_end) when the file reaches past its
+  /// allocated end, holding the allocator's lock: no range is allocated while it is
+  /// punched. `punch` returns false to stop (e.g. the file system cannot punch holes).
+  void punch_free(uint32_t dir, uint64_t file_end,
+                  const std::function<bool(uint64_t, uint64_t)>& punch);
 
   /// End of the allocated part of `dir`'s data file: no extent lies at or past it.
   uint64_t end(uint32_t dir) const;
@@ -72,7 +82,9 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   std::shared_ptr<Extent> make(uint32_t dir, uint64_t off, uint64_t len);
   struct Dir {
     std::map<uint64_t, uint64_t> free;  // offset -> length
+    std::set<std::pair<uint64_t, uint64_t>> punched;  // free ranges given to punch_free
     uint64_t end = 0;
+    uint64_t used = 0;
     std::vector<std::pair<uint64_t, uint64_t>> loaded;  // adopt() until finish_load()
   };
   mutable std::mutex mu_;

@@ -67,6 +67,7 @@ void StoreImpl::committer_loop() {
       r->on_done = nullptr;  // drop captured versions (and their extents) before waking waiters
       r->ops.clear();
     }
+    if (st.ok()) give_back_free_space();  // e.g. the copy-on-write originals just released
     if (st.ok() && ballast_missing_.load()) {
       trim_data_files();  // removes may have freed the end of a data file
       restore_ballast();

@@ -115,6 +115,30 @@ void StoreImpl::trim_data_files() {
   }
 }
 
+void StoreImpl::give_back_free_space() {
+  if (punch_unsupported_.load()) return;
+  std::lock_guard<std::mutex> lk(grow_mu_);
+  for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
+    alloc_->punch_free(d, file_end_[d].load(), [&](uint64_t off, uint64_t len) {
+      if (::fallocate(grow_fds_[d], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(off), static_cast<off_t>(len)) == 0) {
+        return true;
+      }
+      const int e = errno;
+      if (e == EOPNOTSUPP) {
+        punch_unsupported_ = true;
+      } else {
+        log_warn("store " + opts_.path + ": " +
+                 errno_status(e, "punching a hole at offset " + std::to_string(off) + " length " +
+                                     std::to_string(len) + " of " + files_[d]->path())
+                     .to_string());
+      }
+      return false;
+    });
+    if (punch_unsupported_.load()) return;
+  }
+}
+
 bool StoreImpl::release_ballast() {
   if (ballast_path_.empty()) return false;
   if (::unlink(ballast_path_.c_str()) != 0) return false;

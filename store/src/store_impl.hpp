@@ -199,6 +199,7 @@ class StoreImpl final : public Store {
   bool contains(const std::string& key) const override;
   Result<VerifyReport> verify() override;
   StoreUsage usage() const override;
+  Result<std::vector<NvmeDirSpace>> nvme_space() const override;
   uint64_t chunk_bytes() const override { return chunk_bytes_; }
   const StoreOptions& options() const override { return opts_; }
   std::shared_ptr<IoEngine> engine() const override { return engine_; }
@@ -273,6 +274,12 @@ class StoreImpl final : public Store {
   /// After a failed write (put, write_range, flush, demotion), once its new extents are
   /// released: gives back data file space preallocated past the allocator's end.
   void trim_data_files();
+  /// After a commit: punches holes (fallocate PUNCH_HOLE, size kept) over the data files'
+  /// free extents, e.g. the copy-on-write originals the commit stopped naming, and over
+  /// their preallocated tails, so a store holds on disk about what its objects take.
+  /// Ranges stay unallocatable while punched; a file system without hole punching is
+  /// tried once.
+  void give_back_free_space();
   /// The catalog ballast: a small preallocated file beside catalog.db, deleted when a
   /// commit fails for lack of space so that the commit (e.g. a remove() freeing space) can
   /// go through, recreated after a later successful commit. Returns true when a ballast
@@ -487,6 +494,7 @@ class StoreImpl final : public Store {
   std::vector<std::shared_ptr<IoFile>> files_;
   std::unique_ptr<std::atomic<bool>[]> dir_dirty_;
   std::vector<int> grow_fds_;                 // plain fds of the data files, for fallocate
+  std::atomic<bool> punch_unsupported_{false};  // a data file's file system cannot punch holes
   std::unique_ptr<std::atomic<uint64_t>[]> file_end_;  // allocated size of each data file
   std::mutex grow_mu_;
   std::shared_ptr<ExtentAllocator> alloc_;

@@ -188,9 +188,10 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   // Copy-on-write per chunk. The catalog keeps naming the old extents until the next
   // flush(); a crash restores them. The new chunks replace the old ones in the layout only
   // once all of them are written: a failure leaves the object as it was, and the new
-  // extents are released with the job. Whole aligned chunks are written straight from
-  // `src`, all at once (hashed here, while they are in flight); the others are
-  // read-modify-written through staging memory, one chunk after another per staging pool.
+  // extents are released with the job. Whole chunks from aligned host memory are written
+  // straight from `src` (a partial last 4 KiB block through a copy), all at once (hashed
+  // here, while they are in flight); the others are read-modify-written through staging
+  // memory, one chunk after another per staging pool.
   const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
   struct Job {
     LayoutPtr cur;
@@ -215,8 +216,8 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
     const uint8_t* s = src + (cs + lo - off);
     const auto& file = files_[(*ext)->dir];
     const bool whole = lo == 0 && hi == old.nbytes;
-    if (whole && !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1)) &&
-        old.nbytes % kAlign == 0) {
+    // (A partial last 4 KiB block goes through an aligned tail block: write_direct.)
+    if (whole && !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1))) {
       direct.push_back(job->written.size());
     } else {
       staged[dir_group_[(*ext)->dir]].push_back(job->written.size());

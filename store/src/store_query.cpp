@@ -1,5 +1,8 @@
-// strata::store (private) — the queries: stat, list, contains, usage, and verify (every
-// chunk read back and its checksum compared).
+// strata::store (private) — the queries: stat, list, contains, usage, nvme_space, and
+// verify (every chunk read back and its checksum compared).
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
 #include "store_impl.hpp"
 #include "strata/base/logging.hpp"
 
@@ -72,6 +75,29 @@ StoreUsage StoreImpl::usage() const {
   std::lock_guard<std::mutex> lk(mu_);
   u.objects = objects_.size();
   return u;
+}
+
+Result<std::vector<NvmeDirSpace>> StoreImpl::nvme_space() const {
+  CallScope call(this);
+  STRATA_RETURN_IF_ERROR(call.status);
+  std::vector<NvmeDirSpace> out;
+  for (uint32_t d = 0; d < dirs_.size(); ++d) {
+    NvmeDirSpace s;
+    s.path = dirs_[d];
+    struct statvfs vfs;
+    struct stat sb;
+    if (::statvfs(s.path.c_str(), &vfs) != 0) return errno_status(errno, "statvfs " + s.path);
+    if (::stat(s.path.c_str(), &sb) != 0) return errno_status(errno, "stat " + s.path);
+    s.fs_id = static_cast<uint64_t>(sb.st_dev);
+    s.free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    s.used_bytes = alloc_->used(d);
+    if (d < grow_fds_.size() && grow_fds_[d] >= 0 && ::fstat(grow_fds_[d], &sb) == 0) {
+      const uint64_t held = static_cast<uint64_t>(sb.st_blocks) * 512;
+      s.reusable_bytes = held > s.used_bytes ? held - s.used_bytes : 0;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 Result<VerifyReport> StoreImpl::verify() {

@@ -27,3 +27,27 @@ def strata_dir(tmp_path, monkeypatch):
     d.mkdir()
     monkeypatch.setenv("STRATA_DIR", str(d))
     return d
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount_tmpfs(size) -> path of a tmpfs of `size` (e.g. "20m") mounted under tmp_path,
+    unmounted after the test; skips the test with the reason where mount is refused (it
+    needs CAP_SYS_ADMIN)."""
+    import subprocess
+    mounted = []
+
+    def mount(size):
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"mount -t tmpfs -o size={size} refused: "
+                        f"{r.stderr.strip() or r.returncode}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -90,19 +90,9 @@ def test_future_timeout_is_timeout_error(store):
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path):
-    """A 2 MiB tmpfs mounted under tmp_path (skips where mount is refused)."""
-    import subprocess
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
-    try:
-        yield str(mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_tmpfs(mount_tmpfs):
+    """A 2 MiB tmpfs (skips where mount is refused)."""
+    return str(mount_tmpfs("2m"))
 
 
 def test_full_disk_is_os_error_with_enospc(tmp_path, tiny_tmpfs):

@@ -282,7 +282,7 @@ TEST(OffloadPipeline, HalfGradientsAndBf16CopyAndDetachedGrads) {
   OFFLOAD_ASSERT_OK(run->opt->set_grad(2, h2.data(), DType::kBFloat16));
   OFFLOAD_ASSERT_OK(run->opt->set_param_copy(0, copy0.data(), DType::kBFloat16));
   EXPECT_EQ(run->opt->set_grad(0, h0.data(), DType::kInt8).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(run->opt->set_param_copy(0, copy0.data(), DType::kFloat32).code(),
+  EXPECT_EQ(run->opt->set_param_copy(0, copy0.data(), DType::kFloat64).code(),
             StatusCode::kInvalidArgument);
   auto st = run->opt->step();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
@@ -425,6 +425,7 @@ TEST(OffloadPipeline, OptionErrors) {
   // Auto sub-group shrinks to the budget: 4 buffers x 3 streams within 96 KiB -> 8 KiB/stream.
   OffloadOptions fit;
   fit.pinned_budget_bytes = 96 << 10;
+  fit.key_prefix = "fit/";  // its close checkpoints under its own prefix
   auto o = OffloadedOptimizer::create(store, adam_factory(), {}, fit);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ((*o)->sub_group_numel(), 2048u);

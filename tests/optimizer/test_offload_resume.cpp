@@ -93,10 +93,14 @@ TEST(OffloadResume, ReopenRestoresTensorsCountersAndHyperparameters) {
     OFFLOAD_ASSERT_OK(opt->checkpoint());
     saved.push_back(dump(*opt, a));
     saved.push_back(dump(*opt, b));
-    // A second optimizer under the same prefix is refused.
+    // A second optimizer under the same prefix is refused: while the first is open
+    // (FailedPrecondition, see test_offload_prefix.cpp), and once it is closed because the
+    // store holds its checkpoint (AlreadyExists).
+    EXPECT_EQ(OffloadedOptimizer::create(store, factory, hp, {}).status().code(),
+              StatusCode::kFailedPrecondition);
+    opt.reset();
     EXPECT_EQ(OffloadedOptimizer::create(store, factory, hp, {}).status().code(),
               StatusCode::kAlreadyExists);
-    opt.reset();
     OFFLOAD_ASSERT_OK(store->close());
   }
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));

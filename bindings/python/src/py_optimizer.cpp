@@ -217,8 +217,9 @@ class PyOptimizer {
            [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
   }
 
-  /// Attaches `dst` (a writable fp16/bf16 host array of numel elements) to receive the
-  /// rounded parameter after each step, or detaches (None). Kept referenced until replaced.
+  /// Attaches `dst` (a writable fp16/bf16/fp32 host array of numel elements) to receive the
+  /// updated parameter at each step (fp16/bf16 rounded to nearest even, fp32 the master), or
+  /// detaches (None). Kept referenced until replaced.
   void set_param_copy(uint32_t h, py::object dst) {
     attach(h, dst, true, "parameter copy", DType::kBFloat16, copies_,
            [this](uint32_t p, void* data, DType t) { return o().set_param_copy(p, data, t); });
@@ -400,7 +401,20 @@ void register_optimizer(py::module_& m) {
       .def("rule_name", [](PyOptimizer& o) { return o.o().rule_name(); })
       .def("sub_group_numel", [](PyOptimizer& o) { return o.o().sub_group_numel(); })
       .def("pinned_bytes", [](PyOptimizer& o) { return o.o().pinned_bytes(); })
-      .def("host_bytes", [](PyOptimizer& o) { return o.o().host_bytes(); });
+      .def("host_bytes", [](PyOptimizer& o) { return o.o().host_bytes(); })
+      .def("disk_space", [](PyOptimizer& o, const std::vector<uint64_t>& more) {
+        auto& opt = o.o();
+        auto n = check(release_gil([&] { return opt.disk_space(more); }));
+        return py::dict("state_bytes"_a = n.state_bytes, "in_flight_bytes"_a = n.in_flight_bytes,
+                        "margin_bytes"_a = n.margin_bytes, "need_bytes"_a = n.need_bytes,
+                        "held_bytes"_a = n.held_bytes, "free_bytes"_a = n.free_bytes,
+                        "short_path"_a = n.short_path, "short_need"_a = n.short_need,
+                        "short_free"_a = n.short_free);
+      }, "more_numels"_a = std::vector<uint64_t>{})
+      .def("check_disk_space", [](PyOptimizer& o, const std::vector<uint64_t>& more) {
+        auto& opt = o.o();
+        check(release_gil([&] { return opt.check_disk_space(more); }));
+      }, "more_numels"_a = std::vector<uint64_t>{});
 
   m.def("builtin_default_hyperparams", [](const std::string& name) {
     return from_hyperparams(check(optimizer::builtin_default_hyperparams(name)));

@@ -418,12 +418,16 @@ class OffloadedOptimizer:
 
     Create with :meth:`create` (new) or :meth:`resume` (from a checkpoint). Methods:
     ``add_param(name, numel, init=None, group=0, placement="auto") -> handle``,
-    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16 array)``,
+    ``set_grad(handle, array_or_None)``, ``set_param_copy(handle, fp16/bf16/fp32 array)``
+    (receives the updated weights at each step),
     ``step(max_grad_norm=0.0, grad_scale=1.0, skip_if_nonfinite=True) -> dict`` (also
     ``step_async``), ``read_param/write_param(handle, ...)``,
     ``read_state/write_state(handle, stream, ...)``, ``step_count``, ``set_step_count``,
     ``checkpoint()``, ``close()``, ``add_param_group(dict)``, ``hyperparams(group)``,
-    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``.
+    ``set_hyperparams(group, dict)``, ``num_states()``, ``state_name(i)``, ``param_info``,
+    ``disk_space(more_numels=[]) -> dict`` and ``check_disk_space(more_numels=[])`` (the
+    disk a store needs: 2 x the state + in-flight + 1 MiB, see docs/offload.md "Disk
+    space"; ResourceExhaustedError naming the directory, need and free bytes).
     Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
     (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step

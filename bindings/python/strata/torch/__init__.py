@@ -26,9 +26,17 @@ Example::
 
 Thread-safety: like torch optimizers, one thread at a time.
 
+What they keep of torch.optim's contract (docs/offload.md): parameters changed outside the
+optimizer (``model.load_state_dict``, ``p.clamp_()``, ``p.data = t``) are stepped from
+their current value; ``param_groups`` edits are followed (new parameters and groups) or
+refused naming the group; ``optimizer.state[p]`` has torch's entries; torch's keyword
+arguments are accepted; one open optimizer per store and key prefix.
+
 Modules: _optimizer.py (the classes, setup, the step), _hyperparams.py (torch's names <->
 strata's, checked by strata's rule), _staging.py (gradients in, weights out),
-_state_dict.py (checkpoint, resume checks, state dicts).
+_state_dict.py (checkpoint, resume checks, state dicts), _param_sync.py (param_groups and
+parameters changed outside), _state_view.py (optimizer.state), _torch_kwargs.py (foreach,
+capturable, differentiable, fused; torch's group defaults).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ Thread-safety: pure functions (``adopt_checkpoint`` warns).
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Iterable
 
 from .. import _strata as _core
 
@@ -30,11 +31,41 @@ def _named(group: Dict[str, Any], with_betas: bool = True) -> Dict[str, Any]:
     return hp
 
 
+def betas_in_range(group: Dict[str, Any]) -> bool:
+    """Both betas in [0, 1): torch.optim's check at construction."""
+    return all(0.0 <= float(b) < 1.0 for b in group["betas"])
+
+
 def to_strata(group: Dict[str, Any]) -> Dict[str, float]:
     """A torch param group's hyperparameters under strata's names, as floats:
     lr, beta1, beta2, eps, weight_decay, amsgrad and maximize (1.0 / 0.0; maximize absent =
-    False). ``betas`` must be a pair."""
-    return {k: float(v) for k, v in _named(group).items()}
+    False), and any_betas (1.0 when a beta is outside [0, 1): strata's rule then takes any
+    finite betas, as torch.optim's step does). ``betas`` must be a pair."""
+    hp = {k: float(v) for k, v in _named(group).items()}
+    hp["any_betas"] = 0.0 if betas_in_range(group) else 1.0
+    return hp
+
+
+def check_step_betas(group: Dict[str, Any], gi: int, steps: Iterable[int]) -> None:
+    """Before a step of group ``gi`` whose betas are outside [0, 1): where torch.optim's
+    step raises for them, raise the same error naming the group and value. ``steps``: the
+    step number t (1-based) each parameter of the group is about to take.
+
+    :raises ZeroDivisionError: ``1 - beta1 ** t == 0`` (torch: ``lr / bias_correction1``).
+    :raises ValueError: ``1 - beta2 ** t < 0`` (torch: ``math.sqrt`` math domain error).
+    """
+    beta1, beta2 = (float(b) for b in group["betas"])
+    for t in set(steps):
+        if 1 - beta1 ** t == 0:
+            raise ZeroDivisionError(
+                f"param group {gi}: betas[0] = {beta1!r} makes the bias correction "
+                f"1 - beta1**{t} zero at step {t} (torch.optim.Adam divides lr by it and "
+                "raises ZeroDivisionError too)")
+        if 1 - beta2 ** t < 0 or math.isnan(1 - beta2 ** t):
+            raise ValueError(
+                f"param group {gi}: betas[1] = {beta2!r} makes 1 - beta2**{t} negative at "
+                f"step {t}: its square root is undefined (torch.optim.Adam raises 'math "
+                "domain error' too)")
 
 
 def from_strata(hp: Dict[str, float]) -> Dict[str, Any]:
@@ -44,11 +75,13 @@ def from_strata(hp: Dict[str, float]) -> Dict[str, Any]:
             "maximize": bool(hp["maximize"])}
 
 
-def check(rule: str, group: Dict[str, Any], where: str = "") -> None:
+def check(rule: str, group: Dict[str, Any], where: str = "", any_betas: bool = False) -> None:
     """Checks one group's hyperparameters with strata's rule ``rule`` ("adam" / "adamw"),
     whose checks are torch.optim.Adam's: lr, eps, each beta (in [0, 1)), weight_decay.
 
     :param where: prefix of the message, e.g. ``"param group 1: "``.
+    :param any_betas: accept any finite betas (what torch's step takes; a loaded state
+        dict's groups are not range-checked by torch either).
     :raises ValueError: torch's message for the first value out of range, e.g.
         ``"<where>Invalid learning rate: -1.0"`` (the value as given), or
         ``"<where>betas must be a pair, got ..."`` (after lr and eps, as torch checks).
@@ -56,7 +89,10 @@ def check(rule: str, group: Dict[str, Any], where: str = "") -> None:
     """
     betas = group["betas"]
     pair = len(betas) == 2
-    refusal = _core.hyperparams_refusal(rule, _named(group, with_betas=pair))
+    named = _named(group, with_betas=pair)
+    if any_betas:
+        named["any_betas"] = True
+    refusal = _core.hyperparams_refusal(rule, named)
     key = refusal[0] if refusal is not None else None
     if not pair and key not in ("lr", "eps"):
         raise ValueError(f"{where}betas must be a pair, got {betas!r}")

@@ -16,11 +16,11 @@ import strata
 
 from .._data_dir import make_temp_dir
 from . import _hyperparams, _names
-from ._staging import GRAD_DTYPES, Staging, copy_master_to_param
+from ._param_sync import ParamTable, check_param
+from ._staging import Staging, copy_master_to_param
 from ._state_dict import StateDictMixin
-
-#: parameter dtypes the optimizers accept (fp32 masters hold them exactly)
-_PARAM_DTYPES = GRAD_DTYPES
+from ._state_view import StateView
+from ._torch_kwargs import ADAM_FLAGS, ADAMW_FLAGS, TorchKwargsMixin
 
 
 def _check_count(name: str, value: Any) -> int:
@@ -37,7 +37,7 @@ def _check_count(name: str, value: Any) -> int:
     return v
 
 
-class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
+class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
     """The Adam/AdamW optimizers of this package (see the package doc); ``_RULE`` is
     strata's rule ("adam" / "adamw")."""
 
@@ -54,7 +54,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
                  num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
-                 overwrite: bool = False):
+                 overwrite: bool = False,
+                 **torch_kwargs: Any):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim), or
             of ``(name, parameter)`` pairs such as ``model.named_parameters()`` (also as a
@@ -66,6 +67,14 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         :param lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam/AdamW
             (weight_decay default: 0 for Adam, 1e-2 for AdamW). With ``resume=True`` the
             checkpoint's values win (see ``resume``).
+        :param torch_kwargs: torch 1.13's other keyword arguments, in ``defaults`` and every
+            param group as torch puts them: ``foreach``, ``capturable`` (both classes),
+            ``differentiable``, ``fused`` (OffloadAdam only, as torch.optim.AdamW has
+            neither: TypeError). ``foreach`` is accepted and has no effect (strata's step
+            is its own); ``capturable=True``, ``differentiable=True`` and ``fused=True``
+            raise ValueError naming the argument (a CUDA-graph-captured, differentiable or
+            fused CUDA step cannot be an offloaded CPU step); so does a param group given
+            or later set with one of them True (at step()).
         :param store: a :class:`strata.Store` to keep the state in (the optimizer does not
             close it). Default: a store opened at ``path``.
         :param path: directory of the store when ``store`` is None. Default: a new
@@ -79,7 +88,10 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         :param pinned_budget: upper bound of the pipeline's pinned buffers (bytes).
         :param chunk_size: chunk size of a store this optimizer creates (a sub-group of the
             pipeline is one chunk of each stream by default).
-        :param key_prefix: prefix of the optimizer's keys in the store.
+        :param key_prefix: prefix of the optimizer's keys in the store. Another optimizer
+            open on the same ``store`` under this prefix or one nesting with it (e.g.
+            "optim/" and "optim/critic/") makes this one raise
+            strata.FailedPreconditionError naming both: pass another ``key_prefix``.
         :param max_grad_norm: > 0 clips gradients by their global L2 norm first, like
             ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``; 0 = no clipping.
         :param sub_group_numel, num_buffers, num_threads: pipeline settings, ints >= 0
@@ -116,6 +128,13 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         :raises PermissionError: the default directory belongs to another user.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
+        :raises strata.ResourceExhaustedError: the store's file system lacks the space the
+            state needs: 2 x (masters + moments: 12 bytes per parameter, 16 with amsgrad,
+            each tensor rounded up to 4 KiB) + the pipeline's in-flight chunks + 1 MiB,
+            because a step writes new copies beside the last checkpoint's (see
+            docs/offload.md, "Disk space"); the message names the directory, the bytes
+            needed and the bytes free. Checked before any state is written, here and in
+            :meth:`add_param_group`.
         :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
             ``chunk_size=0``). On any error nothing is left behind: a temporary directory
             this constructor made is removed and a store it opened is closed.
@@ -146,11 +165,15 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         if resume and overwrite:
             raise ValueError("resume=True continues from the checkpoint that overwrite=True "
                              "deletes: pass one of them")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        amsgrad=amsgrad, maximize=maximize)
+        defaults = self._torch_defaults(dict(lr=lr, betas=betas, eps=eps,
+                                             weight_decay=weight_decay, amsgrad=amsgrad,
+                                             maximize=maximize), torch_kwargs)
         super().__init__(params, defaults)  # checks the parameters' dtypes
+        #: torch's per-parameter state, read from strata on access (see _state_view.py)
+        self.state = StateView(self)  # type: ignore[assignment]
         for gi, group in enumerate(self.param_groups):
             _hyperparams.check(self._RULE, group, f"param group {gi}: ")
+            self._check_torch_flags(group, f"param group {gi}: ")
 
         self.max_grad_norm = float(max_grad_norm)
         self.tier = tier
@@ -162,16 +185,19 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
         #: resume from such a checkpoint: its zero-size parameters' step counts (index ->
         #: steps, from <key_prefix>torch/empty_steps); None when it has no such object
         self._legacy_empty_steps: Optional[Dict[int, int]] = None
-        self._params: List[torch.nn.Parameter] = []
-        #: id(param) -> strata handle (zero-size parameters included: strata holds them with
-        #: empty objects and counts their steps, like torch.optim.Adam)
-        self._handle: Dict[int, int] = {}
+        #: the registered parameters (handle order) and id(param) -> strata handle
+        #: (zero-size parameters included: strata holds them with empty objects and counts
+        #: their steps, like torch.optim.Adam); see _param_sync.py
+        self._table = ParamTable()
+        self._params: List[torch.nn.Parameter] = self._table.params
+        self._handle: Dict[int, int] = self._table.handle
         #: per group: the hyperparameters strata holds (what _sync_hyperparams compares to)
         self._pushed: List[Dict[str, float]] = []
         #: cumulative bytes moved, by tier and direction
+        #: (nvme_* from strata's step statistics; the others: see _staging.Staging)
         self.bytes_moved: Dict[str, int] = dict(nvme_read=0, nvme_written=0, host_grads_read=0,
-                                                host_weights_written=0, device_to_host=0,
-                                                host_to_device=0)
+                                                host_weights_written=0, host_copies=0,
+                                                device_to_host=0, host_to_device=0)
         self._staging = Staging(self.bytes_moved)
         #: stats of the last step (dict from strata: bytes_read, bytes_written, grad_norm, ...)
         self.last_step: Dict[str, Any] = {}
@@ -238,15 +264,7 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                 params, names = _names.split_named(list(params), len(self.param_groups))
                 base = sum(len(g["params"]) for g in self.param_groups)
                 for j, p in enumerate(params):
-                    if torch.is_tensor(p) and p.dtype not in _PARAM_DTYPES:
-                        raise ValueError(
-                            f"parameter {base + j} has dtype {p.dtype}; strata offloaded "
-                            "optimizers support torch.float32, torch.float16 and "
-                            "torch.bfloat16 parameters (fp32 masters would round float64; "
-                            "complex is not supported)")
-                    if torch.is_tensor(p) and p.is_sparse:
-                        raise ValueError(f"parameter {base + j} is sparse; strata offloaded "
-                                         "optimizers do not support sparse parameters")
+                    check_param(p, base + j)
             param_group = dict(param_group, params=params)
             if names is not None:
                 self._names_by_id.update((id(p), n) for p, n in zip(params, names))
@@ -254,36 +272,87 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
                 merged = {**self.defaults, **param_group}
                 where = f"param group {len(self.param_groups)}: "
                 _hyperparams.check(self._RULE, merged, where)
+                self._check_torch_flags(merged, where)
                 _hyperparams.check_amsgrad(merged, bool(self._pushed[0]["amsgrad"]), where)
         super().add_param_group(param_group)
         if self._ready:  # after __init__: register the new group at once
-            self._register_group(len(self.param_groups) - 1, self.param_groups[-1])
+            self._sync_params()
 
     def _register_group(self, gi: int, group: Dict[str, Any]) -> None:
         if self._resuming:
             _hyperparams.adopt_checkpoint(group, self._opt.hyperparams(gi), type(self).__name__,
                                           gi)
         hp = _hyperparams.to_strata(group)
+        if not self._resuming:  # the whole group's disk space first: one clear error
+            self._opt.check_disk_space([p.numel() for p in group["params"]])
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
         self._pushed.append(hp)
         for p in group["params"]:
-            name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
             if self._resuming:  # checked by _check_checkpoint_layout
-                h = self._resume_handles[len(self._params)]
+                pos = len(self._params)
+                h = self._resume_handles[pos]
                 if h is None:
-                    h = self._add_legacy_empty_param(name, len(self._params), gi)
+                    h = self._add_legacy_empty_param(
+                        _names.strata_name(pos, self._names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(self._opt, h, p)
+                self._table.add(p, h, gi)
             else:
-                init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-                h = self._opt.add_param(name, p.numel(), init, group=gi,
-                                        placement=self.tier)
-            self._params.append(p)
-            self._handle[id(p)] = h
+                self._register_param(gi, p)
+
+    def _register_param(self, gi: int, p: torch.Tensor) -> None:
+        """A new parameter of group ``gi``: master from its current value, zero moments."""
+        init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
+        name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
+        h = self._opt.add_param(name, p.numel(), init, group=gi, placement=self.tier)
+        self._table.add(p, h, gi)
+
+    def _sync_params(self) -> None:
+        """Follows ``param_groups`` (see _param_sync.py): checks it before anything is
+        registered, then registers groups appended to it directly (filled with the defaults
+        as add_param_group does) and new parameters, and takes the current value of every
+        parameter changed outside the optimizer as its master.
+
+        :raises ValueError: an edit strata cannot follow, a new group's hyperparameter out
+            of range or a new parameter's dtype (naming the group / parameter).
+        """
+        fresh = self._table.new_params(self.param_groups)
+        n_groups = len(self._pushed)
+        for gi in range(n_groups, len(self.param_groups)):
+            group = self.param_groups[gi]
+            if not isinstance(group.get("params"), list):
+                group["params"] = ([group["params"]] if torch.is_tensor(group["params"])
+                                   else list(group["params"]))
+            for k, v in self.defaults.items():
+                group.setdefault(k, v)
+            where = f"param group {gi}: "
+            _hyperparams.check(self._RULE, group, where)
+            self._check_torch_flags(group, where)
+            _hyperparams.check_amsgrad(group, bool(self._pushed[0]["amsgrad"]), where)
+        for gi in range(n_groups, len(self.param_groups)):
+            self._register_group(gi, {**self.param_groups[gi], "params": []})
+        for gi, p in fresh:
+            self._register_param(gi, p)
+        self._table.take_changed(self._opt)
+
+    def mark_params_changed(self, params: Optional[Iterable[torch.Tensor]] = None) -> None:
+        """Makes the next step (or checkpoint/state_dict) take the current values of
+        ``params`` (default: every registered parameter) as their fp32 masters. Only needed
+        after in-place edits through ``p.data``, which torch's version counter does not
+        see; other changes are noticed without it (see the class doc).
+
+        :raises KeyError: a parameter this optimizer does not hold.
+        """
+        self._check_open()
+        hs = [self._handle[id(p)] for p in (self._params if params is None else params)]
+        for h in hs:
+            self._table.forget(h)
 
     def _sync_hyperparams(self) -> None:
-        for gi, group in enumerate(self.param_groups):
+        """The registered groups' hyperparameters into strata (groups appended to
+        ``param_groups`` directly are registered by _sync_params first)."""
+        for gi, group in enumerate(self.param_groups[:len(self._pushed)]):
             hp = _hyperparams.to_strata(group)
             if hp != self._pushed[gi]:
                 self._opt.set_hyperparams(gi, hp)
@@ -293,37 +362,62 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Adam/AdamW step of every parameter with a gradient (see the module doc).
-        Returns the closure's loss (as torch optimizers do); strata's step statistics are in
-        ``self.last_step``. A step whose gradients hold inf/NaN is skipped entirely
-        (``last_step["skipped"]``), as mixed-precision loss scalers expect."""
+        """One Adam/AdamW step of every parameter with a gradient in ``param_groups`` (see
+        the module doc). Returns the closure's loss (as torch optimizers do); strata's step
+        statistics are in ``self.last_step``. A step whose gradients hold inf/NaN is skipped
+        entirely (``last_step["skipped"]``), as mixed-precision loss scalers expect.
+
+        Like torch.optim, it steps from each parameter's current value: a parameter changed
+        since the optimizer last wrote it (its ``_version`` or ``data_ptr()`` differ:
+        ``model.load_state_dict``, ``p.clamp_()`` under no_grad, ``p.data = t``) has that
+        value (fp16/bf16 widened to fp32) taken as its master first; unchanged ones are not
+        copied. In-place edits through ``p.data`` are not seen: see mark_params_changed.
+        Parameters appended to the last group or in groups appended to ``param_groups``
+        are registered fresh; betas outside [0, 1) set in a group are stepped as torch
+        does. See _param_sync.py and docs/offload.md.
+
+        :raises ValueError: a param_groups edit strata cannot follow (naming the group), a
+            new group's hyperparameter out of range, capturable/differentiable/fused set
+            True in a group, or a beta2 making ``1 - beta2**t`` negative (torch's "math
+            domain error"); nothing is stepped.
+        :raises ZeroDivisionError: a beta1 making ``1 - beta1**t`` zero (as torch).
+        """
         self._check_open()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_params()
         self._sync_hyperparams()
+        self.state.write_back()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
         for p in self._params:
             h = self._handle[id(p)]
             g = p.grad
             if g is None:
-                self._opt.set_grad(h, None)
-                self._opt.set_param_copy(h, None)
+                self._staging.detach(self._opt, h)
                 continue
             on_gpu |= self._staging.attach(self._opt, p, h)
             stepped.append((p, h))
+        for gi, group in enumerate(self.param_groups):
+            self._check_torch_flags(group, f"param group {gi}: ")
+            if not _hyperparams.betas_in_range(group):
+                _hyperparams.check_step_betas(group, gi, (
+                    self._opt.step_count(self._handle[id(p)]) + 1
+                    for p in group["params"] if p.grad is not None))
         if on_gpu:
             torch.cuda.synchronize()
         stats = self._opt.step(max_grad_norm=self.max_grad_norm)
+        self.state.invalidate()
         self.last_step = stats
         self.bytes_moved["nvme_read"] += stats["bytes_read"]
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
         if stats["skipped"]:
             return loss
         for p, h in stepped:
-            self._staging.copy_back(self._opt, p, h)
+            self._staging.copy_back(p, h)
+            self._table.mark(h)
         if on_gpu:
             torch.cuda.synchronize()
         return loss
@@ -362,6 +456,8 @@ class _OffloadAdamBase(StateDictMixin, torch.optim.Optimizer):
             try:
                 if keep:
                     self._sync_hyperparams()
+                    self._table.take_changed(opt)  # parameters changed outside, as checkpoint()
+                    self.state.write_back()
             except Exception as e:  # noqa: BLE001 (raised below, after the release)
                 error = e
                 keep = False
@@ -401,6 +497,7 @@ class OffloadAdam(_OffloadAdamBase):
 
     _RULE = "adam"
     _DEFAULT_WEIGHT_DECAY = 0.0
+    _FLAGS = ADAM_FLAGS
 
 
 class OffloadAdamW(_OffloadAdamBase):
@@ -409,3 +506,5 @@ class OffloadAdamW(_OffloadAdamBase):
 
     _RULE = "adamw"
     _DEFAULT_WEIGHT_DECAY = 1e-2
+    _FLAGS = ADAMW_FLAGS
+    _FLAGS_AFTER_MAXIMIZE = False

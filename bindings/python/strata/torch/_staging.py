@@ -1,5 +1,5 @@
 """Staging between a model's parameters and strata's offloaded optimizer: gradients into
-the optimizer before a step, updated weights back into the parameters after it.
+the optimizer before a step, updated weights back into the parameters during it.
 
 CPU tensors travel without copies where they are contiguous and of a dtype strata takes
 (fp32/fp16/bf16); CUDA tensors through pinned host buffers, one per parameter and use,
@@ -8,15 +8,13 @@ allocated once. Thread-safety: one thread at a time (the optimizer's).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 #: gradient dtypes strata reads as they are (others are converted to fp32)
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: parameter dtypes that receive the kernel's rounded copy (set_param_copy)
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def as_f32_numpy(t: Any) -> np.ndarray:
@@ -28,28 +26,62 @@ def as_f32_numpy(t: Any) -> np.ndarray:
 
 
 class Staging:
-    """The pinned host buffers of CUDA parameters and the byte counters of the moves.
+    """The host buffers of parameters the kernel cannot write in place, what is attached to
+    strata, and the byte counters of the moves.
 
-    :param bytes_moved: the optimizer's counters (nvme_read, nvme_written, host_grads_read,
-        host_weights_written, device_to_host, host_to_device; bytes), updated in place.
+    Every parameter with a gradient gets the updated weights from the step itself (strata's
+    ``set_param_copy``): contiguous CPU parameters (fp32, fp16, bf16) straight into their
+    memory, others (CUDA, non-contiguous) into a host buffer of the parameter's dtype
+    (pinned for CUDA) that :meth:`copy_back` copies into the parameter. No master is read a
+    second time to refresh the model. What is attached is remembered, so a step whose
+    gradients and parameters are the tensors of the previous step attaches nothing again.
+
+    :param bytes_moved: the optimizer's counters (bytes), updated in place:
+        ``host_grads_read`` (gradient bytes the kernel reads), ``host_weights_written``
+        (weight bytes the kernel writes: into a parameter or its buffer),
+        ``host_copies`` (bytes torch copies on the host: gradients converted to a dtype or
+        layout strata takes, buffers into non-contiguous CPU parameters),
+        ``device_to_host`` / ``host_to_device`` (CUDA gradients out, weights in).
     """
 
     def __init__(self, bytes_moved: Dict[str, int]):
         self.bytes_moved = bytes_moved
         self._pinned: Dict[Tuple[int, str], torch.Tensor] = {}
+        #: handle -> (tensor, data_ptr) attached by set_grad / set_param_copy (None: detached)
+        self._grad: Dict[int, Any] = {}
+        self._copy: Dict[int, Any] = {}
 
-    def _pinned_buf(self, h: int, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """The pinned buffer ``kind`` ("grad", "copy", "master") of handle ``h``, (re)made
-        when its dtype or size changed."""
+    def _pinned_buf(self, h: int, kind: str, numel: int, dtype: torch.dtype,
+                    pin: bool) -> torch.Tensor:
+        """The host buffer ``kind`` ("grad", "copy") of handle ``h``, (re)made when its
+        dtype or size changed; pinned when ``pin`` and CUDA is available."""
         buf = self._pinned.get((h, kind))
         if buf is None or buf.dtype != dtype or buf.numel() != numel:
-            buf = torch.empty(numel, dtype=dtype, pin_memory=torch.cuda.is_available())
+            buf = torch.empty(numel, dtype=dtype, pin_memory=pin and torch.cuda.is_available())
             self._pinned[(h, kind)] = buf
         return buf
 
+    @staticmethod
+    def _set(opt_set: Any, held: Dict[int, Any], h: int, owner: Optional[torch.Tensor],
+             t: Optional[torch.Tensor]) -> None:
+        """``opt_set(h, t)`` unless ``t`` is what was attached for the same ``owner`` tensor
+        (same object, same memory) last time; ``owner`` None detaches."""
+        key = None if owner is None else (owner, owner.data_ptr())
+        cur = held.get(h, False)
+        if cur is not False and (cur is None) == (key is None) and (
+                key is None or (cur[0] is key[0] and cur[1] == key[1])):
+            return
+        opt_set(h, t)
+        held[h] = key
+
+    def detach(self, opt: Any, h: int) -> None:
+        """A parameter without a gradient: neither read nor written by the step."""
+        self._set(opt.set_grad, self._grad, h, None, None)
+        self._set(opt.set_param_copy, self._copy, h, None, None)
+
     def attach(self, opt: Any, p: torch.nn.Parameter, h: int) -> bool:
-        """Attaches ``p.grad`` (not None) to strata handle ``h`` of ``opt`` and, for
-        fp16/bf16 parameters, the buffer that receives the rounded update.
+        """Attaches ``p.grad`` (not None) to strata handle ``h`` of ``opt`` and the
+        destination of the updated weights (``p`` itself or its buffer).
 
         :returns: True when a device-to-host copy was queued: synchronize CUDA before the
             step.
@@ -61,48 +93,39 @@ class Staging:
             raise RuntimeError("strata offloaded optimizers do not support sparse gradients")
         if g.is_cuda:
             host = self._pinned_buf(h, "grad", g.numel(), g.dtype if g.dtype in GRAD_DTYPES
-                                    else torch.float32)
+                                    else torch.float32, True)
             host.copy_(g.reshape(-1), non_blocking=True)
             self.bytes_moved["device_to_host"] += host.numel() * host.element_size()
             on_gpu = True
         else:
-            host = g.reshape(-1)
+            host = g
             if host.dtype not in GRAD_DTYPES:
                 host = host.float()
             if not host.is_contiguous():
                 host = host.contiguous()
-        opt.set_grad(h, host)
+            if host is not g:
+                self.bytes_moved["host_copies"] += host.numel() * host.element_size()
+        self._set(opt.set_grad, self._grad, h, host, host.view(-1))
         self.bytes_moved["host_grads_read"] += host.numel() * host.element_size()
-        # fp16/bf16 CPU parameters receive the rounded copy from the kernel directly.
-        if not p.is_cuda and p.dtype in HALF_DTYPES and p.is_contiguous():
-            opt.set_param_copy(h, p.detach().view(-1))
-        elif p.is_cuda and p.dtype in HALF_DTYPES:
-            opt.set_param_copy(h, self._pinned_buf(h, "copy", p.numel(), p.dtype))
+        if not p.is_cuda and p.is_contiguous():
+            # the kernel writes the parameter itself
+            self._set(opt.set_param_copy, self._copy, h, p, p.detach().view(-1))
         else:
-            opt.set_param_copy(h, None)
+            buf = self._pinned_buf(h, "copy", p.numel(), p.dtype, p.is_cuda)
+            self._set(opt.set_param_copy, self._copy, h, buf, buf)
         return on_gpu
 
-    def copy_back(self, opt: Any, p: torch.nn.Parameter, h: int) -> None:
-        """After a step: the updated weights of handle ``h`` into ``p`` (CUDA copies are
-        queued non-blocking: synchronize before using them)."""
-        nbytes = p.numel() * p.element_size()
-        if p.is_cuda:
-            if p.dtype in HALF_DTYPES:
-                buf = self._pinned[(h, "copy")]
-            else:
-                buf = self._pinned_buf(h, "master", p.numel(), torch.float32)
-                opt.read_param(h, buf)
-            p.data.view(-1).copy_(buf.to(p.dtype) if buf.dtype != p.dtype else buf,
-                                  non_blocking=True)
-            self.bytes_moved["host_to_device"] += nbytes
-            return
-        self.bytes_moved["host_weights_written"] += nbytes
-        if p.dtype in HALF_DTYPES and p.is_contiguous():
-            return  # written by the kernel (set_param_copy)
-        if p.dtype == torch.float32 and p.is_contiguous():
-            opt.read_param(h, p.detach().view(-1))  # straight into the parameter
-            return
-        p.data.copy_(torch.from_numpy(opt.read_param(h)).view(p.shape))
+    def copy_back(self, p: torch.nn.Parameter, h: int) -> None:
+        """After a step that was not skipped: counts the weights the step wrote and copies
+        them into ``p`` where the kernel wrote a buffer (CUDA copies are queued
+        non-blocking: synchronize before using them)."""
+        self.bytes_moved["host_weights_written"] += p.numel() * p.element_size()
+        if not p.is_cuda and p.is_contiguous():
+            return  # written by the step
+        buf = self._pinned[(h, "copy")]
+        p.data.copy_(buf.view(p.shape), non_blocking=p.is_cuda)
+        key = "host_to_device" if p.is_cuda else "host_copies"
+        self.bytes_moved[key] += p.numel() * p.element_size()
 
 
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:

@@ -6,6 +6,7 @@ Thread-safety: as the optimizer (one thread at a time).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from typing import Any, Dict, Optional
@@ -46,10 +47,17 @@ class StateDictMixin:
     def checkpoint(self) -> None:
         """Makes the state after the last step durable in place: one commit of the
         optimizer's objects, which holds every parameter's state and step count,
-        zero-size parameters' included. Reopen with ``resume=True`` and the same store/path
-        and key_prefix: a resume restores the last checkpoint or :meth:`close` (also
-        garbage collection and interpreter exit), whatever the tier; a process killed
-        without closing resumes at its last checkpoint, even if the store was flushed since.
+        zero-size parameters' included, and the current ``param_groups``' hyperparameters
+        (an lr a scheduler set after the last step included). Parameters changed outside
+        the optimizer since the last step are taken as their masters first, and parameters
+        added to ``param_groups`` are registered (as at step()). Reopen with
+        ``resume=True`` and the same store/path and key_prefix: a resume restores the last
+        checkpoint or :meth:`close` (also garbage collection and interpreter exit),
+        whatever the tier; a process killed without closing resumes at its last
+        checkpoint, even if the store was flushed since.
+
+        :raises ValueError: a param_groups edit strata cannot follow or a hyperparameter
+            it cannot hold (as step(); nothing is written).
 
         :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
             part-way before (resume from the last checkpoint).
@@ -57,6 +65,9 @@ class StateDictMixin:
             checkpoint then stays the resume point.
         """
         self._check_open()
+        self._sync_params()
+        self._sync_hyperparams()
+        self.state.write_back()
         self._opt.checkpoint()
 
     def _remove_checkpoint(self) -> None:
@@ -159,41 +170,59 @@ class StateDictMixin:
         """torch.optim.Adam's format: ``state[i]`` has ``step`` (a float tensor),
         ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) as fp32 CPU
         tensors shaped like parameter i; for fp16/bf16 parameters also ``master_param``
-        (the fp32 master). It loads into torch.optim.Adam/AdamW and back."""
+        (the fp32 master). Parameters are numbered as torch.optim.Optimizer.state_dict
+        numbers them: by identity, in ``param_groups`` order, a parameter listed again
+        keeping its first number (the numbers then skip its later positions). Parameters
+        changed outside the optimizer are taken as their masters first. It loads into
+        torch.optim.Adam/AdamW and back."""
         self._check_open()
+        self._table.take_changed(self._opt)
+        self.state.write_back()
         state: Dict[int, Dict[str, Any]] = {}
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
-        for i, p in enumerate(self._params):
-            h = self._handle[id(p)]
-            step = self._opt.step_count(h)
-            if step == 0:
-                continue
-            st: Dict[str, Any] = {"step": torch.tensor(float(step))}
-            for k, name in enumerate(names):
-                st[name] = torch.from_numpy(self._opt.read_state(h, k)).view(p.shape)
-            if p.dtype != torch.float32:
-                st["master_param"] = torch.from_numpy(self._opt.read_param(h)).view(p.shape)
-            state[i] = st
+        index: Dict[int, int] = {}
         groups = []
-        index = 0
+        start = 0
         for group in self.param_groups:
+            for i, p in enumerate(group["params"], start):
+                index.setdefault(id(p), i)
             g = {k: v for k, v in group.items() if k != "params"}
-            g["params"] = list(range(index, index + len(group["params"])))
-            index += len(group["params"])
+            g["params"] = [index[id(p)] for p in group["params"]]
+            start += len(group["params"])
             groups.append(g)
+        for group in self.param_groups:
+            for p in group["params"]:
+                h = self._handle.get(id(p))
+                i = index[id(p)]
+                if h is None or i in state or self._opt.step_count(h) == 0:
+                    continue
+                st: Dict[str, Any] = {"step": torch.tensor(float(self._opt.step_count(h)))}
+                for k, name in enumerate(names):
+                    st[name] = torch.from_numpy(self._opt.read_state(h, k)).view(p.shape)
+                if p.dtype != torch.float32:
+                    st["master_param"] = torch.from_numpy(
+                        self._opt.read_param(h)).view(p.shape)
+                state[i] = st
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads a state dict of this class or of torch.optim.Adam/AdamW (same groups and
         parameter sizes). Masters come from ``master_param`` when present, else from the
         model's current parameters; a parameter without a state entry restarts (zero
-        moments, step 0). The saved groups' hyperparameters replace ``param_groups``'.
+        moments, step 0). Each group becomes the saved one, as in torch: its keys replace
+        ``param_groups``' (keys only ours had are dropped), and optional keys it lacks
+        (e.g. ``maximize`` in an older checkpoint) take torch's defaults (amsgrad and
+        maximize False, foreach None, capturable/differentiable/fused False), not the live
+        values. Parameters changed outside the optimizer afterwards (e.g. a
+        ``model.load_state_dict`` after this call) are taken at the next step.
 
         Atomic with respect to validation: everything is checked before anything is
         written, so a refused state dict leaves the optimizer exactly as it was.
 
         :raises ValueError: a different number of groups or of parameters in a group; a
-            hyperparameter out of range (naming the group); ``amsgrad`` other than this
+            saved group without lr, betas, eps or weight_decay (naming the group and key;
+            torch would fail at its next step); a hyperparameter out of range (naming the
+            group); ``amsgrad`` other than this
             optimizer's (strata's state streams are fixed at creation); a state entry
             without ``step`` or with a step that is not an integer >= 0; a state tensor
             (exp_avg, exp_avg_sq, max_exp_avg_sq, master_param) whose element count is not
@@ -201,27 +230,30 @@ class StateDictMixin:
         :raises strata.FailedPreconditionError: the optimizer is closed.
         """
         self._check_open()
+        self._sync_params()
         groups = state_dict["param_groups"]
         new_groups = self._check_loaded_groups(groups)
         saved_ids = list(itertools.chain.from_iterable(g["params"] for g in groups))
         names = [self._opt.state_name(k) for k in range(self._opt.num_states())]
         self._check_loaded_states(state_dict["state"], saved_ids, names)
         # ---- hyperparameters (undone if strata refuses one), then the tensors ----
-        old_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        old_groups = [dict(g) for g in self.param_groups]
         for ours, merged in zip(self.param_groups, new_groups):
-            ours.update(merged)
+            params = ours["params"]
+            ours.clear()
+            ours.update(merged, params=params)
         try:
             self._sync_hyperparams()
         except BaseException:
             for ours, old in zip(self.param_groups, old_groups):
-                for k in list(ours):
-                    if k != "params" and k not in old:
-                        del ours[k]
+                ours.clear()
                 ours.update(old)
             self._sync_hyperparams()
             raise
+        self.state.invalidate()
         for sid, p in zip(saved_ids, self._params):
             self._load_param_state(p, state_dict["state"].get(sid), names)
+            self._table.mark(self._handle[id(p)])
 
     def _check_loaded_groups(self, groups: Any) -> list:
         """load_state_dict: the saved groups merged over ours, all checked (nothing set)."""
@@ -232,11 +264,17 @@ class StateDictMixin:
                 raise ValueError("loaded state dict contains a parameter group that doesn't "
                                  "match the size of optimizer's group")
         new_groups = []
-        for gi, (ours, saved) in enumerate(zip(self.param_groups, groups)):
-            merged = {k: v for k, v in ours.items() if k != "params"}
-            merged.update({k: v for k, v in saved.items() if k != "params"})
+        for gi, saved in enumerate(groups):
             where = f"loaded param group {gi}: "
-            _hyperparams.check(self._RULE, merged, where)
+            merged = copy.deepcopy({k: v for k, v in saved.items() if k != "params"})
+            for k, v in self._group_defaults().items():
+                merged.setdefault(k, v)
+            for k in ("lr", "betas", "eps", "weight_decay"):
+                if k not in merged:
+                    raise ValueError(f"{where}has no '{k}' (torch.optim would fail at the "
+                                     "next step)")
+            _hyperparams.check(self._RULE, merged, where, any_betas=True)
+            self._check_torch_flags(merged, where)
             _hyperparams.check_amsgrad(merged, bool(self._pushed[gi]["amsgrad"]), where)
             new_groups.append(merged)
         return new_groups

@@ -44,6 +44,20 @@
 // everything and loses nothing committed (the last checkpoint stays the resume point).
 // Do not flush or commit the optimizer's keys while a step or checkpoint() runs.
 //
+// DISK SPACE. Writes are copy-on-write: until the next commit (checkpoint(), or a flush of
+// the store between steps) the last checkpoint's chunks stay on disk beside the new ones,
+// so the store's NVMe directories need room for two copies of the state. With S = 1 +
+// num_states streams (Adam 3, amsgrad 4) and D(n) = n * 4 bytes rounded up to 4 KiB (per
+// chunk), the state is T = S * sum over tensors of D(numel) (host-tier tensors too: their
+// backing objects are rewritten by checkpoint()), and a store needs
+//   2 * T + min(T_nvme, num_buffers * S * slot stream bytes) + 1 MiB
+// (the second term: new chunks of the batches in flight beside the copies they replace;
+// the third: catalog). create() and add_param() check it against the free space of each
+// file system (statvfs) plus the store's reusable blocks: ResourceExhausted naming the
+// directory, the need and the free space, in bytes. After each commit the store punches
+// the freed extents out of its data files, so a checkpointed store holds about T on disk,
+// and at most 2 * T + in-flight between commits.
+//
 // Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
 // of the master and every state stream: num_buffers * (1 + num_states) * sub_group_numel *
 // 4 bytes, allocated once at create()/open() and within pinned_budget_bytes. No step
@@ -81,7 +95,8 @@ namespace strata::optimizer {
 
 /// Named hyperparameters of a param group, with torch.optim's argument names: "lr",
 /// "beta1", "beta2" (torch's betas[0], betas[1]), "eps", "weight_decay", "amsgrad" (0/1),
-/// "maximize" (0/1), "momentum", "dampening", "nesterov" (0/1), "lr_decay",
+/// "maximize" (0/1), "any_betas" (0/1, adam/adamw: see AdamOptions::any_betas),
+/// "momentum", "dampening", "nesterov" (0/1), "lr_decay",
 /// "initial_accumulator_value". Booleans are 0.0 / 1.0.
 using Hyperparams = std::map<std::string, double, std::less<>>;
 
@@ -124,7 +139,9 @@ std::string_view placement_name(Placement p);
 /// None can change after create()/open().
 struct OffloadOptions {
   /// Prefix of every store key this optimizer uses (several optimizers may share a store
-  /// under different prefixes). Default "optim/".
+  /// under different prefixes). Two optimizers open at once on one Store object may not
+  /// use prefixes that overlap (equal, or one a prefix of the other, e.g. "optim/" and
+  /// "optim/a/"): create()/open() of the second fails. Default "optim/".
   std::string key_prefix = "optim/";
   /// Elements per pipeline sub-group (per stream). 0 = auto: the largest multiple of the
   /// store's chunk_bytes()/4 elements (at least one chunk, at most 4 chunks) whose buffers
@@ -222,6 +239,21 @@ struct StepStats {
   double io_wait_seconds = 0.0;   ///< time the update stage waited for reads / free slots
 };
 
+/// What the optimizer's state needs on disk (disk_space(); see DISK SPACE), bytes, summed
+/// over the store's NVMe directories.
+struct DiskSpaceNeed {
+  uint64_t state_bytes = 0;      ///< T: masters and states on disk (chunks rounded to 4 KiB)
+  uint64_t in_flight_bytes = 0;  ///< new chunks of the batches in flight
+  uint64_t margin_bytes = 0;     ///< catalog allowance
+  uint64_t need_bytes = 0;       ///< 2 * state + in_flight + margin
+  uint64_t held_bytes = 0;       ///< the state of the tensors added so far (on disk already)
+  uint64_t free_bytes = 0;       ///< free on the directories' file systems (each counted once)
+  /// Empty when the state fits; else a directory whose file system lacks room, the bytes
+  /// still needed there and the bytes free there (with the store's reusable blocks).
+  std::string short_path;
+  uint64_t short_need = 0, short_free = 0;
+};
+
 /// The offloaded optimizer. Create with create() (new) or open() (resume a checkpoint).
 ///
 /// Thread-safety: every member may be called from any thread; calls are serialized by an
@@ -238,8 +270,12 @@ class OffloadedOptimizer {
   /// \error InvalidArgument for a null store or factory, bad options (num_buffers outside
   ///     1..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
   ///     factory returns; AlreadyExists when the store already holds key_prefix + "meta"
-  ///     (use open()); ResourceExhausted when the pinned pool cannot be created;
-  ///     FailedPrecondition for a read-only store.
+  ///     (use open()); ResourceExhausted when the pinned pool cannot be created or the
+  ///     store's file systems lack the in-flight headroom (see DISK SPACE);
+  ///     FailedPrecondition for a read-only store, or when another optimizer open in this
+  ///     process on the same Store object uses an overlapping key_prefix (see
+  ///     OffloadOptions::key_prefix; the message names both prefixes). The claim on the
+  ///     prefix ends when the optimizer is closed or destroyed.
   static Result<std::unique_ptr<OffloadedOptimizer>> create(std::shared_ptr<Store> store,
                                                             RuleFactory factory,
                                                             const Hyperparams& defaults,
@@ -258,7 +294,8 @@ class OffloadedOptimizer {
   ///     DataLoss for a malformed record or (verify_on_open) a bad chunk;
   ///     FailedPrecondition when this Store object holds changes of the optimizer's keys
   ///     made after the last checkpoint (an optimizer on it failed to checkpoint them:
-  ///     reopen the store to resume from the last checkpoint); errors of create().
+  ///     reopen the store to resume from the last checkpoint), or for an overlapping
+  ///     key_prefix of another open optimizer; errors of create().
   static Result<std::unique_ptr<OffloadedOptimizer>> open(std::shared_ptr<Store> store,
                                                           RuleFactory factory,
                                                           const OffloadOptions& options = {});
@@ -325,7 +362,10 @@ class OffloadedOptimizer {
   ///     host_budget_bytes.
   /// \returns the tensor's handle.
   /// \error InvalidArgument for a bad/duplicate name or a bad group;
-  ///     ResourceExhausted when DRAM or the NVMe tier is full; IoError.
+  ///     ResourceExhausted when DRAM or the NVMe tier is full, or when a file system of
+  ///     the store lacks the space of DISK SPACE for the state with this tensor (checked
+  ///     before anything is written; the message names the directory, the need and the
+  ///     free space in bytes); IoError.
   Result<ParamHandle> add_param(std::string_view name, uint64_t numel, const float* init,
                                 int group = 0, Placement placement = Placement::kAuto);
   size_t num_params() const;
@@ -344,9 +384,12 @@ class OffloadedOptimizer {
   /// Detaches every gradient.
   void clear_grads();
 
-  /// Makes every step write a copy of the updated master of `h`, converted to `type`
-  /// (kFloat16 or kBFloat16, round to nearest even), to `dst` (numel elements, host
-  /// memory): the weights of the next forward pass. nullptr detaches.
+  /// Makes every step write a copy of the updated master of `h`, as `type`, to `dst`
+  /// (numel elements, host memory): the weights of the next forward pass. kFloat16 /
+  /// kBFloat16: rounded to nearest even by the update kernel; kFloat32: the master itself,
+  /// copied out of the pipeline's pinned slot (NVMe tier) or the DRAM master (host tier)
+  /// right after its update, so no second read of the master is needed to refresh an
+  /// fp32 model. The copy is written only when the step is not skipped. nullptr detaches.
   /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
   Status set_param_copy(ParamHandle h, void* dst, DType type);
 
@@ -402,6 +445,16 @@ class OffloadedOptimizer {
   /// \error store errors (IoError, ResourceExhausted); FailedPrecondition once closed, for
   ///     a closed store, or after a step that failed part-way.
   Status checkpoint();
+
+  // ---- disk space (see DISK SPACE) -------------------------------------------------------
+
+  /// The disk space of the tensors added so far plus tensors of `more_numels` elements
+  /// (counted as NVMe-tier), against the free space now.
+  /// \error store errors (statvfs: IoError; closed store: FailedPrecondition).
+  Result<DiskSpaceNeed> disk_space(const std::vector<uint64_t>& more_numels = {}) const;
+  /// OK when disk_space(more_numels) fits, else ResourceExhausted naming the directory,
+  /// the bytes needed and the bytes free (e.g. to check a whole model before add_param).
+  Status check_disk_space(const std::vector<uint64_t>& more_numels = {}) const;
 
   // ---- introspection --------------------------------------------------------------------
 

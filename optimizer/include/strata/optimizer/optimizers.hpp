@@ -25,13 +25,19 @@ namespace strata::optimizer {
 /// States: 0 exp_avg (m), 1 exp_avg_sq (v), 2 max_exp_avg_sq (amsgrad only).
 struct AdamOptions {
   double lr = 1e-3;            ///< learning rate, >= 0
-  double beta1 = 0.9;          ///< betas[0], in [0, 1)
-  double beta2 = 0.999;        ///< betas[1], in [0, 1)
+  double beta1 = 0.9;          ///< betas[0], in [0, 1) (any finite value with any_betas)
+  double beta2 = 0.999;        ///< betas[1], in [0, 1) (any finite value with any_betas)
   double eps = 1e-8;           ///< added to the denominator, >= 0
   double weight_decay = 0.0;   ///< >= 0; L2 (Adam) or decoupled (AdamW)
   bool amsgrad = false;        ///< keep the running max of v (Reddi et al. 2018)
   bool maximize = false;       ///< ascend instead of descend
   bool decoupled_weight_decay = false;  ///< true = AdamW
+  /// Accept any finite betas (hyperparameter "any_betas", 0/1, default 0): torch.optim
+  /// checks betas in [0, 1) at construction only and steps with whatever a scheduler later
+  /// puts in param_groups (e.g. OneCycleLR cycling beta1). The formula above is computed
+  /// as is; 1 - beta1^t == 0 gives an infinite step and 1 - beta2^t < 0 NaN, where torch
+  /// raises (ZeroDivisionError / math domain error): the caller checks those per step.
+  bool any_betas = false;
 };
 
 /// Adagrad (Duchi et al. 2011) as torch.optim.Adagrad:

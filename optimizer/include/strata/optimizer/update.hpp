@@ -51,10 +51,12 @@ struct UpdateSpans {
   /// fp32 state streams 0..rule.num_states()-1 (e.g. Adam: exp_avg, exp_avg_sq,
   /// max_exp_avg_sq); entries past num_states() are ignored.
   std::array<float*, kMaxStateStreams> states{};
-  /// Optional low-precision copy of the updated parameters (what a GPU consumes), written
-  /// with round-to-nearest-even; nullptr = none.
+  /// Optional copy of the updated parameters (the weights of the next forward pass);
+  /// nullptr = none. kFloat16 / kBFloat16: written by the rule with round-to-nearest-even.
+  /// kFloat32: apply_update() copies the updated master there tile by tile (the rule's
+  /// update() never sees an fp32 copy).
   void* param_copy = nullptr;
-  DType param_copy_type = DType::kBFloat16;  ///< kFloat16 or kBFloat16
+  DType param_copy_type = DType::kBFloat16;  ///< kFloat16, kBFloat16 or kFloat32
   size_t numel = 0;                          ///< elements in every stream
 
   /// The sub-spans of elements [begin, begin + count). Precondition: begin + count <= numel.

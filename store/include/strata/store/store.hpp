@@ -168,6 +168,19 @@ struct StoreUsage {
   uint64_t objects = 0;
 };
 
+/// The space of one NVMe directory (Store::nvme_space()), in bytes.
+struct NvmeDirSpace {
+  std::string path;  ///< the directory
+  /// Its file system (st_dev): directories with one fs_id share its free_bytes.
+  uint64_t fs_id = 0;
+  /// Free for unprivileged use on that file system (statvfs f_bavail * f_frsize).
+  uint64_t free_bytes = 0;
+  /// Disk blocks the directory's data file holds beyond the extents in use (preallocated
+  /// growth, free extents not yet punched): allocatable without taking free_bytes.
+  uint64_t reusable_bytes = 0;
+  uint64_t used_bytes = 0;  ///< extents in use (the NVMe copies of objects, every version)
+};
+
 /// A verify() finding: a chunk whose bytes do not match its checksum (or cannot be read).
 struct VerifyReport {
   uint64_t objects = 0;
@@ -335,6 +348,11 @@ class Store {
 
   /// Bytes used and budgeted per tier, and the object count (all 0 once closed).
   virtual StoreUsage usage() const = 0;
+  /// The space of each NVMe directory (same order as options().nvme_dirs). Space is
+  /// given back after each commit: extents no version names any more (e.g. the originals
+  /// of copy-on-write chunks) are punched out of the data files, so free_bytes grows again.
+  /// \error FailedPrecondition when closed; IoError (errno of statvfs / fstat).
+  virtual Result<std::vector<NvmeDirSpace>> nvme_space() const = 0;
   virtual uint64_t chunk_bytes() const = 0;
   virtual const StoreOptions& options() const = 0;
   virtual std::shared_ptr<IoEngine> engine() const = 0;

@@ -1,0 +1,115 @@
+// The offloaded optimizer's disk space (see offload.hpp, DISK SPACE): what the state needs
+// on the store's NVMe directories with the copy-on-write headroom of a step, checked
+// against each file system's free space at create() and add_param().
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "offload_impl.hpp"
+#include "strata/base/units.hpp"
+
+namespace strata::optimizer {
+
+using namespace offload_detail;
+
+namespace {
+
+/// Catalog growth (rows, write-ahead log) and rounding: a fixed allowance.
+constexpr uint64_t kSpaceMargin = 1ull << 20;
+
+/// Upper bound of the bytes one fp32[numel] object takes in any one of `k` directories:
+/// its chunks (each rounded to 4 KiB) are striped over the directories.
+uint64_t per_dir_bytes(uint64_t numel, uint64_t chunk, uint64_t k) {
+  const uint64_t nbytes = numel * 4;
+  if (nbytes == 0) return 0;
+  if (k <= 1) return nbytes / chunk * chunk + align_up(nbytes % chunk, kAlign);
+  const uint64_t nchunks = (nbytes + chunk - 1) / chunk;
+  return (nchunks + k - 1) / k * chunk;
+}
+
+}  // namespace
+
+Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
+    const std::vector<uint64_t>& more_numels) const {
+  STRATA_ASSIGN_OR_RETURN(auto dirs, store->nvme_space());
+  const uint64_t k = std::max<size_t>(dirs.size(), 1);
+  const uint64_t S = static_cast<uint64_t>(num_streams());
+  DiskSpaceNeed n;
+  uint64_t held = 0, nvme_state = 0;  // per directory
+  for (const auto& t : tensors) {
+    const uint64_t b = S * per_dir_bytes(t.numel, chunk_bytes, k);
+    held += b;
+    if (t.placement == Placement::kNvme) nvme_state += b;
+  }
+  uint64_t state = held;
+  for (uint64_t numel : more_numels) {
+    const uint64_t b = S * per_dir_bytes(numel, chunk_bytes, k);
+    state += b;
+    nvme_state += b;  // the worst case: every new tensor in the NVMe tier
+  }
+  // In flight: the new extents of the batches being written while their chunks' previous
+  // uncommitted copies still exist (at most num_buffers batches of one slot per stream).
+  uint64_t per_batch = stream_stride;
+  if ((sg * 4) % chunk_bytes != 0) per_batch += chunk_bytes;  // a chunk shared by two items
+  const uint64_t in_flight =
+      std::min(nvme_state, static_cast<uint64_t>(slots.size()) * S * ((per_batch + k - 1) / k));
+  n.state_bytes = state * k;
+  n.in_flight_bytes = in_flight * k;
+  n.margin_bytes = kSpaceMargin;
+  n.need_bytes = 2 * n.state_bytes + n.in_flight_bytes + n.margin_bytes;
+  n.held_bytes = held * k;
+  // Per file system: the directories on it share its free space.
+  struct Fs {
+    std::string path;
+    uint64_t dirs = 0, free = 0, reusable = 0;
+  };
+  std::map<uint64_t, Fs> by_fs;
+  for (const auto& d : dirs) {
+    Fs& f = by_fs[d.fs_id];
+    if (f.dirs++ == 0) {
+      f.path = d.path;
+      f.free = d.free_bytes;
+    }
+    f.reusable += d.reusable_bytes;
+  }
+  n.free_bytes = 0;
+  for (const auto& [id, f] : by_fs) {
+    const uint64_t need = f.dirs * (2 * state + in_flight) + kSpaceMargin;
+    const uint64_t have = f.free + f.reusable + f.dirs * held;  // held: already on disk
+    n.free_bytes += f.free;
+    if (need > have && n.short_path.empty()) {
+      n.short_path = f.path;
+      n.short_need = need - f.dirs * held;
+      n.short_free = f.free + f.reusable;
+    }
+  }
+  return n;
+}
+
+Status OffloadedOptimizer::Impl::check_disk_space(const std::vector<uint64_t>& more_numels,
+                                                  const std::string& what) const {
+  STRATA_ASSIGN_OR_RETURN(DiskSpaceNeed n, disk_space_need(more_numels));
+  if (n.short_path.empty()) return Status::OK();
+  return resource_exhausted(
+      what + ": not enough disk space for the optimizer's state in " + n.short_path + ": it needs " +
+      std::to_string(n.short_need) + " more bytes (" + format_bytes(n.short_need) +
+      ") and the file system has " + std::to_string(n.short_free) + " bytes (" +
+      format_bytes(n.short_free) + ") free. A store needs 2 x its state (" +
+      std::to_string(n.state_bytes) + " bytes: masters and moments; a step writes new " +
+      "copies of them beside the last checkpoint's) + " + std::to_string(n.in_flight_bytes) +
+      " bytes in flight + " + std::to_string(n.margin_bytes) +
+      " bytes for the catalog (see docs/offload.md, Disk space). Free space there, or put the "
+      "store on a larger file system");
+}
+
+Result<DiskSpaceNeed> OffloadedOptimizer::disk_space(const std::vector<uint64_t>& more_numels) const {
+  Impl::Baton b(impl_.get());
+  return impl_->disk_space_need(more_numels);
+}
+
+Status OffloadedOptimizer::check_disk_space(const std::vector<uint64_t>& more_numels) const {
+  Impl::Baton b(impl_.get());
+  return impl_->check_disk_space(more_numels, "offload");
+}
+
+}  // namespace strata::optimizer
