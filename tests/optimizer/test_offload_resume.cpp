@@ -282,9 +282,9 @@ TEST(OffloadResume, RemoveDeletesOnlyTheOptimizersObjects) {
   EXPECT_EQ(left.size(), 1 + 2 * 3 + 1u);
   EXPECT_EQ(OffloadedOptimizer::remove(store, factory, outer).code(), StatusCode::kNotFound);
   // The nested optimizer resumes; a new one can be made under the removed prefix.
-  auto opt = must(OffloadedOptimizer::open(store, factory, nested));
-  EXPECT_EQ(opt->num_params(), 2u);
-  EXPECT_TRUE(OffloadedOptimizer::create(store, factory, {}, outer).ok());
+  EXPECT_EQ(must(OffloadedOptimizer::open(store, factory, nested))->num_params(), 2u);
+  auto fresh = OffloadedOptimizer::create(store, factory, {}, outer);
+  EXPECT_TRUE(fresh.ok()) << fresh.status().to_string();
 }
 
 }  // namespace
