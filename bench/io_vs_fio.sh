@@ -68,7 +68,7 @@ shmmax=$(cat /proc/sys/kernel/shmmax 2>/dev/null || echo 0)
 
 # Lay the file out once (untimed), so reads read real blocks and writes overwrite in place.
 "$STRATA_BIN" bench io --path "$DIR" --size "$SIZE" --block-size "$BS" --queue-depth "$QD" \
-  --op write --json >/dev/null
+  --op write --keep --json >/dev/null
 
 RESULTS=$(mktemp)
 run_fio() {  # op iomem

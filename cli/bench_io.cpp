@@ -15,15 +15,18 @@
 //
 // Before it starts, the run is refused (InvalidArgument) when two --path entries are the
 // same directory, and (ResourceExhausted) when a file system lacks the space the files
-// need beyond what they already hold. The files are kept after a successful run (a later
-// read reuses them); after a failed one, a file the run created is removed and a file that
-// existed is truncated back to its former size, unless --keep.
+// need beyond what they already hold. Unless --keep, a file the run created is removed when
+// it ends, whether it succeeds, fails or is stopped by SIGINT/SIGTERM/SIGHUP, and a file that
+// existed stays (truncated back to its former size after a failure); with --keep every file
+// stays as it is (a later run reuses it: a read then needs no layout).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <csignal>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -61,9 +64,11 @@ struct BenchIoArgs {
   bool json = false;
 };
 
-/// Undoes what a failed run did to the benchmark files: removes the files it created and
-/// truncates the ones that existed back to their former size (unless --keep). A successful
-/// run calls succeeded() and the files stay.
+/// Cleans up the benchmark files on every exit path of a run (unless --keep): a file the run
+/// created is removed, after success, failure or a fatal SIGINT/SIGTERM/SIGHUP alike; a file
+/// that existed stays, truncated back to its former size unless the run succeeded (a read
+/// lays out a short file). While a guard lives, those signals run the clean-up, then
+/// terminate the process with the signal's default action.
 class FileGuard {
  public:
   FileGuard(const std::vector<std::string>& paths, const std::string& name, bool keep)
@@ -77,20 +82,22 @@ class FileGuard {
       e.allocated = e.existed ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
       entries_.push_back(e);
     }
+    if (keep_) return;
+    active_ = this;
+    struct sigaction sa {};
+    sa.sa_handler = &FileGuard::on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      ::sigaction(kSignals[i], &sa, &old_[i]);
+      // a signal the caller ignores (nohup, a background job) stays ignored
+      if (old_[i].sa_handler == SIG_IGN) ::sigaction(kSignals[i], &old_[i], nullptr);
+    }
   }
   ~FileGuard() {
-    if (keep_ || ok_) return;
-    for (const auto& e : entries_) {
-      if (!e.existed) {
-        (void)::unlink(e.path.c_str());
-      } else {
-        struct stat st;
-        if (::lstat(e.path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-            static_cast<uint64_t>(st.st_size) > e.size) {
-          (void)::truncate(e.path.c_str(), static_cast<off_t>(e.size));
-        }
-      }
-    }
+    if (keep_) return;
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    active_ = nullptr;
+    undo(!ok_);
   }
   FileGuard(const FileGuard&) = delete;
   FileGuard& operator=(const FileGuard&) = delete;
@@ -104,7 +111,32 @@ class FileGuard {
     bool existed = false;
     uint64_t size = 0, allocated = 0;
   };
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+
+  /// Async-signal-safe (lstat, unlink and truncate only; entries_ is not changed after the
+  /// constructor).
+  void undo(bool failed) const {
+    for (const auto& e : entries_) {
+      if (!e.existed) {
+        (void)::unlink(e.path.c_str());
+      } else if (failed) {
+        struct stat st;
+        if (::lstat(e.path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+            static_cast<uint64_t>(st.st_size) > e.size) {
+          (void)::truncate(e.path.c_str(), static_cast<off_t>(e.size));
+        }
+      }
+    }
+  }
+  static void on_signal(int sig) {
+    if (const FileGuard* g = active_) g->undo(true);
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+
+  static inline const FileGuard* volatile active_ = nullptr;
   std::vector<Entry> entries_;
+  std::array<struct sigaction, kSignals.size()> old_{};
   bool keep_;
   bool ok_ = false;
 };
@@ -413,9 +445,11 @@ void register_bench_io(Registry& r) {
   sub->add_option("--stripe-unit", args->stripe_unit,
                   "stripe unit over several paths (default: the block size)");
   add_defaulted(sub, "--file-name", args->file_name,
-                "file name inside each path (kept after a successful run; after a failure a "
-                "file the run created is removed, one that existed is truncated back)");
-  sub->add_flag("--keep", args->keep, "keep the files as they are even after a failure");
+                "file name inside each path (a file the run creates is removed when it ends, "
+                "also after an error or SIGINT; one that existed stays, truncated back to "
+                "its size after a failure)");
+  sub->add_flag("--keep", args->keep,
+                "keep the files as they are when the run ends (a later run reuses them)");
   sub->add_flag("--buffered", args->buffered, "buffered I/O instead of O_DIRECT");
   sub->add_flag("--json", args->json, "print one JSON object");
 }

@@ -44,6 +44,11 @@ struct AutoRegister {
 /// Prints "strata: error: <status>" to stderr and returns the exit code for it (1).
 int report_error(const Status& status);
 
+/// After a failed parse of `root`: InvalidArgument naming every argument the command line
+/// held that no (sub)command took, e.g. "strata bench io: unknown option '--pth' (did you mean
+/// '--path'?); see 'strata bench io --help'"; OK when there is none.
+Status unknown_arguments_error(CLI::App& root);
+
 /// CLI11 validator/transformer for byte sizes with suffixes (KiB, MiB, GiB, K, M, G).
 uint64_t parse_size_or_throw(const std::string& text, const std::string& option);
 

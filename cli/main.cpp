@@ -2,6 +2,7 @@
 // info, store inspection and a local launcher. Subcommands live in cli/*.cpp.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -71,6 +72,79 @@ CLI::Option* non_negative(CLI::Option* opt) {
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
 
+namespace {
+
+/// Levenshtein distance of `a` and `b` (short strings: option and subcommand names).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// The name among `names` closest to `word` when it is within 2 edits (or `word` is a prefix
+/// of it); empty when none is.
+std::string closest(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = 3;
+  for (const auto& n : names) {
+    size_t d = edit_distance(word, n);
+    if (d > 2 && n.size() > word.size() && n.compare(0, word.size(), word) == 0) d = 2;
+    if (d < best_d) best_d = d, best = n;
+  }
+  return best;
+}
+
+}  // namespace
+
+Status unknown_arguments_error(CLI::App& root) {
+  // The command as given ("strata bench io") and what each level left unparsed.
+  // "--" (the end of the options) is kept there too, and is no error.
+  std::vector<std::string> unknown;
+  auto add_unknown = [&](const CLI::App& app) {
+    for (auto& u : app.remaining(false)) {
+      if (u != "--") unknown.push_back(u);
+    }
+  };
+  add_unknown(root);
+  CLI::App* leaf = &root;
+  std::string command = "strata";
+  for (auto subs = root.get_subcommands(); !subs.empty(); subs = leaf->get_subcommands()) {
+    leaf = subs.front();
+    command += " " + leaf->get_name();
+    add_unknown(*leaf);
+  }
+  if (unknown.empty()) return Status::OK();
+  std::vector<std::string> options, subcommands;
+  for (const CLI::Option* o : leaf->get_options()) {
+    for (const auto& n : o->get_lnames()) options.push_back("--" + n);
+  }
+  for (CLI::App* s : leaf->get_subcommands([](CLI::App*) { return true; })) {
+    subcommands.push_back(s->get_name());
+  }
+  std::string msg = command + ": unknown ";
+  for (size_t i = 0; i < unknown.size(); ++i) {
+    const std::string& u = unknown[i];
+    const bool is_option = u.size() > 1 && u[0] == '-';
+    // after the first unknown, a plain word is likely its value ("--pth DIR"): not named
+    if (i > 0 && !is_option) continue;
+    if (i > 0) msg += ", ";
+    msg += (is_option ? "option '" : "argument '") + u + "'";
+    const std::string guess =
+        closest(is_option ? u.substr(0, u.find('=')) : u, is_option ? options : subcommands);
+    if (!guess.empty()) msg += " (did you mean '" + guess + "'?)";
+  }
+  return invalid_argument(msg + "; see '" + command + " --help'");
+}
+
 }  // namespace strata::cli
 
 int main(int argc, char** argv) {
@@ -81,9 +155,16 @@ int main(int argc, char** argv) {
   for (auto r : strata::cli::registrars()) r(registry);
   try {
     app.parse(argc, argv);
-  } catch (const strata::cli::OptionStatusError& e) {
-    return strata::cli::report_error(e.status());
   } catch (const CLI::ParseError& e) {
+    // An unknown option or argument is the error to report, not what it caused (a required
+    // option that then seems missing: "--pth DIR" for "--path DIR").
+    if (e.get_exit_code() != static_cast<int>(CLI::ExitCodes::Success)) {
+      strata::Status unknown = strata::cli::unknown_arguments_error(app);
+      if (!unknown.ok()) return strata::cli::report_error(unknown);
+    }
+    if (auto* s = dynamic_cast<const strata::cli::OptionStatusError*>(&e)) {
+      return strata::cli::report_error(s->status());
+    }
     return app.exit(e);
   }
   return strata::cli::Registry::exit_code();

@@ -20,7 +20,9 @@ the two models' parameters.
     ... --layers 6 --d-model 384 --steps 2000 --dir /nvme/strata --tier nvme
 
 Exit status 0 when the two runs agree (final losses within --loss-tolerance relative, max
-parameter difference <= --param-tolerance) and the loss fell; 1 otherwise.
+parameter difference <= --param-tolerance) and, in a run of at least LOSS_CHECK_STEPS (100)
+steps, the held-out loss fell below 0.8 x the first step's loss; 1 otherwise. Shorter runs
+(e.g. --steps 10, mostly warm-up) are checked against torch only.
 """
 
 from __future__ import annotations
@@ -146,13 +148,29 @@ def evaluate(model, batches, device):
 
 # ---- training ------------------------------------------------------------------------------
 
-def param_groups(model, weight_decay):
-    """GPT-2 style: no weight decay on biases, LayerNorm weights and the position table."""
+def param_groups(model, weight_decay, named=False):
+    """GPT-2 style: no weight decay on biases, LayerNorm weights and the position table.
+    named: (name, parameter) pairs, which strata's optimizers record in the store's keys
+    (torch 1.13's optimizers take plain parameters)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("pos") else no_decay).append(p)
+        (decay if p.dim() >= 2 and not name.startswith("pos") else no_decay).append(
+            (name, p) if named else p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+#: the fewest steps after which the loss must have fallen clearly (to 0.8 x the first loss;
+#: the default run of 150 steps falls from 4.5 to about 2.5)
+LOSS_CHECK_STEPS = 100
+
+
+def positive_int(text):
+    """argparse type: an int >= 1."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
 
 def lr_at(step, args):
@@ -216,9 +234,9 @@ class TrackedOffloadAdamW(strata_torch.OffloadAdamW):
 
 
 def main():
-    default_dir = os.path.join(os.environ.get("STRATA_DIR", "/var/tmp/strata"), "train_lm")
+    default_dir = os.path.join(strata.default_data_dir(), "train_lm")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
+    ap.add_argument("--steps", type=positive_int, default=150, help="training steps (default 150)")
     ap.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
     ap.add_argument("--d-model", type=int, default=96, help="model width (default 96)")
     ap.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
@@ -284,8 +302,8 @@ def main():
                               chunk_size="4MiB")
 
     def make_strata(model):
-        return TrackedOffloadAdamW(param_groups(model, args.weight_decay), lr=args.lr,
-                                   betas=(0.9, 0.95), store=store, tier=args.tier,
+        return TrackedOffloadAdamW(param_groups(model, args.weight_decay, named=True),
+                                   lr=args.lr, betas=(0.9, 0.95), store=store, tier=args.tier,
                                    host_budget=args.host_budget, num_threads=threads,
                                    arithmetic=args.arithmetic)
 
@@ -309,9 +327,14 @@ def main():
     u = store.usage()
     print(f"store {args.dir}: {u['objects']} objects, nvme {strata.format_bytes(u['nvme_bytes'])}"
           f" (checkpointed; inspect with `strata store ls {args.dir}`)")
-    ok = final1 < 0.8 * first1
-    if not ok:
-        print(f"FAIL: the loss did not fall clearly ({first1:.4f} -> {final1:.4f})")
+    ok = True
+    if args.steps >= LOSS_CHECK_STEPS:
+        ok = final1 < 0.8 * first1
+        if not ok:
+            print(f"FAIL: the loss did not fall clearly ({first1:.4f} -> {final1:.4f})")
+    else:
+        print(f"(the loss drop is checked from {LOSS_CHECK_STEPS} steps on; {args.steps} "
+              f"steps: {'not checked' if args.no_reference else 'checked against torch only'})")
     if not args.no_reference:
         m2, _, first2, final2, t2 = train(args, "torch", make_torch, train_data, val_batches,
                                           len(chars), device, verbose=False)

@@ -418,7 +418,7 @@ benches() {
   done
   rm -f "$DATA/fio.dat"
   tstep bench_io_write "$OUT/bench.log" 60 "$BUILD/strata" bench io --path "$DATA" --size "$size" \
-    --block-size 1MiB --queue-depth 32 --op write
+    --block-size 1MiB --queue-depth 32 --op write --keep
   tstep bench_io_read "$OUT/bench.log" 60 sh -c "'$BUILD/strata' bench io --path '$DATA' --size $size --block-size 1MiB --queue-depth 32 --op read --json > '$WORK/bench_io.json'"
   cat "$WORK/bench_io.json" >>"$OUT/bench.log"
   rm -f "$DATA"/strata-bench-io*

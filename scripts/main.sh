@@ -5,17 +5,30 @@
 # in strata's NVMe tier, next to the same run with torch.optim.AdamW
 # (examples/train_lm.py; figures in docs/bindings.md). Before it: the machine's topology and
 # the NVMe engine's bandwidth in the same directory.
-# Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata).
+# Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata-<uid>, mode 0700, as
+# strata.default_data_dir()).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 BUILD_DIR=${STRATA_BUILD_DIR:-build}
-DIR=${STRATA_DIR:-/var/tmp/strata}
-mkdir -p "$DIR"
+if [[ -n "${STRATA_DIR:-}" ]]; then
+  DIR=$STRATA_DIR
+  mkdir -p "$DIR"
+else
+  DIR=/var/tmp/strata-$(id -u)
+  mkdir -p -m 700 "$DIR"
+  if [[ -L "$DIR" || ! -O "$DIR" ]]; then
+    echo "main.sh: $DIR belongs to another user; remove it or set STRATA_DIR" >&2
+    exit 1
+  fi
+fi
 "$BUILD_DIR/strata" info --path "$DIR"
-"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write
+# The write keeps its 1 GiB file for the read; removed when this script ends, however it ends.
+trap 'rm -f "$DIR/strata-bench-io.dat"' EXIT
+"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write --keep
 "$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op read
+rm -f "$DIR/strata-bench-io.dat"
 # Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
 STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
   /usr/bin/python3 examples/train_lm.py --dir "$DIR/train_lm" "$@"

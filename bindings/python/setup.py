@@ -1,8 +1,10 @@
 """`pip install` for the strata Python package, offline, with Debian's build dependencies.
 
-    cd bindings/python && /usr/bin/python3 -m pip install --no-build-isolation .
+    /usr/bin/python3 -m venv --system-site-packages ~/strata-venv   # Debian 12: PEP 668
+    ~/strata-venv/bin/pip install --no-build-isolation -v ./bindings/python
 
-(--no-build-isolation: pip then uses the installed setuptools instead of downloading one.)
+(--no-build-isolation: pip then uses the installed setuptools instead of downloading one;
+-v: pip shows the CMake build's progress, which takes minutes, instead of a spinner.)
 The extension is built by CMake from the repository root (the same build as
 scripts/build.sh, target strata_python) in $STRATA_PY_BUILD_DIR (default
 <repo>/build-python); the package is assembled from bindings/python/strata/ (with its

@@ -101,6 +101,19 @@ Result<MetaRecord> parse_meta(const std::string& text, const std::string& key) {
   return m;
 }
 
+/// The record under `key` in `store`; an empty `factory` becomes the builtin one of the
+/// recorded rule.
+Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& factory) {
+  STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store.stat(key));
+  std::string text(info.nbytes, '\0');
+  STRATA_RETURN_IF_ERROR(store.get_bytes(key, text.data(), text.size()));
+  STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
+  if (!factory) {
+    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+  }
+  return m;
+}
+
 }  // namespace
 
 std::string OffloadedOptimizer::Impl::serialize_meta() const {
@@ -195,6 +208,24 @@ Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
   if (st.ok()) return st;
   return Status(st.code(), "offload close: the state since the last checkpoint is not saved "
                            "(a resume restores the last checkpoint): " + st.message());
+}
+
+Result<std::vector<std::string>> OffloadedOptimizer::Impl::recorded_keys() {
+  STRATA_ASSIGN_OR_RETURN(MetaRecord m, read_meta(*store, meta_key(), factory));
+  if (m.groups.empty()) return data_loss("offload: checkpoint record '" + meta_key() +
+                                         "' has no param group");
+  auto built = build_rule(m.groups[0]);
+  if (!built.ok()) {
+    return failed_precondition("offload remove: the rule factory does not accept the "
+                               "hyperparameters recorded for group 0 of rule '" + m.rule +
+                               "': " + built.status().to_string());
+  }
+  STRATA_RETURN_IF_ERROR(init_from_rule(**built));
+  std::vector<std::string> keys;
+  for (const auto& p : m.params) {
+    for (int s = 0; s < num_streams(); ++s) keys.push_back(key_of(p.name, s));
+  }
+  return keys;
 }
 
 Status OffloadedOptimizer::Impl::restore() {

@@ -273,6 +273,9 @@ struct OffloadedOptimizer::Impl {
   Status close(bool checkpoint);
   /// open(): the groups, rules, resources and tensors of the record under meta_key().
   Status restore();
+  /// remove(): the stream objects of every parameter the record lists (builds the
+  /// recorded rule for its state names; no resources).
+  Result<std::vector<std::string>> recorded_keys();
 
  private:
   // offload_tensors.cpp

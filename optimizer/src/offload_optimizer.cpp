@@ -291,6 +291,22 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::open(
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
 }
 
+Status OffloadedOptimizer::remove(std::shared_ptr<Store> store, RuleFactory factory,
+                                  const OffloadOptions& options) {
+  STRATA_RETURN_IF_ERROR(check_store(store));
+  Impl impl;
+  impl.store = std::move(store);
+  impl.factory = std::move(factory);
+  impl.opts = options;
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> keys, impl.recorded_keys());
+  for (const auto& k : keys) {
+    Status st = impl.store->remove(k);
+    if (!st.ok() && st.code() != StatusCode::kNotFound) return st;
+  }
+  STRATA_RETURN_IF_ERROR(impl.store->remove(impl.meta_key()));
+  return impl.store->flush().with_context("offload remove: Store::flush");
+}
+
 Result<int> OffloadedOptimizer::add_param_group(const Hyperparams& hp) {
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_open("offload add_param_group"));

@@ -61,7 +61,7 @@ def disk_dir():
 @pytest.mark.parametrize("engine", ["uring", "threads"])
 def test_bench_io_write_then_read(disk_dir, engine):
     w = run_json("bench", "io", "--path", disk_dir, "--size", "8MiB", "--block-size", "1MiB",
-                 "--queue-depth", "4", "--op", "write", "--engine", engine)
+                 "--queue-depth", "4", "--op", "write", "--engine", engine, "--keep")
     assert w["op"] == "write"
     assert w["bytes"] == 8 * 1024 * 1024
     assert w["block_size"] == 1024 * 1024
@@ -74,6 +74,7 @@ def test_bench_io_write_then_read(disk_dir, engine):
                  "--queue-depth", "4", "--op", "read", "--engine", engine)
     assert r["op"] == "read"
     assert r["bytes"] == 8 * 1024 * 1024
+    # the read did not create the file (the write kept it): it stays
     assert os.path.getsize(os.path.join(disk_dir, "strata-bench-io.dat")) == 8 * 1024 * 1024
 
 
@@ -84,8 +85,63 @@ def test_bench_io_striped_over_two_dirs(disk_dir):
     r = run_json("bench", "io", "--path", a, "--path", b, "--size", "4MiB", "--block-size",
                  "256KiB", "--queue-depth", "8", "--op", "read")
     assert r["bytes"] == 4 * 1024 * 1024
+    # the read laid the files out itself: removed at its end
+    assert os.listdir(a) == [] and os.listdir(b) == []
+    r = run_json("bench", "io", "--path", a, "--path", b, "--size", "4MiB", "--block-size",
+                 "256KiB", "--queue-depth", "8", "--op", "read", "--keep")
     assert os.path.getsize(os.path.join(a, "strata-bench-io.dat")) == 2 * 1024 * 1024
     assert os.path.getsize(os.path.join(b, "strata-bench-io.dat")) == 2 * 1024 * 1024
+
+
+def test_bench_io_removes_the_file_it_created_on_success(disk_dir):
+    for op in ("write", "read"):
+        run_json("bench", "io", "--path", disk_dir, "--size", "4MiB", "--block-size", "1MiB",
+                 "--op", op)
+        assert os.listdir(disk_dir) == [], op
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_bench_io_removes_its_file_when_interrupted(disk_dir, sig):
+    import signal
+    import time
+    # buffered writes of 1 GiB in 4 KiB requests at queue depth 1: long enough to interrupt
+    p = subprocess.Popen([STRATA, "bench", "io", "--path", disk_dir, "--size", "1GiB",
+                          "--block-size", "4KiB", "--queue-depth", "1", "--op", "write",
+                          "--buffered", "--engine", "threads"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    f = os.path.join(disk_dir, "strata-bench-io.dat")
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(f) and os.path.getsize(f) > 0) and time.monotonic() < deadline:
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.01)
+    assert os.path.exists(f)
+    p.send_signal(getattr(signal, sig))
+    p.communicate(timeout=60)
+    assert p.returncode == -getattr(signal, sig)  # ended by the signal, as before
+    assert os.listdir(disk_dir) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "io", "--pth", "{d}", "--op", "write"],
+     r"strata bench io: unknown option '--pth' \(did you mean '--path'\?\)"),
+    (["bench", "io", "--path", "{d}", "--size", "1MiB", "--jsn"],
+     r"strata bench io: unknown option '--jsn' \(did you mean '--json'\?\)"),
+    (["bench", "iox"],
+     r"strata bench: unknown argument 'iox' \(did you mean 'io'\?\)"),
+    (["store", "ls", "{d}", "--prefx", "a"],
+     r"strata store ls: unknown option '--prefx' \(did you mean '--prefix'\?\)"),
+    (["info", "--path", "{d}", "--zzz"], r"strata info: unknown option '--zzz'"),
+    (["launch", "-n", "1", "--master-prot", "1", "--", "true"],
+     r"strata launch: unknown option '--master-prot' \(did you mean '--master-port'\?\)"),
+    (["bench", "store", "--path", "{d}", "--countt", "1", "--roundz", "1"],
+     r"strata bench store: unknown option '--countt' \(did you mean '--count'\?\), "
+     r"option '--roundz' \(did you mean '--rounds'\?\)"),
+])
+def test_unknown_options_are_named(disk_dir, args, message):
+    p = run(*[a.format(d=disk_dir) for a in args], check=False)
+    command = re.match(r"strata [a-z ]+?(?=:)", message.replace("\\", "")).group(0)
+    error_match(p, rf"strata: error: InvalidArgument: {message}; see '{command} --help'\n")
+    assert os.listdir(disk_dir) == []
 
 
 def test_bench_io_bad_input_names_the_problem(disk_dir):

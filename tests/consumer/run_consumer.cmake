@@ -35,3 +35,24 @@ endif()
 if(NOT EXISTS ${PREFIX}/bin/strata)
   message(FATAL_ERROR "the strata tool was not installed to ${PREFIX}/bin")
 endif()
+# The Python package: importable from where it was installed, and that directory under the
+# default prefix /usr/local is one Debian's Python searches (without PYTHONPATH).
+if(PYTHON)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${PREFIX}/${PYTHON_DIR}
+                          ${PYTHON} -c "import strata, strata.torch; print(strata.__file__)"
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc OR NOT out STREQUAL "${PREFIX}/${PYTHON_DIR}/strata/__init__.py")
+    message(FATAL_ERROR "import strata from ${PREFIX}/${PYTHON_DIR} failed: ${out}${err}")
+  endif()
+  if(EXISTS /etc/debian_version)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
+                            ${PYTHON} -c "import sys; print(*sys.path, sep=';')"
+                    OUTPUT_VARIABLE path OUTPUT_STRIP_TRAILING_WHITESPACE)
+    list(FIND path "/usr/local/${PYTHON_DIR}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "cmake --install with the default prefix puts the Python package "
+                          "in /usr/local/${PYTHON_DIR}, which ${PYTHON} does not search: ${path}")
+    endif()
+  endif()
+endif()

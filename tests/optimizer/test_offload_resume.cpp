@@ -253,5 +253,39 @@ TEST(OffloadResume, ZeroSizeParametersAreHeldAndRestoredFromTheOneCheckpoint) {
   EXPECT_EQ(must(opt->step_count(2)), 2);
 }
 
+TEST(OffloadResume, RemoveDeletesOnlyTheOptimizersObjects) {
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  auto factory = *builtin_rule_factory("adamw");
+  OffloadOptions outer, nested;
+  nested.key_prefix = "optim/nested/";
+  for (const auto* o : {&outer, &nested}) {
+    auto opt = must(OffloadedOptimizer::create(store, factory, {{"lr", 1e-3}}, *o));
+    auto init = values(3, 1000);
+    must(opt->add_param("a", 1000, init.data(), 0, Placement::kNvme));
+    must(opt->add_param("b", 10, init.data(), 0, Placement::kHost));
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+  }
+  const std::vector<float> mine(4, 1.0f);
+  OFFLOAD_ASSERT_OK(store->put("optim/mine", mine.data(), {DType::kFloat32, {4}}));
+  auto keys = [&] {
+    std::vector<std::string> k;
+    for (const auto& info : store->list()) k.push_back(info.key);
+    return k;
+  };
+  EXPECT_EQ(keys().size(), 2 * (1 + 2 * 3) + 1u);
+  OFFLOAD_ASSERT_OK(OffloadedOptimizer::remove(store, factory, outer));
+  std::vector<std::string> left = keys();
+  for (const auto& k : left) {
+    EXPECT_TRUE(k == "optim/mine" || k.rfind("optim/nested/", 0) == 0) << k;
+  }
+  EXPECT_EQ(left.size(), 1 + 2 * 3 + 1u);
+  EXPECT_EQ(OffloadedOptimizer::remove(store, factory, outer).code(), StatusCode::kNotFound);
+  // The nested optimizer resumes; a new one can be made under the removed prefix.
+  EXPECT_EQ(must(OffloadedOptimizer::open(store, factory, nested))->num_params(), 2u);
+  auto fresh = OffloadedOptimizer::create(store, factory, {}, outer);
+  EXPECT_TRUE(fresh.ok()) << fresh.status().to_string();
+}
+
 }  // namespace
 }  // namespace strata::optimizer

@@ -74,6 +74,12 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
     if (o->num_threads != STRATA_UNDEF_INT) oo.num_threads = o->num_threads;
     auto opt = resume ? so::OffloadedOptimizer::open(store->store, *factory, oo)
                       : so::OffloadedOptimizer::create(store->store, *factory, hp, oo);
+    if (!resume && opt.status().code() == strata::StatusCode::kAlreadyExists) {
+      return set_error(strata::already_exists(
+          "strata_optimizer_create: store " + store->store->options().path +
+          " already holds an optimizer under '" + oo.key_prefix +
+          "' (strata_optimizer_create with resume = 1 reopens it)"));
+    }
     if (!opt.ok()) return set_error(opt.status());
     *out = new strata_optimizer{std::move(*opt)};
     return STRATA_OK;

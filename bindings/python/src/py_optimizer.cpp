@@ -144,6 +144,12 @@ class PyOptimizer {
       return resume ? optimizer::OffloadedOptimizer::open(shared, factory, o)
                     : optimizer::OffloadedOptimizer::create(shared, factory, hp, o);
     });
+    if (!resume && r.status().code() == StatusCode::kAlreadyExists) {
+      throw StatusError(already_exists(
+          "offload create: store " + shared->options().path + " already holds an optimizer "
+          "under '" + key_prefix + "' (OffloadedOptimizer.resume reopens it, "
+          "OffloadedOptimizer.remove deletes it)"));
+    }
     auto p = std::make_unique<PyOptimizer>();
     p->opt_ = check(std::move(r));
     return p;
@@ -405,6 +411,12 @@ void register_optimizer(py::module_& m) {
          "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
          "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
          "arithmetic"_a = "simd")
+      .def_static("remove", [](PyStore& store, py::handle key_prefix) {
+        optimizer::OffloadOptions o;
+        o.key_prefix = to_text(key_prefix, "key_prefix");
+        auto shared = store.shared();
+        check(release_gil([&] { return optimizer::OffloadedOptimizer::remove(shared, {}, o); }));
+      }, "store"_a, "key_prefix"_a = "optim/")
       .def("close", &PyOptimizer::close, "checkpoint"_a = true)
       .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
         return check(o.o().add_param_group(to_hyperparams(hp)));

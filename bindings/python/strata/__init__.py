@@ -3,7 +3,7 @@
 Quick start::
 
     import numpy as np, strata
-    with strata.Store.open("/var/tmp/strata/demo", host_budget="1GiB") as store:
+    with strata.Store.open("/var/tmp/strata-demo", host_budget="1GiB") as store:
         store.put("w", np.arange(10, dtype=np.float32), tier="nvme")
         w = store.get("w")                 # numpy array, read from NVMe
         store.get_into("w", out=w)         # into an existing array or torch tensor, no copy
@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _lifetime, _strata
+from ._data_dir import default_data_dir
 from ._errors import (AlreadyExistsError, CancelledError, DataLossError,
                       DeadlineExceededError, DiskFullError, Error, FailedPreconditionError, InternalError,
                       InvalidArgumentError, IoError, NotFoundError, OutOfRangeError,
@@ -42,6 +43,7 @@ Size = Union[int, str]
 
 __all__ = [
     "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "parse_size", "format_bytes",
+    "default_data_dir",
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
     "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",
@@ -494,6 +496,19 @@ class OffloadedOptimizer:
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, {}, True, key_prefix, sub_group_numel, num_buffers,
             pinned_budget, host_budget, "auto", num_threads, verify, arithmetic), store)
+
+    @staticmethod
+    def remove(store: Store, *, key_prefix: str = "optim/") -> None:
+        """Deletes the optimizer checkpointed under ``key_prefix`` in ``store``, and only it:
+        its record and the objects of the parameters it lists (objects of another
+        key_prefix, also one nested under this one, stay), then flushes the store. The
+        optimizer must not be open meanwhile. Blocking (GIL released).
+
+        :raises NotFoundError: no checkpoint under ``key_prefix``.
+        :raises DataLossError: a malformed record.
+        :raises FailedPreconditionError: a read-only store, or a rule strata does not know.
+        """
+        _strata._OffloadedOptimizer.remove(store._s, key_prefix)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._o, name)

@@ -553,6 +553,9 @@ static void test_optimizer(const char* dir) {
   opt = NULL;
   /* A second create under the same prefix: the checkpoint exists. */
   EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_ERR_ALREADY_EXISTS);
+  /* the message names the C call that resumes it, not a C++ one */
+  EXPECT(strstr(strata_last_error(), "strata_optimizer_create with resume = 1") != NULL);
+  EXPECT(strstr(strata_last_error(), "::") == NULL);
   EXPECT_RC(strata_optimizer_create(store, &oo, 1, &opt), STRATA_OK);
   if (opt != NULL) {
     h = 99;

@@ -19,6 +19,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                  chunk_size: Union[int, str] = ..., key_prefix: str = ...,
                  max_grad_norm: float = ..., sub_group_numel: int = ..., num_buffers: int = ...,
                  num_threads: int = ..., resume: bool = ..., arithmetic: str = ...,
+                 overwrite: bool = ...,
                  foreach: Optional[bool] = ..., capturable: bool = ...,
                  differentiable: bool = ..., fused: bool = ...) -> None: ...
     def add_param_group(self, param_group: Dict[str, Any]) -> None: ...

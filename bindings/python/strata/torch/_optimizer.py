@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import shutil
-import tempfile
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
 import strata
 
-from . import _hyperparams
+from .._data_dir import make_temp_dir
+from . import _hyperparams, _names
 from ._overlap import BackwardOverlap
 from ._param_sync import ParamTable, check_param
 from ._staging import Staging, copy_master_to_param
@@ -57,12 +56,17 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                  chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
                  max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
                  num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
-                 overlap_backward: bool = False, overlap_bucket_numel: int = 1,
+                 overwrite: bool = False, overlap_backward: bool = False,
+                 overlap_bucket_numel: int = 1,
                  **torch_kwargs: Any):
         """
-        :param params: iterable of parameters or of param-group dicts (as torch.optim).
-            Parameters must be fp32, fp16 or bf16 (CPU or CUDA); float64 (which fp32 masters
-            would silently round) and complex parameters are refused.
+        :param params: iterable of parameters or of param-group dicts (as torch.optim), or
+            of ``(name, parameter)`` pairs such as ``model.named_parameters()`` (also as a
+            group's ``"params"``): the names are recorded in the store's keys
+            (``<key_prefix>p/p<i>:<name>/...``, shown by ``strata store ls``; see
+            _names.py) and checked at a resume. Parameters must be fp32, fp16 or bf16 (CPU
+            or CUDA); float64 (which fp32 masters would silently round) and complex
+            parameters are refused.
         :param lr, betas, eps, weight_decay, amsgrad, maximize: as torch.optim.Adam/AdamW
             (weight_decay default: 0 for Adam, 1e-2 for AdamW). With ``resume=True`` the
             checkpoint's values win (see ``resume``).
@@ -77,8 +81,10 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         :param store: a :class:`strata.Store` to keep the state in (the optimizer does not
             close it). Default: a store opened at ``path``.
         :param path: directory of the store when ``store`` is None. Default: a new
-            temporary directory under $STRATA_DIR (default /var/tmp/strata), removed by
-            :meth:`close`.
+            temporary directory ``optim-<pid>-*`` under $STRATA_DIR (default
+            /var/tmp/strata-<uid>, made mode 0700; see ``strata.default_data_dir``), removed
+            by :meth:`close`; one that a killed process left behind (its process gone, its
+            store not open) is removed when the next one is made.
         :param tier: where masters and moments live: ``"nvme"`` (default), ``"host"``
             (DRAM), or ``"auto"`` (DRAM while within ``host_budget``, then NVMe).
         :param host_budget: DRAM bytes for host-resident tensors under ``tier="auto"``.
@@ -105,6 +111,10 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
+        :param overwrite: start fresh over an optimizer checkpointed under ``key_prefix`` in
+            ``store`` or at ``path``: its record and objects are deleted first (only those:
+            other key prefixes' objects, also nested ones, stay). Without it such a
+            checkpoint is refused (AlreadyExistsError). Excludes ``resume``.
         :param resume: reopen the optimizer checkpointed under ``key_prefix`` in ``store`` or
             at ``path`` as of its last :meth:`checkpoint` or :meth:`close`, every tier alike
             (see close; ``store`` or ``path`` must then be given; the store is opened
@@ -122,8 +132,12 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             object.
         :raises ValueError: a hyperparameter or pipeline setting out of range (as torch;
             naming the argument), an unsupported parameter dtype (naming the parameter index
-            and dtype), ``resume`` without ``store``/``path``, or a checkpoint whose groups,
-            parameter count or sizes differ from the model's.
+            and dtype), ``resume`` without ``store``/``path``, ``resume`` with ``overwrite``,
+            a param group mixing named and plain parameters, or a checkpoint whose groups,
+            parameter count, sizes or parameter names differ from the model's.
+        :raises strata.AlreadyExistsError: neither ``resume`` nor ``overwrite``, and the store
+            holds an optimizer under ``key_prefix`` (the message says which to pass).
+        :raises PermissionError: the default directory belongs to another user.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
         :raises strata.ResourceExhaustedError: the store's file system lacks the space the
@@ -144,6 +158,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         self._owned_dir: Optional[str] = None
         self._closed = False
         self._ready = False  # set at the end of __init__; add_param_group registers after
+        self._names_by_id: Dict[int, str] = {}  # id(param) -> name given with it
         if weight_decay is None:
             weight_decay = self._DEFAULT_WEIGHT_DECAY
         _hyperparams.check(self._RULE, dict(lr=lr, eps=eps, betas=betas,
@@ -159,6 +174,9 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                              f"{max_grad_norm!r}")
         if resume and store is None and path is None:
             raise ValueError("resume=True needs the store or path of the checkpoint")
+        if resume and overwrite:
+            raise ValueError("resume=True continues from the checkpoint that overwrite=True "
+                             "deletes: pass one of them")
         defaults = self._torch_defaults(dict(lr=lr, betas=betas, eps=eps,
                                              weight_decay=weight_decay, amsgrad=amsgrad,
                                              maximize=maximize), torch_kwargs)
@@ -199,9 +217,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             if store is None:
                 self._owns_store = True
                 if path is None:
-                    base = os.environ.get("STRATA_DIR", "/var/tmp/strata")
-                    os.makedirs(base, exist_ok=True)
-                    path = self._owned_dir = tempfile.mkdtemp(prefix="optim-", dir=base)
+                    path = self._owned_dir = make_temp_dir("optim-")
                 # resume: never create a store (a missing one is NotFound, nothing is made)
                 store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
                                            chunk_size=chunk_size, create=not resume)
@@ -215,9 +231,19 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                 self._legacy_empty_steps = self._read_legacy_empty_steps()
                 self._resume_handles = self._check_checkpoint_layout()
             else:
-                self._opt = strata.OffloadedOptimizer.create(
-                    store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
-                    default_placement=tier, **common)
+                if overwrite:
+                    self._remove_checkpoint()
+                try:
+                    self._opt = strata.OffloadedOptimizer.create(
+                        store, self._RULE, _hyperparams.to_strata(self.param_groups[0]),
+                        default_placement=tier, **common)
+                except strata.AlreadyExistsError:
+                    where = f"the store at {path!r}" if path is not None else "store="
+                    raise strata.AlreadyExistsError(
+                        f"{type(self).__name__}: {where} already holds an optimizer "
+                        f"checkpoint under key_prefix {key_prefix!r}: pass resume=True to "
+                        "continue from it, overwrite=True to delete it and start fresh, or "
+                        "another key_prefix") from None
             for gi, group in enumerate(self.param_groups):
                 self._register_group(gi, group)
             if resume:
@@ -249,15 +275,17 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         if self._ready:
             self._check_open()
         if isinstance(param_group, dict) and "params" in param_group:
-            params = param_group["params"]
+            params, names = param_group["params"], None
             if torch.is_tensor(params):
                 params = [params]
             elif not isinstance(params, set):  # torch raises TypeError for sets
-                params = list(params)
+                params, names = _names.split_named(list(params), len(self.param_groups))
                 base = sum(len(g["params"]) for g in self.param_groups)
                 for j, p in enumerate(params):
                     check_param(p, base + j)
             param_group = dict(param_group, params=params)
+            if names is not None:
+                self._names_by_id.update((id(p), n) for p, n in zip(params, names))
             if self._ready:
                 merged = {**self.defaults, **param_group}
                 where = f"param group {len(self.param_groups)}: "
@@ -285,7 +313,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                 pos = len(self._params)
                 h = self._resume_handles[pos]
                 if h is None:
-                    h = self._add_legacy_empty_param(f"p{pos}", pos, gi)
+                    h = self._add_legacy_empty_param(
+                        _names.strata_name(pos, self._names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(self._opt, h, p)
                 self._table.add(p, h, gi)
             else:
@@ -294,8 +323,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
     def _register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
         init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-        h = self._opt.add_param(f"p{len(self._params)}", p.numel(), init, group=gi,
-                                placement=self.tier)
+        name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
+        h = self._opt.add_param(name, p.numel(), init, group=gi, placement=self.tier)
         self._table.add(p, h, gi)
         if getattr(self, "_overlap", None) is not None:
             self._overlap.watch(p)

@@ -16,7 +16,7 @@ import torch
 
 import strata
 
-from . import _hyperparams
+from . import _hyperparams, _names
 from ._staging import as_f32_numpy
 
 
@@ -33,7 +33,8 @@ class StateDictMixin:
     ``_opt`` (strata.OffloadedOptimizer, which holds every parameter, zero-size ones
     included), ``store``, ``_key_prefix``, ``_params`` (in registration order), ``_handle``
     (id(param) -> strata handle), ``_legacy_empty_steps``, ``tier``, ``_pushed``,
-    ``_check_open`` and ``_sync_hyperparams``."""
+    ``_names_by_id`` (id(param) -> the name given with it), ``_check_open`` and
+    ``_sync_hyperparams``."""
 
     # ---- checkpoint, resume ----------------------------------------------------------------
 
@@ -69,6 +70,16 @@ class StateDictMixin:
         self._sync_hyperparams()
         self.state.write_back()
         self._opt.checkpoint()
+
+    def _remove_checkpoint(self) -> None:
+        """overwrite=True: deletes the optimizer checkpointed under ``_key_prefix`` (its
+        record, its objects, an earlier version's zero-size step counts), if any."""
+        try:
+            strata.OffloadedOptimizer.remove(self.store, key_prefix=self._key_prefix)
+        except strata.NotFoundError:
+            pass
+        if self._legacy_empty_steps_key in self.store:
+            self.store.delete(self._legacy_empty_steps_key)
 
     def _read_legacy_empty_steps(self) -> Optional[Dict[int, int]]:
         """resume: {parameter index: step count} of an earlier version's zero-size
@@ -115,12 +126,10 @@ class StateDictMixin:
                 f"the optimizer was given {len(self.param_groups)}; give the parameters in "
                 "the checkpoint's groups")
         params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
-        handles: Dict[int, Optional[int]] = {}
-        for i in range(len(params)):
-            try:
-                handles[i] = self._opt.find_param(f"p{i}")
-            except strata.NotFoundError:
-                handles[i] = None
+        found = _names.checkpoint_handles(
+            self._opt, {i: self._names_by_id.get(id(p)) for i, (_, p) in enumerate(params)},
+            self._key_prefix)
+        handles: Dict[int, Optional[int]] = {i: found.get(i) for i in range(len(params))}
         legacy = self._legacy_empty_steps
         # an earlier version's checkpoint holds zero-size parameters outside strata
         outside = {i for i in (legacy or {}) if handles.get(i) is None}

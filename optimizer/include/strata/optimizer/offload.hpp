@@ -320,6 +320,20 @@ class OffloadedOptimizer {
                                                           RuleFactory factory,
                                                           const OffloadOptions& options = {});
 
+  /// Deletes the optimizer checkpointed under options.key_prefix in `store`, and only it:
+  /// the objects of every parameter its record lists (key_prefix + "p/<name>/<stream>"),
+  /// then the record (key_prefix + "meta"), then flushes the store. Objects of another
+  /// key_prefix are untouched, also one nested under this one. A stream object already
+  /// missing is skipped, so a remove interrupted by a crash can be run again. The
+  /// optimizer must not be open meanwhile (nothing checks that).
+  /// \param factory as open() (names the state streams); empty = builtin_rule_factory() of
+  ///     the recorded rule name.
+  /// \error NotFound when there is no record; DataLoss for a malformed record;
+  ///     FailedPrecondition when the factory rejects the recorded rule or for a read-only
+  ///     store; the store's errors.
+  static Status remove(std::shared_ptr<Store> store, RuleFactory factory,
+                       const OffloadOptions& options = {});
+
   /// close(); an error is logged (call close() first to see it).
   ~OffloadedOptimizer();
   /// The last checkpoint of the optimizer (see the contract): waits for an in-flight step,
