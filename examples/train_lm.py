@@ -12,6 +12,12 @@ twice from the same seed on the same batches:
      update exactly like torch.optim; --arithmetic simd uses the vectorized kernels);
   2. with torch.optim.AdamW (everything in DRAM), the reference.
 
+strata's optimizer runs with overlap_backward=True (each parameter's update starts during
+backward, bit-identical to the step after it; --no-overlap turns it off) and clips inside
+its step (max_grad_norm=, the rule of torch.nn.utils.clip_grad_norm_, which the torch run
+calls by hand: its norm is summed in another order, so with clipping on the two runs differ
+by ~1e-6, within --param-tolerance; --max-grad-norm 0 makes them bit-identical).
+
 It prints the loss, tokens/s and the bytes moved per tier at every step of run 1, then both
 final losses (mean over a fixed held-out set) and the largest absolute difference between
 the two models' parameters.
@@ -197,7 +203,9 @@ def train(args, name, make_optimizer, train_data, val_batches, vocab, device, ve
         loss = loss_of(model, x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if args.max_grad_norm > 0:  # the same clipping code for both runs
+        # torch clips by hand; strata's optimizer clips inside step() (max_grad_norm=, the
+        # same rule as clip_grad_norm_), which lets overlap_backward keep its early updates
+        if args.max_grad_norm > 0 and not isinstance(opt, strata_torch.OffloadAdamW):
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()
         dt = time.perf_counter() - t0
@@ -262,6 +270,9 @@ def main():
                     help="strata's Adam arithmetic: 'torch' rounds exactly like torch.optim "
                          "(bit-identical runs; default), 'simd' uses the vectorized kernels "
                          "(each step within 1-2 ulp per element; training amplifies that)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="step after backward (default: overlap_backward=True, the step's "
+                         "updates start during backward; results are identical)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
@@ -305,7 +316,9 @@ def main():
         return TrackedOffloadAdamW(param_groups(model, args.weight_decay, named=True),
                                    lr=args.lr, betas=(0.9, 0.95), store=store, tier=args.tier,
                                    host_budget=args.host_budget, num_threads=threads,
-                                   arithmetic=args.arithmetic)
+                                   arithmetic=args.arithmetic,
+                                   max_grad_norm=max(args.max_grad_norm, 0.0),
+                                   overlap_backward=not args.no_overlap)
 
     def make_torch(model):
         return torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr,

@@ -65,8 +65,8 @@ def io_probe(store, piece_bytes, threads):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--width", type=int, default=1536)
-    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--path", default=None, help="directory for the stores (default: a "

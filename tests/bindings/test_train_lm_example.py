@@ -21,8 +21,10 @@ def test_ten_steps_that_agree_with_torch_pass(tmp_path):
     p = run_example(tmp_path, "--steps", "10")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.endswith("\nOK\n"), p.stdout
-    # bit-identical to torch (--arithmetic torch, the default)
-    assert "max |parameter difference|: 0.000e+00" in p.stdout
+    # strata clips inside its step (summing the norm in another order than torch's
+    # clip_grad_norm_): within the tolerance, not bit-identical
+    diff = float(re.search(r"max \|parameter difference\|: (\S+)", p.stdout).group(1))
+    assert diff <= 1e-4
     assert "relative difference 0.0000%" in p.stdout
     assert "the loss drop is checked from 100 steps on; 10 steps: checked against torch only" \
         in p.stdout
@@ -31,6 +33,15 @@ def test_ten_steps_that_agree_with_torch_pass(tmp_path):
     with strata.Store.open(str(tmp_path / "store"), create=False) as s:
         keys = set(s.keys())
     assert "optim/p/p0:tok.weight/exp_avg" in keys, sorted(keys)[:8]
+
+
+@pytest.mark.parametrize("overlap", [[], ["--no-overlap"]])
+def test_without_clipping_the_runs_are_bit_identical(tmp_path, overlap):
+    # --arithmetic torch (the default); overlap_backward (the default) changes nothing
+    p = run_example(tmp_path, "--steps", "10", "--max-grad-norm", "0", *overlap)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "max |parameter difference|: 0.000e+00" in p.stdout
+    assert p.stdout.endswith("\nOK\n"), p.stdout
 
 
 def test_ten_steps_that_disagree_with_torch_fail(tmp_path):
