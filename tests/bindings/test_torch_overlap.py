@@ -29,24 +29,29 @@ def loss_of(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-def strata_opt(model_or_groups, tmp_path, name, overlap, tier="nvme", **kw):
+def strata_opt(model_or_groups, tmp_path, name, overlap, tier="nvme", cls=st.OffloadAdamW,
+               **kw):
     params = model_or_groups.parameters() if isinstance(model_or_groups, torch.nn.Module) \
         else model_or_groups
-    return st.OffloadAdamW(params, lr=1e-2, path=str(tmp_path / name), tier=tier,
-                           arithmetic="torch", overlap_backward=overlap,
-                           overlap_bucket_numel=3000, host_budget=20000, **kw)
+    return cls(params, lr=1e-2, path=str(tmp_path / name), tier=tier, arithmetic="torch",
+               overlap_backward=overlap, overlap_bucket_numel=3000, host_budget=20000, **kw)
 
 
 def same_params(a, b):
     return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 
+@pytest.mark.parametrize("kind", [(st.OffloadAdamW, torch.optim.AdamW, {}),
+                                  (st.OffloadAdam, torch.optim.Adam,
+                                   {"weight_decay": 0.01, "amsgrad": True})],
+                         ids=["adamw", "adam-l2-amsgrad"])
 @pytest.mark.parametrize("tier", TIERS)
-def test_matches_torch_and_the_ordinary_step(tmp_path, tier):
+def test_matches_torch_and_the_ordinary_step(tmp_path, tier, kind):
+    ours, theirs, kw = kind
     ref, seq, ovl = make_model(), make_model(), make_model()
-    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    sopt = strata_opt(seq, tmp_path, "seq", False, tier)
-    oopt = strata_opt(ovl, tmp_path, "ovl", True, tier)
+    topt = theirs(ref.parameters(), lr=1e-2, **kw)
+    sopt = strata_opt(seq, tmp_path, "seq", False, tier, cls=ours, **kw)
+    oopt = strata_opt(ovl, tmp_path, "ovl", True, tier, cls=ours, **kw)
     for x, y in batches(5):
         for m, o in ((ref, topt), (seq, sopt), (ovl, oopt)):
             o.zero_grad()
