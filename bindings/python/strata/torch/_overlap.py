@@ -120,9 +120,12 @@ class BackwardOverlap:
             # What step() takes first, taken before the early updates use it: edits of
             # param_groups and parameters since the last step, optimizer.state edits, and
             # the hyperparameters (e.g. a scheduler's step after the last opt.step()).
-            owner._sync_params()
-            owner.state.write_back()
-            owner._sync_hyperparams()
+            try:
+                owner._sync_params()
+                owner.state.write_back()
+                owner._sync_hyperparams()
+            except Exception:  # noqa: BLE001 -- step() raises it, as torch would, not backward
+                return
             owner._opt.begin_step(max_grad_norm=owner.max_grad_norm)
             self._open = True
             self.backward_end = None
