@@ -19,7 +19,7 @@ from .._data_dir import make_temp_dir
 from . import _hyperparams, _names
 from ._overlap import BackwardOverlap
 from ._param_sync import ParamTable, check_param
-from ._staging import Staging, copy_master_to_param
+from ._staging import Staging, bump_version, copy_master_to_param
 from ._state_dict import StateDictMixin
 from ._state_view import StateView
 from ._torch_kwargs import ADAM_FLAGS, ADAMW_FLAGS, TorchKwargsMixin
@@ -457,6 +457,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             return loss
         for p, h in stepped:
             self._staging.copy_back(p, h)
+            bump_version(p)  # as torch.optim's in-place update (also where copied above)
             self._table.mark(h)
         if on_gpu:
             torch.cuda.synchronize()

@@ -96,7 +96,8 @@ class BackwardOverlap:
         is hooked already)."""
         if id(p) in self._accumulators or not p.requires_grad:
             return
-        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        with torch.enable_grad():  # also under step()'s no_grad and inside backward hooks
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
         acc.register_hook(lambda grad_inputs, grad_outputs, p=p: self._on_grad(p))
         self._accumulators[id(p)] = acc
 
@@ -208,7 +209,8 @@ class BackwardOverlap:
         if not stats["skipped"]:
             with torch.no_grad():
                 for p, _, _, _, staged in started.values():
-                    p.view(-1).copy_(staged, non_blocking=p.is_cuda)
+                    # staged is in p's logical element order: any layout (channels_last)
+                    p.copy_(staged.view(p.shape), non_blocking=p.is_cuda)
                     owner._table.mark(owner._handle[id(p)])  # the master and p agree
                     nbytes = p.numel() * p.element_size()
                     owner.bytes_moved["host_to_device" if p.is_cuda else

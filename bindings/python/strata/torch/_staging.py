@@ -133,6 +133,19 @@ class Staging:
         self.bytes_moved[key] += p.numel() * p.element_size()
 
 
+def bump_version(p: torch.Tensor) -> None:
+    """Counts an in-place update of ``p`` that strata made through its memory (the kernel
+    writes contiguous CPU parameters directly), as torch.optim's in-place update would: O(1)
+    (an in-place op on an empty view shares p's version counter). Keeps autograd's check of
+    saved tensors ("modified by an inplace operation") and lets another optimizer over the
+    same parameter see the change."""
+    with torch.no_grad():
+        if p.dim() == 0:
+            p.mul_(1)  # one element (x * 1 keeps -0.0 and NaN as they are)
+        else:
+            p.narrow(0, 0, 0).mul_(1)  # any layout (a view of no element)
+
+
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:
     """The fp32 master of handle ``h`` into ``p`` (any dtype and device; resume)."""
     master = torch.from_numpy(opt.read_param(h)).view(p.shape)

@@ -162,6 +162,7 @@ class StateView(collections.abc.MutableMapping):
         self._cache[h] = e
 
     def __delitem__(self, p: Any) -> None:
+        self._owner._abort_overlap()  # restarting p must not meet an open overlapped step
         h = self._handle_of(p)
         if h is None:
             raise KeyError("optimizer.state: the parameter is not in this optimizer")
