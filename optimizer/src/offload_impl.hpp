@@ -148,6 +148,10 @@ struct OffloadedOptimizer::Impl {
     StepStats stats;                    // the early updates' counters
     Status error;                       // the first early update's error
     bool nonfinite = false;             // a started tensor's gradient holds inf/NaN
+    /// Per tensor: XXH3-64 of its gradient's bytes as the early update read them, and
+    /// whether its batch has run (the fingerprint is then set).
+    std::vector<uint64_t> grad_hash;
+    std::vector<char> ran_early;
     offload_detail::Clock::time_point first_start{};
     offload_detail::Clock::time_point last_end{};
     uint32_t ran = 0;  // tensors whose early update completed

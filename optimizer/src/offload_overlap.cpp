@@ -13,6 +13,8 @@
 #include "offload_impl.hpp"
 #include "strata/optimizer/grad_utils.hpp"
 
+#include <xxhash.h>
+
 namespace strata::optimizer {
 
 using namespace offload_detail;
@@ -25,6 +27,12 @@ Status OffloadedOptimizer::Impl::check_no_open_step(const char* what) const {
 }
 
 namespace {
+
+/// XXH3-64 of the bytes of gradient entry `g` (numel elements of its dtype).
+uint64_t grad_fingerprint(const OffloadedOptimizer::Impl& impl, const EarlyGrad& g) {
+  const uint64_t n = impl.tensors[g.param].numel * dtype_size(g.grad_type);
+  return XXH3_64bits(g.grad, n);
+}
 
 /// The early thread: one batch after another until stopped. Runs each batch holding the
 /// baton (Impl::Baton) so that members called meanwhile wait for it.
@@ -61,6 +69,9 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
           const auto& en = e->entries[h];
           views.push_back({en.grad, en.grad_type, impl->tensors[h].numel});
         }
+        // The gradients' fingerprints, before the update reads them: finish_step() compares
+        // them with the gradients then (an edit through .data bumps no version counter).
+        for (uint32_t h : batch) e->grad_hash[h] = grad_fingerprint(*impl, e->entries[h]);
         auto bad = has_inf_or_nan(views, impl->pool.get());
         std::vector<Impl::Item> items;
         std::vector<size_t> batches;
@@ -83,6 +94,8 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
             e->error = st.with_context("offload overlapped step: early update");
           } else {
             e->ran += static_cast<uint32_t>(batch.size());
+            std::lock_guard<std::mutex> lk(e->mu);
+            for (uint32_t h : batch) e->ran_early[h] = 1;
           }
         }
         e->last_end = Clock::now();
@@ -95,6 +108,17 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
     }
     e->cv.notify_all();
   }
+}
+
+/// True when every tensor of `hs` (updated early) still has the gradient bytes its early
+/// update read.
+bool grads_unchanged(const OffloadedOptimizer::Impl& impl,
+                     const OffloadedOptimizer::Impl::EarlyStep& e,
+                     const std::vector<uint32_t>& hs) {
+  for (uint32_t h : hs) {
+    if (grad_fingerprint(impl, e.entries[h]) != e.grad_hash[h]) return false;
+  }
+  return true;
 }
 
 /// Stops and joins the early thread of `e` after the batches queued so far.
@@ -146,6 +170,8 @@ Status OffloadedOptimizer::begin_step(const StepOptions& o) {
   e->started.assign(n, 0);
   e->entries.assign(n, EarlyGrad{});
   e->used_hp.assign(n, Hyperparams{});
+  e->grad_hash.assign(n, 0);
+  e->ran_early.assign(n, 0);
   Impl::EarlyStep* raw = e.get();
   e->thread = std::thread(run_early_batches, impl_.get(), raw);
   impl_->early = std::move(e);
@@ -214,7 +240,26 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
     return failed_precondition("offload finish_step: no overlapped step is open");
   }
   const auto t0 = Clock::now();
-  join_early(impl->early.get());  // every queued batch has run
+  // The gradients of the batches that ran are checked while the last ones still run (every
+  // gradient is final now); those of the later batches once they ran (their fingerprint may
+  // have been taken while the caller still edited the gradient: then it differs).
+  Impl::EarlyStep* early = impl->early.get();
+  std::vector<uint32_t> before, after;
+  {
+    std::lock_guard<std::mutex> lk(early->mu);
+    for (uint32_t h = 0; h < early->started.size(); ++h) {
+      if (early->started[h]) (early->ran_early[h] ? before : after).push_back(h);
+    }
+  }
+  bool grads_same = grads_unchanged(*impl, *early, before);
+  join_early(early);  // every queued batch has run
+  {
+    std::vector<uint32_t> ran_after;
+    for (uint32_t h : after) {
+      if (early->ran_early[h]) ran_after.push_back(h);
+    }
+    grads_same = grads_same && grads_unchanged(*impl, *early, ran_after);
+  }
   Impl::Baton b(impl);
   std::unique_ptr<Impl::EarlyStep> e = std::move(impl->early);
   struct Detach {
@@ -227,7 +272,7 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
     return rb.ok() ? e->error : rb;
   }
   // The speculation also assumed these options and each started tensor's hyperparameters.
-  bool valid = !e->nonfinite && o.grad_scale == e->opts.grad_scale &&
+  bool valid = grads_same && !e->nonfinite && o.grad_scale == e->opts.grad_scale &&
                o.max_grad_norm == e->opts.max_grad_norm &&
                o.skip_if_nonfinite == e->opts.skip_if_nonfinite;
   for (uint32_t h = 0; valid && h < impl->tensors.size(); ++h) {

@@ -161,7 +161,17 @@ def test_param_groups_frozen_params_and_late_scheduler(tmp_path):
     assert torch.equal(ovl[2].weight, frozen)
 
 
-def test_gradients_edited_after_backward_are_used(tmp_path):
+EDITS = {
+    "mul_": lambda m: m[4].weight.grad.mul_(0.25),  # a hand-written unscale
+    # through .data, which bumps no version counter: caught by the gradient fingerprints
+    "data.div_": lambda m: m[0].weight.grad.data.div_(3.0),
+    "clip_grad_value_": lambda m: torch.nn.utils.clip_grad_value_(m.parameters(), 1e-3),
+    "data =": lambda m: setattr(m[2].bias.grad, "data", m[2].bias.grad.data * 2),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_gradients_edited_after_backward_are_used(tmp_path, edit):
     ref, ovl = make_model(), make_model()
     topt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     oopt = strata_opt(ovl, tmp_path, "ovl", True)
@@ -169,11 +179,9 @@ def test_gradients_edited_after_backward_are_used(tmp_path):
         for m, o in ((ref, topt), (ovl, oopt)):
             o.zero_grad()
             loss_of(m, x, y).backward()
-            m[4].weight.grad.mul_(0.25)  # e.g. a hand-written unscale
+            EDITS[edit](m)
             o.step()
-        assert same_params(ref, ovl)
-        assert oopt.last_step["rolled_back"] is False  # nothing speculated was wrong...
-        assert oopt.last_step["tensors_started_early"] == 0  # ...the step was redone whole
+        assert same_params(ref, ovl)  # (an early batch that ran after the edit needs no redo)
 
 
 def test_state_dict_between_backward_and_step_sees_the_last_step(tmp_path):

@@ -182,6 +182,27 @@ TEST(OffloadOverlap, ChangedHyperparametersOrOptionsAreRedone) {
   expect_copies_are_masters(*ovl.opt, copies, "options changed");
 }
 
+TEST(OffloadOverlap, AGradientEditedAfterItsEarlyUpdateIsRedone) {
+  TempDir d1, d2;
+  Pair ref = make(d1.path()), ovl = make(d2.path());
+  Grads g1(1), g2(1);
+  for (float& x : g1.g[1]) x *= 0.5f;  // the reference steps the edited gradient
+  plain_step(*ref.opt, g1, {});
+  static float dummy = 0;
+  std::vector<EarlyGrad> es;
+  for (uint32_t t = 0; t < 4; ++t) {
+    es.push_back({t, t == 3 ? static_cast<const void*>(&dummy) : g2.g[t].data(),
+                  DType::kFloat32, nullptr, DType::kFloat32});
+  }
+  must_ok(ovl.opt->begin_step({}));
+  must_ok(ovl.opt->start_update(es));
+  must_ok(ovl.opt->wait_started());  // b's early update read the unedited gradient
+  for (float& x : g2.g[1]) x *= 0.5f;  // edited in place after it (no version counter here)
+  auto os = must(ovl.opt->finish_step({}));
+  EXPECT_TRUE(os.rolled_back);
+  expect_same_state(*ref.opt, *ovl.opt, "gradient edited");
+}
+
 TEST(OffloadOverlap, AbortRestoresEverythingAndMutationsAreRefusedWhileOpen) {
   TempDir d;
   Pair p = make(d.path());

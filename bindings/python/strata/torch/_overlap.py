@@ -78,8 +78,8 @@ class BackwardOverlap:
         self._accumulators: Dict[int, Any] = {}  # id(param) -> its AccumulateGrad node
         self._suspended = 0
         self._open = False
-        #: id(param) -> (param, grad tensor as given to strata, grad's _version, param's
-        #: _version, staged weights)
+        #: id(param) -> (param, grad tensor as given to strata, its (_version, data_ptr),
+        #: the param's (_version, data_ptr), staged weights)
         self._started: Dict[int, Tuple[torch.nn.Parameter, torch.Tensor, int, int,
                                        torch.Tensor]] = {}
         self._bucket: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
@@ -138,7 +138,8 @@ class BackwardOverlap:
         if staged is None or staged.dtype != p.dtype or staged.numel() != p.numel():
             staged = torch.empty(p.numel(), dtype=p.dtype, pin_memory=p.is_cuda)
             self._staged[id(p)] = staged
-        self._started[id(p)] = (p, p.grad, p.grad._version, p._version, staged)
+        self._started[id(p)] = (p, p.grad, (p.grad._version, p.grad.data_ptr()),
+                                (p._version, p.data_ptr()), staged)
         self._bucket.append((id(p), g, staged))
         self._bucket_numel += p.numel()
         if self._bucket_numel >= self.bucket_numel:
@@ -172,10 +173,13 @@ class BackwardOverlap:
         return id(p) in self._started
 
     def still_valid(self) -> bool:
-        """True when every started parameter still has the gradient strata was given
-        (same tensor, unmodified) and is itself unmodified."""
-        for p, g, g_version, p_version, _ in self._started.values():
-            if p.grad is not g or g._version != g_version or p._version != p_version:
+        """True when every started parameter still has the gradient strata was given (same
+        tensor and memory, no in-place op on it) and is itself unmodified. In-place edits
+        through ``.data`` (which bump no version counter) are caught by strata's fingerprints
+        of the gradients (finish_step)."""
+        for p, g, g_mark, p_mark, _ in self._started.values():
+            if (p.grad is not g or (g._version, g.data_ptr()) != g_mark
+                    or (p._version, p.data_ptr()) != p_mark):
                 return False
         return True
 

@@ -436,7 +436,9 @@ class OffloadedOptimizer {
   // over every attached gradient (same norm, same order); when it confirms the speculation
   // it updates the tensors not started yet (and the host-tier tensors, which are always
   // updated there: their in-place update cannot be rolled back cheaply) and the step is
-  // bit-identical to step(o); otherwise it rolls the early updates back
+  // bit-identical to step(o) -- also checking that every started tensor's gradient still
+  // has the bytes its early update read (an XXH3-64 fingerprint taken before the update;
+  // an edit after it means a redo) --; otherwise it rolls the early updates back
   // (Store::rollback()) and runs step(o): also bit-identical, at the cost of the early I/O.
   // Only NVMe-tier tensors start early. During an open step, members that change state
   // (write_param, write_state, set_step_count, add_param, step, checkpoint) fail with
