@@ -220,3 +220,22 @@ def test_closure_step_is_exact(tmp_path):
             loss = o.step(closure)
             assert math.isfinite(loss.item())
         assert same_params(ref, ovl)
+
+
+def test_channels_last_gradients_edited_through_data(tmp_path):
+    # conv gradients of a channels_last model are not contiguous: strata reads a copy
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ovl = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ovl.load_state_dict(ref.state_dict())
+    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    oopt = strata_opt(ovl, tmp_path, "ovl", True)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(2, 3, 8, 8, generator=g).to(memory_format=torch.channels_last)
+        for m, o in ((ref, topt), (ovl, oopt)):
+            o.zero_grad()
+            m(x).square().sum().backward()
+            torch.nn.utils.clip_grad_value_(m.parameters(), 1e-2)  # p.grad.data.clamp_()
+            o.step()
+        assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), ovl.parameters()))

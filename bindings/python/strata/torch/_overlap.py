@@ -78,8 +78,8 @@ class BackwardOverlap:
         self._accumulators: Dict[int, Any] = {}  # id(param) -> its AccumulateGrad node
         self._suspended = 0
         self._open = False
-        #: id(param) -> (param, grad tensor as given to strata, its (_version, data_ptr),
-        #: the param's (_version, data_ptr), staged weights)
+        #: id(param) -> (param, its grad tensor, the grad's (_version, data_ptr), the param's
+        #: (_version, data_ptr), staged weights, the grad's host copy given to strata or None)
         self._started: Dict[int, Tuple[torch.nn.Parameter, torch.Tensor, int, int,
                                        torch.Tensor]] = {}
         self._bucket: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
@@ -138,8 +138,11 @@ class BackwardOverlap:
         if staged is None or staged.dtype != p.dtype or staged.numel() != p.numel():
             staged = torch.empty(p.numel(), dtype=p.dtype, pin_memory=p.is_cuda)
             self._staged[id(p)] = staged
+        # A gradient strata reads through a copy (non-contiguous, converted, CUDA): strata's
+        # fingerprint covers the copy, so step() compares the copy with the gradient again.
+        copied = g if g.data_ptr() != p.grad.data_ptr() or g.is_cuda != p.grad.is_cuda else None
         self._started[id(p)] = (p, p.grad, (p.grad._version, p.grad.data_ptr()),
-                                (p._version, p.data_ptr()), staged)
+                                (p._version, p.data_ptr()), staged, copied)
         self._bucket.append((id(p), g, staged))
         self._bucket_numel += p.numel()
         if self._bucket_numel >= self.bucket_numel:
@@ -177,9 +180,11 @@ class BackwardOverlap:
         tensor and memory, no in-place op on it) and is itself unmodified. In-place edits
         through ``.data`` (which bump no version counter) are caught by strata's fingerprints
         of the gradients (finish_step)."""
-        for p, g, g_mark, p_mark, _ in self._started.values():
+        for p, g, g_mark, p_mark, _, copied in self._started.values():
             if (p.grad is not g or (g._version, g.data_ptr()) != g_mark
                     or (p._version, p.data_ptr()) != p_mark):
+                return False
+            if copied is not None and not torch.equal(_host_grad(g), copied):
                 return False
         return True
 
@@ -212,7 +217,7 @@ class BackwardOverlap:
         stats = owner._opt.finish_step(max_grad_norm=owner.max_grad_norm)
         if not stats["skipped"]:
             with torch.no_grad():
-                for p, _, _, _, staged in started.values():
+                for p, _, _, _, staged, _ in started.values():
                     # staged is in p's logical element order: any layout (channels_last)
                     p.copy_(staged.view(p.shape), non_blocking=p.is_cuda)
                     owner._table.mark(owner._handle[id(p)])  # the master and p agree
