@@ -410,7 +410,7 @@ Result<PartitionInfo> stat_partitioned(Store& store, const std::string& key) {
   info.key = key;
   info.desc.dtype = static_cast<DType>(dt);
   info.desc.shape.resize(ndim);
-  std::memcpy(info.desc.shape.data(), b.data() + kFixed, 8ull * ndim);
+  if (ndim > 0) std::memcpy(info.desc.shape.data(), b.data() + kFixed, 8ull * ndim);  // 0-d: no data()
   if (info.desc.numel() != numel) return bad("shape does not match numel");
   info.numel = numel;
   info.world_size = ws;

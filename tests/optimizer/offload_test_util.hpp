@@ -86,7 +86,8 @@ T must(Result<T> r) {
 }
 
 inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  // (memcmp of an empty vector's null data() is undefined: UBSan)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
 /// Reads the master and every state of `h` as one vector (master first).

@@ -106,7 +106,7 @@ void roundtrip(Store& st, Communicator& c, const std::string& key, const TensorD
       std::vector<uint8_t> dst(nb + 64, 0xEE);  // guard bytes after the tensor
       Status fs = fetch_partitioned(st, c, key, dst.data(), desc, fo);
       ok_or_die(fs, "fetch " + key + " piece " + std::to_string(piece));
-      expect(std::memcmp(dst.data(), full.data(), nb) == 0,
+      expect(nb == 0 || std::memcmp(dst.data(), full.data(), nb) == 0,
              "bytes of " + key + " piece " + std::to_string(piece) +
                  (pipelined ? " pipelined" : " sequential"));
       bool guard = true;
