@@ -152,8 +152,6 @@ struct OffloadedOptimizer::Impl {
     /// whether its batch has run (the fingerprint is then set).
     std::vector<uint64_t> grad_hash;
     std::vector<char> ran_early;
-    offload_detail::Clock::time_point first_start{};
-    offload_detail::Clock::time_point last_end{};
     uint32_t ran = 0;  // tensors whose early update completed
 
     std::mutex mu;
@@ -236,10 +234,9 @@ struct OffloadedOptimizer::Impl {
     const std::vector<EarlyGrad>* early_grads;  // per tensor: its entry (grad null: none)
     float expected_scale = 1.0f;                // the speculation: the gate's scale
     bool redo = false;  // the early updates were rolled back: update every tensor
-    /// Every started tensor's gradient was scanned and found finite (the non-finite check
-    /// then scans only the others; the global norm, when clipping, is still computed over
-    /// every gradient, exactly as step()).
-    bool started_finite = false;
+    // (Not redoing, the started tensors' gradients were scanned finite by the early thread:
+    // the non-finite check scans only the others; the global norm, when clipping, is still
+    // computed over every gradient, exactly as step().)
   };
   /// step(): with `started` null, every tensor with a gradient. With `started` (and not
   /// redo), the tensors marked there are already updated with scale

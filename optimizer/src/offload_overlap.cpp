@@ -54,7 +54,6 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
       Impl::Baton b(impl);
       if (e->error.ok() && !e->nonfinite) {
         const auto t0 = Clock::now();
-        if (e->first_start == Clock::time_point{}) e->first_start = t0;
         std::vector<std::string> keys;
         std::vector<std::pair<uint32_t, const EarlyGrad*>> work;
         for (uint32_t h : batch) {
@@ -98,7 +97,6 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
             for (uint32_t h : batch) e->ran_early[h] = 1;
           }
         }
-        e->last_end = Clock::now();
         e->stats.early_seconds += seconds_since(t0);
       }
     }
@@ -279,8 +277,8 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
     if (e->started[h] && e->used_hp[h] != impl->groups[impl->tensors[h].group].hp) valid = false;
   }
   // Every batch that ran had its gradients scanned finite (a non-finite one made the
-  // speculation invalid above).
-  Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false, true};
+  // speculation invalid above): step_impl scans only the others.
+  Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false};
   Result<StepStats> r = Status::OK();
   bool mismatch = false;
   if (valid) {

@@ -185,7 +185,7 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   }
   std::vector<uint32_t> active;
   std::vector<GradView> views;
-  std::vector<GradView> unscanned;  // speculating with started_finite: the others' only
+  std::vector<GradView> unscanned;  // speculating: the gradients of tensors not started
   for (uint32_t h = 0; h < tensors.size(); ++h) {
     if (tensors[h].grad != nullptr) {
       active.push_back(h);
@@ -231,8 +231,8 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
         scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
       }
     } else if (o.skip_if_nonfinite) {
-      const bool scanned = speculating && started->started_finite;
-      STRATA_ASSIGN_OR_RETURN(bool bad, has_inf_or_nan(scanned ? unscanned : views, pool.get()));
+      STRATA_ASSIGN_OR_RETURN(bool bad,
+                              has_inf_or_nan(speculating ? unscanned : views, pool.get()));
       if (bad) {
         if (speculating) *mismatch = true;
         return std::optional<float>();
