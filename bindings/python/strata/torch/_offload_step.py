@@ -6,7 +6,8 @@ The gate is torch's. A step is skipped (nothing changes, ``last_step["skipped"]`
 gradient holds an inf or NaN, as strata's ordinary step. Clipping (``max_grad_norm``) is
 ``torch.nn.utils.clip_grad_norm_``'s arithmetic exactly (torch 1.13): the L2 norm of each
 gradient (``torch.norm(g, 2)``, fp32, taken when it reached the store), the norm of their
-stack, ``coef = max_norm / (total + 1e-6)`` clamped to 1, every gradient multiplied by
+stack (in the model's parameter order, as ``clip_grad_norm_(model.parameters())``
+stacks them), ``coef = max_norm / (total + 1e-6)`` clamped to 1, every gradient multiplied by
 it; so results are bit-identical to ``clip_grad_norm_`` then torch.optim's step.
 
 Batches. Parameters are stepped in batches whose gradient and weight buffers together
@@ -54,6 +55,16 @@ def _grad_of(p: torch.Tensor) -> Optional[torch.Tensor]:
     return p.grad
 
 
+def _model_order(entry: Tuple[torch.Tensor, int]) -> Tuple[int, int, int]:
+    """Offloaded parameters in their model's order (``model.parameters()``, as
+    ``clip_grad_norm_(model.parameters())`` stacks their norms), then the others in the
+    optimizer's."""
+    p, h = entry
+    if type(p) is OffloadedParameter:
+        return (0, id(p._strata_owner), p._strata_slot.index)
+    return (1, 0, h)
+
+
 def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
     """One step of ``opt`` (an _OffloadAdamBase holding offloaded parameters; its
     param_groups, hyperparameters and optimizer.state already synced by step()).
@@ -66,7 +77,7 @@ def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, i
     """
     holders = owners(opt._params)
     for o in holders:
-        o.flush_grads()
+        o.collect_grads()
     entries: List[Tuple[torch.Tensor, int]] = []  # (param, handle) with a gradient
     for p in opt._params:
         h = opt._handle[id(p)]
@@ -88,7 +99,7 @@ def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, i
     coef = None
     if opt.max_grad_norm > 0 and entries:
         norms = []
-        for p, _ in entries:
+        for p, _ in sorted(entries, key=_model_order):
             if type(p) is OffloadedParameter:
                 s = p._strata_slot
                 norms.append(s.grad_norm if s.grad_norm is not None

@@ -324,6 +324,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                         _names.strata_name(pos, self._names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(self._opt, h, p)
                 self._table.add(p, h, gi)
+                if type(p) is OffloadedParameter:
+                    p._strata_owner.bind_optimizer(p, clip=self.max_grad_norm > 0)
             else:
                 self._register_param(gi, p)
 
@@ -481,7 +483,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         """As torch.optim.Optimizer.zero_grad; also forgets the stored gradients of
         offloaded parameters (strata.torch.offload_parameters)."""
         for o in owners(self._params):
-            o.zero_grad()
+            o.zero_grad(set_to_none)
         super().zero_grad(set_to_none)
 
     # ---- the step overlapped with backward --------------------------------------------------

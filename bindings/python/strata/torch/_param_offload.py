@@ -10,10 +10,11 @@ released, is one element expanded to the parameter's shape: ``shape``, ``size()`
 the parameter -- a module's forward, a parameter used outside its own module (a tied output
 head), ``p.add_()`` of torch.optim, ``model.load_state_dict`` -- materializes it first
 (``__torch_function__``), so tied, shared and reused parameters need no registration.
-Backward reads parameters through autograd's saved-tensor hooks (installed for the
-model's forward): a saved parameter (or a view of one, as ``F.linear`` saves) is stored as
-a reference and fetched again when backward needs it, so a released parameter is never
-read stale. In-place changes of a materialized parameter (``p.clamp_()`` under no_grad,
+Backward reads parameters through autograd's saved-tensor hooks (installed around every
+operation on an offloaded parameter, inside the model's forward or not): a saved parameter
+(or a view of one, as ``F.linear`` saves) is stored as a reference and fetched again when
+backward needs it, so a released parameter is never read stale; other saved tensors are
+untouched (a view made earlier keeps the buffer it views: fetches never reuse a buffer). In-place changes of a materialized parameter (``p.clamp_()`` under no_grad,
 torch.optim's update) are seen by its version counter and written back to the store when
 it is released.
 
@@ -86,10 +87,16 @@ class OffloadedParameter(torch.nn.Parameter):
         _gather(args, slots)
         if kwargs:
             _gather(kwargs.values(), slots)
-        if slots:
-            owner = slots[0].param._strata_owner
-            owner._materialize(slots)
-        with _no_tf():
+        if not slots:
+            with _no_tf():
+                return func(*args, **kwargs)
+        owner = slots[0].param._strata_owner
+        owner._materialize(slots)
+        if not torch.is_grad_enabled():
+            with _no_tf():
+                return func(*args, **kwargs)
+        # what autograd saves of the parameters is a reference, fetched again in backward
+        with _no_tf(), torch.autograd.graph.saved_tensors_hooks(owner._pack, owner._unpack):
             return func(*args, **kwargs)
 
 
@@ -134,33 +141,19 @@ class ParameterOffload:
     ``tier``, ``key_prefix``. See :meth:`stats` for the counters.
     """
 
-    def __init__(self, model: torch.nn.Module, store: Optional[strata.Store], path: Optional[str],
+    def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
-                 resume: bool, overwrite: bool):
+                 resume: bool = False):
         self._closed = True
         self._owns_store = False
         self._owned_dir: Optional[str] = None
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
-                            f"{type(model).__name__}")
+        self._model: Optional[torch.nn.Module] = None
         if tier not in ("nvme", "host"):
             raise ValueError(f"offload_parameters: tier must be 'nvme' or 'host', got {tier!r}")
         budget = strata.parse_size(working_set) if isinstance(working_set, str) else int(working_set)
         if budget <= 0:
             raise ValueError(f"offload_parameters: working_set must be > 0 bytes, got "
                              f"{working_set!r}")
-        if resume and overwrite:
-            raise ValueError("offload_parameters: resume=True keeps the stored parameters "
-                             "that overwrite=True replaces: pass one of them")
-        named = [(n, p) for n, p in model.named_parameters()]
-        for n, p in named:
-            if type(p) is OffloadedParameter:
-                raise ValueError(f"offload_parameters: parameter {n!r} is offloaded already")
-            if not p.is_floating_point():
-                raise ValueError(f"offload_parameters: parameter {n!r} has dtype {p.dtype}; "
-                                 "floating-point parameters only")
-            if p.is_sparse:
-                raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
         if store is None:
             if path is None:
                 path = self._owned_dir = make_temp_dir("params-")
@@ -174,95 +167,128 @@ class ParameterOffload:
         self._stats: Dict[str, float] = {}
         self.reset_stats()
         self.ws = WorkingSet(store, budget, prefetch, self._stats)
-        self._model = model
         self._grad_writes: Dict[int, Tuple[Any, torch.Tensor]] = {}  # slot -> (future, grad)
         self._grad_inflight = 0
         self._accumulators: List[Any] = []
         self._hook_handles: List[Any] = []
-        self._hooks_ctx: Optional[Any] = None
-        self._depth = 0
-        try:
-            self._register(named, resume, overwrite)
-        except BaseException:
-            self._close_store()
-            raise
+        self._clip = False
+        self._init_count = 0  # parameters offloaded by offload_init, not yet attached
         self._closed = False
-        self._install_hooks(model)
         strata._lifetime.register(self.store, self)
 
     # ---- setup ---------------------------------------------------------------------------
 
-    def _register(self, named: List[Tuple[str, torch.nn.Parameter]], resume: bool,
-                  overwrite: bool) -> None:
+    def _offload(self, p: torch.nn.Parameter, name: str, key: str) -> Slot:
+        """``p`` into the store as ``key`` (its current value) and released."""
+        s = Slot(len(self.ws.slots), name, key, f"{key}#grad", p)
+        with _no_tf():
+            src = p.detach().reshape(-1).contiguous()
+            if src.device.type != "cpu":
+                src = src.cpu()
+        self.store.put(key, src, tier=self.tier, overwrite=True)
+        s.param = p
+        self.ws.slots.append(s)
+        with _no_tf():
+            p.data = s.placeholder
+        p.__class__ = OffloadedParameter
+        p._strata_slot = s
+        p._strata_owner = self
+        return s
+
+    def _init_offload(self, p: torch.nn.Parameter) -> None:
+        """offload_init: a parameter just registered by a module under construction."""
+        if type(p) is OffloadedParameter or not p.is_floating_point() or p.is_sparse:
+            return
+        self._init_count += 1
+        self._offload(p, f"#init{self._init_count}", f"{self.key_prefix}#init/{self._init_count}")
+
+    def attach(self, model: torch.nn.Module, resume: bool = False,
+               overwrite: bool = False) -> "ParameterOffload":
+        """Makes ``model``'s parameters this offload's, named as ``model.named_parameters()``
+        (see :func:`offload_parameters` for the arguments and errors): parameters
+        offloaded by :func:`offload_init` are renamed (copied to their named keys, one at a
+        time), the others are stored now. Installs the model's hooks. Once per offload.
+
+        :returns: self.
+        """
+        self._check_open()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
+                            f"{type(model).__name__}")
+        if self._model is not None:
+            raise ValueError("offload_parameters: this ParameterOffload has a model already")
+        if resume and overwrite:
+            raise ValueError("offload_parameters: resume=True keeps the stored parameters "
+                             "that overwrite=True replaces: pass one of them")
+        named = [(n, p) for n, p in model.named_parameters()]
+        for n, p in named:
+            if type(p) is OffloadedParameter and p._strata_owner is not self:
+                raise ValueError(f"offload_parameters: parameter {n!r} is offloaded already")
+            if not p.is_floating_point():
+                raise ValueError(f"offload_parameters: parameter {n!r} has dtype {p.dtype}; "
+                                 "floating-point parameters only")
+            if p.is_sparse:
+                raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
         existing = set(self.store.keys(self.key_prefix))
-        for i, (n, p) in enumerate(named):
+        for n, p in named:
             key = f"{self.key_prefix}{n}"
-            s = Slot(i, n, key, f"{self.key_prefix}{n}#grad", p)
             if resume:
                 if key not in existing:
                     raise strata.NotFoundError(
                         f"offload_parameters(resume=True): the store holds no parameter "
                         f"{n!r} (key {key!r})")
                 info = self.store.stat(key)
-                if info.numel != s.numel:
+                if info.nbytes != p.numel() * p.element_size():
                     raise ValueError(f"offload_parameters(resume=True): parameter {n!r} has "
-                                     f"{s.numel} elements, the stored one {info.numel}")
-            else:
-                if key in existing and not overwrite:
-                    raise strata.AlreadyExistsError(
-                        f"offload_parameters: the store already holds parameter {n!r} (key "
-                        f"{key!r}): pass resume=True to continue from the stored values, "
-                        "overwrite=True to replace them, or another key_prefix")
-                with _no_tf():
-                    src = p.detach().reshape(-1).contiguous()
-                    if src.device.type != "cpu":
-                        src = src.cpu()
-                self.store.put(key, src, tier=self.tier, overwrite=True)
-            s.param = p
-            self.ws.slots.append(s)
+                                     f"{p.numel() * p.element_size()} bytes ({p.dtype}), the "
+                                     f"stored one {info.nbytes} ({info.dtype})")
+            elif key in existing and not overwrite:
+                raise strata.AlreadyExistsError(
+                    f"offload_parameters: the store already holds parameter {n!r} (key "
+                    f"{key!r}): pass resume=True to continue from the stored values, "
+                    "overwrite=True to replace them, or another key_prefix")
+        self.ws.release_all()
+        old = {id(s.param): s for s in self.ws.slots}
+        slots: List[Slot] = []
+        for i, (n, p) in enumerate(named):
+            key = f"{self.key_prefix}{n}"
+            s = old.pop(id(p), None)
+            if s is None:
+                s = self._offload(p, n, key)
+                self.ws.slots.pop()
+            elif s.key != key:  # from offload_init: to its named key
+                if not resume:
+                    self.store.put(key, self.store.get(s.key), tier=self.tier, overwrite=True,
+                                   dtype="bf16" if s.dtype == torch.bfloat16 else None)
+                self.store.delete(s.key)
+                s.key, s.grad_key, s.name = key, f"{key}#grad", n
+            s.index = i
+            slots.append(s)
+        for s in old.values():  # made under offload_init but not in the model: back home
+            self._restore(s)
+            self.store.delete(s.key)
+        self.ws.slots[:] = slots
         self.store.flush()
-        for s in self.ws.slots:
-            p = s.param
-            with _no_tf():
-                p.data = s.placeholder
-            p.__class__ = OffloadedParameter
-            p._strata_slot = s
-            p._strata_owner = self
-
-    def _install_hooks(self, model: torch.nn.Module) -> None:
+        self._model = model
         self._hook_handles.append(model.register_forward_pre_hook(self._forward_begin))
         self._hook_handles.append(model.register_forward_hook(self._forward_end))
         original = model.zero_grad
 
         def zero_grad(set_to_none: bool = False) -> None:
-            self.zero_grad()
+            self.zero_grad(set_to_none)
             original(set_to_none)
 
         zero_grad.__doc__ = original.__doc__
         model.zero_grad = zero_grad  # type: ignore[assignment]
         self._model_zero_grad = original
+        return self
 
     # ---- forward / backward --------------------------------------------------------------
 
     def _forward_begin(self, module: torch.nn.Module, inputs: Any) -> None:
-        self._depth += 1
-        if self._depth > 1:
-            return
-        if self._hooks_ctx is not None:  # the last forward raised: its hooks are still on
-            self._hooks_ctx.__exit__(None, None, None)
-            self._hooks_ctx = None
         self.ws.begin_phase(("forward", module.training, torch.is_grad_enabled()))
-        if torch.is_grad_enabled():
-            self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self._hooks_ctx.__enter__()
 
     def _forward_end(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        self._depth -= 1
-        if self._depth > 0:
-            return
-        if self._hooks_ctx is not None:
-            self._hooks_ctx.__exit__(None, None, None)
-            self._hooks_ctx = None
         self.ws.end_phase()
 
     def _pack(self, t: torch.Tensor) -> Any:
@@ -323,7 +349,7 @@ class ParameterOffload:
         s = p._strata_slot
         s.to_store = True
         self._clip = getattr(self, "_clip", False) or clip
-        if not any(a[0] is s for a in self._accumulators):
+        if p.requires_grad and not any(a[0] is s for a in self._accumulators):
             with _no_tf():
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._grad_hook(s))
@@ -352,7 +378,10 @@ class ParameterOffload:
                                    "not supported")
             if g.device.type != "cpu":
                 g = g.cpu()
-            if s.has_grad:
+            if s.has_grad and s.grad_zero:  # torch: zeroed grad += g
+                g = g.reshape(s.shape).add(0.0)
+                s.grad_zero = False
+            elif s.has_grad:
                 old = self._read_grad(s)
                 old.add_(g.reshape(old.shape))
                 g = old
@@ -377,12 +406,26 @@ class ParameterOffload:
         self._grad_inflight -= g.numel() * g.element_size()
         fut.result()
 
+    def collect_grads(self) -> None:
+        """Gradients still in ``p.grad`` of parameters whose gradients go to the store (a
+        parameter that did not require grad when the optimizer took it, so that no hook
+        watched it) moved to the store as the hook would have; then flush_grads()."""
+        for s in self.ws.slots:
+            if s.to_store:
+                with _no_tf():
+                    has = s.param.grad is not None
+                if has:
+                    self._grad_ready(s)
+        self.flush_grads()
+
     def flush_grads(self) -> None:
         """Waits for every gradient write in flight (errors are raised here)."""
         while self._grad_writes:
             self._wait_grad(next(iter(self._grad_writes)))
 
     def _read_grad(self, s: Slot) -> torch.Tensor:
+        if s.grad_zero:
+            return torch.zeros(s.shape, dtype=s.dtype)
         if s.index in self._grad_writes:
             self._wait_grad(s.index)
         g = tensor_of(self.store._s.get(s.grad_key), s.dtype).view(s.shape)
@@ -401,14 +444,20 @@ class ParameterOffload:
                 return p.grad
         return self._read_grad(s) if s.has_grad else None
 
-    def zero_grad(self) -> None:
-        """Forgets the stored gradients (the next backward starts them afresh), as
-        ``optimizer.zero_grad()`` does for gradients in memory. Called by the model's and
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """The stored gradients as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
+        zeros (torch 1.13's default: the parameter is still stepped, with a zero
+        gradient, and the next backward adds to zero) or none. Called by the model's and
         strata optimizers' ``zero_grad``."""
         self.flush_grads()
         for s in self.ws.slots:
-            s.has_grad = False
-            s.grad_norm = None
+            if set_to_none or not s.has_grad:
+                s.has_grad = False
+                s.grad_zero = False
+                s.grad_norm = None
+            else:
+                s.grad_zero = True
+                s.grad_norm = torch.zeros((), dtype=torch.float32)
             s.grad_finite = True
 
     # ---- values --------------------------------------------------------------------------
@@ -507,21 +556,13 @@ class ParameterOffload:
             self.flush_grads()
             self.ws.release_all()
             self.ws.stop()
-            if self._hooks_ctx is not None:
-                self._hooks_ctx.__exit__(None, None, None)
-                self._hooks_ctx = None
             for h in self._hook_handles:
                 h.remove()
-            self._model.zero_grad = self._model_zero_grad  # type: ignore[assignment]
-            for s in self.ws.slots:
-                p = s.param
-                value = (tensor_of(self.store._s.get(s.key), s.dtype).view(s.shape).clone()
-                         if restore else None)
-                if restore:
-                    with _no_tf():
-                        p.data = value.to(s.device)
-                    p.__class__ = torch.nn.Parameter
-                    del p._strata_slot, p._strata_owner
+            if self._model is not None:
+                self._model.zero_grad = self._model_zero_grad  # type: ignore[assignment]
+            if restore:
+                for s in self.ws.slots:
+                    self._restore(s)
             self.store.flush()
         except BaseException as e:  # noqa: BLE001 (raised after the release)
             error = e
@@ -529,6 +570,15 @@ class ParameterOffload:
         self._close_store()
         if error is not None:
             raise error
+
+    def _restore(self, s: Slot) -> None:
+        """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
+        p = s.param
+        value = tensor_of(self.store._s.get(s.key), s.dtype).view(s.shape)
+        with _no_tf():
+            p.data = value.to(s.device)
+        p.__class__ = torch.nn.Parameter
+        del p._strata_slot, p._strata_owner
 
     def _close_store(self) -> None:
         if self._owns_store and self.store is not None and not self.store.closed:
@@ -578,5 +628,59 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         resume nor overwrite).
     :raises strata.NotFoundError: resume and a parameter missing from the store.
     """
-    return ParameterOffload(model, store, path, working_set, tier, key_prefix, prefetch,
-                            resume, overwrite)
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume)
+    try:
+        return handle.attach(model, resume=resume, overwrite=overwrite)
+    except BaseException:
+        handle.close(restore=False)
+        raise
+
+
+@contextlib.contextmanager
+def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = None,
+                 working_set: Union[int, str] = "1GiB", tier: str = "nvme",
+                 key_prefix: str = "params/", prefetch: bool = True,
+                 resume: bool = False) -> Iterator[ParameterOffload]:
+    """Constructs a model whose parameters never all exist in memory (the counterpart of
+    DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
+    block is stored and released at once, so construction takes the largest parameter's
+    memory, not the model's; initialization in place afterwards (``nn.init.normal_(p)``,
+    ``reset_parameters``) materializes each parameter in the working set and stores the
+    result. Then attach the model to the handle, which names its parameters::
+
+        with strata.torch.offload_init(store, working_set="64MiB") as h:
+            model = GPT(...)
+        h.attach(model)                     # as offload_parameters(model, store, ...)
+
+    Arguments as :func:`offload_parameters`. Parameters registered in the block but not in
+    the attached model get their values back in memory at attach(). Thread-safety: patches
+    ``torch.nn.Module.register_parameter`` for the block's duration (process-wide): no
+    other thread may build modules meanwhile.
+
+    :raises ValueError: as offload_parameters; a nested offload_init.
+    """
+    global _INIT_ACTIVE
+    if _INIT_ACTIVE:
+        raise ValueError("offload_init: already inside an offload_init block")
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume)
+    original = torch.nn.Module.register_parameter
+
+    def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:
+        original(module, name, param)
+        if param is not None:
+            handle._init_offload(param)
+
+    torch.nn.Module.register_parameter = register_parameter  # type: ignore[assignment]
+    _INIT_ACTIVE = True
+    try:
+        yield handle
+    except BaseException:
+        torch.nn.Module.register_parameter = original  # type: ignore[assignment]
+        _INIT_ACTIVE = False
+        handle.close()
+        raise
+    torch.nn.Module.register_parameter = original  # type: ignore[assignment]
+    _INIT_ACTIVE = False
+
+
+_INIT_ACTIVE = False

@@ -55,7 +55,7 @@ class Slot:
 
     __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
                  "nbytes", "placeholder", "resident", "pending", "fetched", "fetch_error",
-                 "mark", "version", "has_grad", "grad_finite", "grad_norm", "to_store",
+                 "mark", "version", "has_grad", "grad_zero", "grad_finite", "grad_norm", "to_store",
                  "param", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, grad_key: str, p: torch.Tensor):
@@ -78,6 +78,7 @@ class Slot:
         self.mark = 0  # p._version when materialized (dirty when it moved)
         self.version = 0
         self.has_grad = False  # a gradient of this step is in the store (grad_key)
+        self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros
         self.grad_finite = True
         self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
         self.to_store = False  # gradients go to the store (a strata optimizer holds it)
@@ -310,6 +311,15 @@ class WorkingSet:
             return False
         for v in victims:
             self.release(v)
+        if before is None and self.inflight_bytes and (
+                self.resident_bytes + self.inflight_bytes + need > self.budget):
+            # on demand and still over: let the fetches in flight land, then evict again
+            for s in self.slots:
+                if s.pending is not None:
+                    s.pending.wait()
+                    self._take(s)
+            for v in self._victims(need, protect, None) or []:
+                self.release(v)
         return True
 
     # ---- prefetch -------------------------------------------------------------------------
