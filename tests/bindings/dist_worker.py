@@ -62,6 +62,21 @@ def collectives(comm):
     comm.broadcast(b, root=n - 1)
     check_eq(b, torch.full((4,), float(n - 1)), "broadcast")
     comm.barrier()
+    # a blocking call releases the GIL: rank 0's thread runs while it waits for rank 1
+    import threading
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+    th = threading.Thread(target=spin)
+    th.start()
+    if r == 1:
+        time.sleep(0.5)
+    comm.barrier()
+    stop.set()
+    th.join()
+    assert ticks[0] > 1000, ticks[0]
     # several futures in flight, completed in issue order
     a = torch.ones(1000) * (r + 1)
     fa = comm.all_reduce_async(a)
