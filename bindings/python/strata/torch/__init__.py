@@ -42,5 +42,7 @@ capturable, differentiable, fused; torch's group defaults).
 from __future__ import annotations
 
 from ._optimizer import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
+from ._param_offload import OffloadedParameter, ParameterOffload, offload_parameters  # noqa: F401
 
-__all__ = ["OffloadAdam", "OffloadAdamW"]
+__all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "ParameterOffload",
+           "OffloadedParameter"]

@@ -17,7 +17,9 @@ import strata
 
 from .._data_dir import make_temp_dir
 from . import _hyperparams, _names
+from ._offload_step import has_offloaded, offloaded_step, owners
 from ._overlap import BackwardOverlap
+from ._param_offload import OffloadedParameter
 from ._param_sync import ParamTable, check_param
 from ._staging import Staging, bump_version, copy_master_to_param
 from ._state_dict import StateDictMixin
@@ -253,6 +255,11 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             raise
         self._resuming = False
         self._overlap: Optional[BackwardOverlap] = None
+        if overlap_backward and has_offloaded(self._params):
+            self.close()
+            raise ValueError("overlap_backward=True is not supported for offloaded "
+                             "parameters (strata.torch.offload_parameters): their gradients "
+                             "go to the store during backward and are stepped in batches")
         if overlap_backward:
             self._overlap = BackwardOverlap(self, _check_count("overlap_bucket_numel",
                                                                overlap_bucket_numel) or 1)
@@ -322,10 +329,14 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
 
     def _register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
-        init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
+        offloaded = type(p) is OffloadedParameter
+        value = p._strata_owner.read(p) if offloaded else p.detach()
+        init = value.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
         name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
         h = self._opt.add_param(name, p.numel(), init, group=gi, placement=self.tier)
         self._table.add(p, h, gi)
+        if offloaded:
+            p._strata_owner.bind_optimizer(p, clip=self.max_grad_norm > 0)
         if getattr(self, "_overlap", None) is not None:
             self._overlap.watch(p)
 
@@ -425,7 +436,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         self.state.write_back()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
-        for p in self._params:
+        for p in ([] if has_offloaded(self._params) else self._params):
             if overlapped and ov.is_started(p):
                 continue  # attached by the early update; its weights come from the staging
             h = self._handle[id(p)]
@@ -440,10 +451,13 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             if not _hyperparams.betas_in_range(group):
                 _hyperparams.check_step_betas(group, gi, (
                     self._opt.step_count(self._handle[id(p)]) + 1
-                    for p in group["params"] if p.grad is not None))
+                    for p in group["params"] if p.grad is not None
+                    or (type(p) is OffloadedParameter and p._strata_slot.has_grad)))
         if on_gpu:
             torch.cuda.synchronize()
-        if overlapped:
+        if has_offloaded(self._params):
+            stats, stepped = offloaded_step(self)
+        elif overlapped:
             stats = ov.finish()
         else:
             stats = self._opt.step(max_grad_norm=self.max_grad_norm)
@@ -462,6 +476,13 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         if on_gpu:
             torch.cuda.synchronize()
         return loss
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """As torch.optim.Optimizer.zero_grad; also forgets the stored gradients of
+        offloaded parameters (strata.torch.offload_parameters)."""
+        for o in owners(self._params):
+            o.zero_grad()
+        super().zero_grad(set_to_none)
 
     # ---- the step overlapped with backward --------------------------------------------------
 
