@@ -123,6 +123,29 @@ def _set_data(p: OffloadedParameter, value: torch.Tensor) -> None:
     p._strata_owner._adopt(s, value)
 
 
+def _fix_mmap_threshold() -> None:
+    """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once). glibc
+    raises the threshold to the size of each large block freed (up to 32 MiB), after which
+    blocks of that size come from the heap and freeing them no longer returns memory: the
+    parameter and gradient buffers that come and go then grow the resident set far past
+    the working set (measured: 880 MB instead of 480 MB peak on the main job's model).
+    A no-op where glibc's mallopt is absent."""
+    global _MMAP_FIXED
+    if _MMAP_FIXED:
+        return
+    _MMAP_FIXED = True
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        M_MMAP_THRESHOLD = -3
+        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
+    except (OSError, AttributeError):
+        pass
+
+
+_MMAP_FIXED = False
+
+
 class _Packed:
     """What autograd saves for an offloaded parameter (or a view of one): the slot and the
     view's geometry (size, stride, offset from the data's first element)."""
@@ -164,6 +187,7 @@ class ParameterOffload:
         self.tier = tier
         self.key_prefix = key_prefix
         self.working_set_bytes = budget
+        _fix_mmap_threshold()
         self._stats: Dict[str, float] = {}
         self.reset_stats()
         self.ws = WorkingSet(store, budget, prefetch, self._stats)
