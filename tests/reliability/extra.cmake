@@ -1,0 +1,10 @@
+# tests/reliability/extra.cmake — the crash loop's child process (its path reaches
+# test_reliability as STRATA_CRASH_LOOP_CHILD) and the store's private headers for the
+# fault-injection tests (store/src/io_fault.hpp).
+add_executable(crash_loop_child ${CMAKE_CURRENT_SOURCE_DIR}/reliability/crash_child/crash_loop_child.cpp)
+target_link_libraries(crash_loop_child PRIVATE strata::strata)
+target_include_directories(crash_loop_child PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+add_dependencies(test_reliability crash_loop_child)
+target_compile_definitions(test_reliability PRIVATE
+  STRATA_CRASH_LOOP_CHILD="$<TARGET_FILE:crash_loop_child>")
+target_include_directories(test_reliability PRIVATE ${PROJECT_SOURCE_DIR}/store/src)
