@@ -8,3 +8,7 @@ add_dependencies(test_reliability crash_loop_child)
 target_compile_definitions(test_reliability PRIVATE
   STRATA_CRASH_LOOP_CHILD="$<TARGET_FILE:crash_loop_child>")
 target_include_directories(test_reliability PRIVATE ${PROJECT_SOURCE_DIR}/store/src)
+# The corruption tests read the catalog (SQLite) and run `strata store verify`.
+target_link_libraries(test_reliability PRIVATE SQLite::SQLite3)
+add_dependencies(test_reliability strata_cli)
+target_compile_definitions(test_reliability PRIVATE STRATA_CLI="$<TARGET_FILE:strata_cli>")
