@@ -12,3 +12,16 @@ target_include_directories(test_reliability PRIVATE ${PROJECT_SOURCE_DIR}/store/
 target_link_libraries(test_reliability PRIVATE SQLite::SQLite3)
 add_dependencies(test_reliability strata_cli)
 target_compile_definitions(test_reliability PRIVATE STRATA_CLI="$<TARGET_FILE:strata_cli>")
+
+# Concurrency: its own executable (label "concurrency") so that it can run alone under
+# ThreadSanitizer; its child process reads a store beside the test's writer.
+add_executable(store_reader_child ${CMAKE_CURRENT_SOURCE_DIR}/reliability/concurrency/store_reader_child.cpp)
+target_link_libraries(store_reader_child PRIVATE strata::strata)
+target_include_directories(store_reader_child PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+add_executable(test_concurrency ${CMAKE_CURRENT_SOURCE_DIR}/reliability/concurrency/test_concurrency.cpp)
+target_link_libraries(test_concurrency PRIVATE strata::strata GTest::gtest GTest::gtest_main)
+target_include_directories(test_concurrency PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+add_dependencies(test_concurrency store_reader_child)
+target_compile_definitions(test_concurrency PRIVATE
+  STRATA_STORE_READER_CHILD="$<TARGET_FILE:store_reader_child>")
+gtest_discover_tests(test_concurrency PROPERTIES LABELS "reliability;concurrency" DISCOVERY_TIMEOUT 60)
