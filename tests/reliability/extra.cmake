@@ -24,4 +24,4 @@ target_include_directories(test_concurrency PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 add_dependencies(test_concurrency store_reader_child)
 target_compile_definitions(test_concurrency PRIVATE
   STRATA_STORE_READER_CHILD="$<TARGET_FILE:store_reader_child>")
-gtest_discover_tests(test_concurrency PROPERTIES LABELS "reliability;concurrency" DISCOVERY_TIMEOUT 60)
+gtest_discover_tests(test_concurrency PROPERTIES LABELS concurrency DISCOVERY_TIMEOUT 60)
