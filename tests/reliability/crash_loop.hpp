@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "common/store_options.hpp"
+#include "optimizer/offload_test_util.hpp"
+#include "store/test_store_util.hpp"
 #include "strata/optimizer/offload.hpp"
 #include "strata/store/store.hpp"
 
@@ -32,29 +35,18 @@ inline StoreOptions store_options(const std::string& path) {
 inline constexpr uint64_t kParamNumel[3] = {300007, 20000, 2 * 262144};
 inline constexpr bool kParamOnHost[3] = {false, true, false};
 
-/// Deterministic bytes: xorshift64* stream seeded by `seed`.
-inline std::vector<uint8_t> bytes_of(uint64_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint64_t i = 0; i < n; ++i) {
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    v[i] = static_cast<uint8_t>((x * 0x2545F4914F6CDD1Dull) >> 56);
-  }
-  return v;
+/// Deterministic bytes (the store tests' pattern()).
+inline std::vector<uint8_t> bytes_of(uint64_t n, uint64_t seed) { return store_test::pattern(n, seed); }
+
+/// Deterministic floats in [-scale/2, scale/2) (the optimizer tests' values()).
+inline std::vector<float> floats_of(uint64_t n, uint64_t seed, float scale) {
+  return optimizer::offload_test::values(seed, n, -0.5f * scale, 0.5f * scale);
 }
 
-inline std::vector<float> floats_of(uint64_t n, uint64_t seed, float scale) {
-  std::vector<float> v(n);
-  uint64_t x = seed * 0xD1B54A32D192ED03ull + 7;
-  for (uint64_t i = 0; i < n; ++i) {
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    v[i] = scale * (static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) / 16777216.0f - 0.5f);
-  }
-  return v;
+/// The value of the environment variable `name` as a number, `dflt` when unset or empty.
+inline uint64_t env_u64(const char* name, uint64_t dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
 }
 
 /// FNV-1a 64 of `n` bytes, continuing from `h`.
@@ -190,5 +182,24 @@ class Workload {
   std::mt19937_64 rng_;
   State s_;
 };
+
+/// Adds two parameters to `opt` (70001 elements in NVMe, 20000 in DRAM) and attaches
+/// constant gradients kept in `grads` (which must outlive the steps). Used by the tests
+/// that step an optimizer beside other work (concurrency, resources).
+inline Status add_two_params(optimizer::OffloadedOptimizer& opt,
+                             std::vector<std::vector<float>>& grads) {
+  const uint64_t numel[2] = {70001, 20000};
+  grads.assign(2, {});
+  for (uint32_t t = 0; t < 2; ++t) {
+    auto init = floats_of(numel[t], t, 2.0f);
+    STRATA_RETURN_IF_ERROR(opt.add_param("p" + std::to_string(t), numel[t], init.data(), 0,
+                                         t ? optimizer::Placement::kHost
+                                           : optimizer::Placement::kNvme)
+                               .status());
+    grads[t] = floats_of(numel[t], 10 + t, 0.2f);
+    STRATA_RETURN_IF_ERROR(opt.set_grad(t, grads[t].data(), DType::kFloat32));
+  }
+  return Status::OK();
+}
 
 }  // namespace strata::crash_loop

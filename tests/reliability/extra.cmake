@@ -2,7 +2,7 @@
 # test_reliability as STRATA_CRASH_LOOP_CHILD) and the store's private headers for the
 # fault-injection tests (store/src/io_fault.hpp).
 add_executable(crash_loop_child ${CMAKE_CURRENT_SOURCE_DIR}/reliability/crash_child/crash_loop_child.cpp)
-target_link_libraries(crash_loop_child PRIVATE strata::strata)
+target_link_libraries(crash_loop_child PRIVATE strata::strata GTest::gtest)
 target_include_directories(crash_loop_child PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 add_dependencies(test_reliability crash_loop_child)
 target_compile_definitions(test_reliability PRIVATE
@@ -16,7 +16,7 @@ target_compile_definitions(test_reliability PRIVATE STRATA_CLI="$<TARGET_FILE:st
 # Concurrency: its own executable (label "concurrency") so that it can run alone under
 # ThreadSanitizer; its child process reads a store beside the test's writer.
 add_executable(store_reader_child ${CMAKE_CURRENT_SOURCE_DIR}/reliability/concurrency/store_reader_child.cpp)
-target_link_libraries(store_reader_child PRIVATE strata::strata)
+target_link_libraries(store_reader_child PRIVATE strata::strata GTest::gtest)
 target_include_directories(store_reader_child PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 add_executable(test_concurrency ${CMAKE_CURRENT_SOURCE_DIR}/reliability/concurrency/test_concurrency.cpp)
 target_link_libraries(test_concurrency PRIVATE strata::strata GTest::gtest GTest::gtest_main)

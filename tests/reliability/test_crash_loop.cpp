@@ -31,10 +31,6 @@ using optimizer::OffloadedOptimizer;
 using reliability::ChildProcess;
 using Clock = std::chrono::steady_clock;
 
-uint64_t env_u64(const char* name, uint64_t dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
-}
 
 /// Empty when `s` holds exactly `want`'s committed kv/ objects, else what differs.
 std::string compare_kv(Store& s, const State& want) {

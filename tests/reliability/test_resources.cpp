@@ -167,16 +167,8 @@ TEST(Resources, FlatAcrossAThousandOptimizerSteps) {
       store, *optimizer::builtin_rule_factory("adamw"), {{"lr", 1e-3}}, crash_loop::offload_options());
   ASSERT_TRUE(opt_r.ok()) << opt_r.status().to_string();
   auto& opt = **opt_r;
-  const uint64_t numel[2] = {70001, 20000};
-  std::vector<std::vector<float>> grads(2);
-  for (int t = 0; t < 2; ++t) {
-    auto init = crash_loop::floats_of(numel[t], t, 1.0f);
-    ASSERT_TRUE(opt.add_param("p" + std::to_string(t), numel[t], init.data(), 0,
-                              t ? optimizer::Placement::kHost : optimizer::Placement::kNvme)
-                    .ok());
-    grads[t] = crash_loop::floats_of(numel[t], 10 + t, 0.1f);
-    ASSERT_TRUE(opt.set_grad(t, grads[t].data(), DType::kFloat32).ok());
-  }
+  std::vector<std::vector<float>> grads;
+  ASSERT_TRUE(crash_loop::add_two_params(opt, grads).ok());
   auto steps = [&](uint64_t k) {
     for (uint64_t i = 0; i < k; ++i) {
       auto st = opt.step();

@@ -29,12 +29,9 @@ namespace {
 using concurrency::check_version;
 using concurrency::version_bytes;
 using crash_loop::bytes_of;
+using crash_loop::env_u64;
 using Clock = std::chrono::steady_clock;
 
-uint64_t env_u64(const char* name, uint64_t dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : dflt;
-}
 
 /// Reads `key` whole (any size) and checks it is one whole version; NotFound is fine.
 Status read_shared(Store& s, const std::string& key) {
@@ -164,16 +161,8 @@ TEST(Concurrency, MixedOperationsOnSharedAndDistinctKeysWithAnOptimizerStepping)
       store, *optimizer::builtin_rule_factory("adam"), {{"lr", 1e-3}}, crash_loop::offload_options());
   ASSERT_TRUE(opt_r.ok()) << opt_r.status().to_string();
   auto& opt = **opt_r;
-  const uint64_t numel[2] = {70001, 20000};
-  std::vector<std::vector<float>> grads(2);
-  for (int t = 0; t < 2; ++t) {
-    auto init = crash_loop::floats_of(numel[t], t, 1.0f);
-    ASSERT_TRUE(opt.add_param("p" + std::to_string(t), numel[t], init.data(), 0,
-                              t ? optimizer::Placement::kHost : optimizer::Placement::kNvme)
-                    .ok());
-    grads[t] = crash_loop::floats_of(numel[t], 10 + t, 0.1f);
-    ASSERT_TRUE(opt.set_grad(t, grads[t].data(), DType::kFloat32).ok());
-  }
+  std::vector<std::vector<float>> grads;
+  ASSERT_TRUE(crash_loop::add_two_params(opt, grads).ok());
   constexpr int kThreads = 8;
   Counts counts;
   std::vector<std::map<std::string, std::vector<uint8_t>>> models(kThreads);
