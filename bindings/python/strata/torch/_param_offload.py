@@ -123,6 +123,20 @@ def _set_data(p: OffloadedParameter, value: torch.Tensor) -> None:
     p._strata_owner._adopt(s, value)
 
 
+def all_finite(t: torch.Tensor, norm: Optional[torch.Tensor] = None) -> bool:
+    """``bool(torch.isfinite(t).all())`` (any shape and floating dtype), ~25x faster on CPU:
+    torch 1.13's isfinite makes several full-size temporaries (measured: 2.5-5 s per step of
+    the main job's 139 M gradients, 40% of its step). The L2 norm (``norm``, when the caller
+    has it, else computed) is finite only when every element is, as a NaN or an infinity
+    reaches it; a non-finite norm (also an overflow of large finite elements) takes the
+    exact test. Thread-safety: pure."""
+    if norm is None:
+        norm = torch.norm(t, 2.0)
+    if bool(torch.isfinite(norm)):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def _fix_mmap_threshold() -> None:
     """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once). glibc
     raises the threshold to the size of each large block freed (up to 32 MiB), after which
@@ -412,8 +426,8 @@ class ParameterOffload:
             else:
                 g = g.contiguous()
             s.has_grad = True
-            s.grad_finite = bool(torch.isfinite(g).all())
             s.grad_norm = torch.norm(g, 2.0) if self._clip else None
+            s.grad_finite = all_finite(g, s.grad_norm)
         self._write_grad(s, g)
 
     def _write_grad(self, s: Slot, g: torch.Tensor) -> None:
