@@ -335,3 +335,45 @@ def test_peak_rss_within_the_working_set(tmp_path):
     base, hwm, peak_ws = map(int, p.stdout.split())
     assert peak_ws <= 8 << 20
     assert hwm - base <= (8 << 20) + (24 << 20), (base, hwm)
+
+
+def test_offload_init_builds_the_same_model(tmp_path):
+    torch.manual_seed(7)
+    want = Net()
+    torch.manual_seed(7)
+    with st.offload_init(path=str(tmp_path / "s"), working_set=2048) as h:
+        got = Net()
+        stray = nn.Linear(3, 2)  # made in the block, not part of the model
+    h.attach(got)
+    assert type(stray.weight) is nn.Parameter  # given back at attach()
+    for (n, a), (m, b) in zip(want.named_parameters(), got.named_parameters()):
+        assert n == m and type(b) is st.OffloadedParameter
+        assert torch.equal(a, h.read(b)), n
+    assert sorted(h.store.keys("params/")) == sorted(f"params/{n}" for n, _ in
+                                                     want.named_parameters())
+    with pytest.raises(ValueError, match="already"):
+        with st.offload_init(path=str(tmp_path / "t")):
+            with st.offload_init(path=str(tmp_path / "u")):
+                pass
+    h.close()
+
+
+def test_bf16_parameters_match_the_optimizer_without_offload(pair):
+    """bf16 working copies: the step stores the kernel's rounding of the fp32 masters, as
+    OffloadAdamW writes into an in-memory bf16 parameter."""
+    ref, model, tmp = pair
+    ref.to(torch.bfloat16)
+    model.to(torch.bfloat16)
+    h = st.offload_parameters(model, path=str(tmp / "s"), working_set=4096)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch")
+    ref_opt = st.OffloadAdamW(ref.parameters(), lr=1e-2, path=str(tmp / "r"), arithmetic="torch")
+    assert train(model, opt, 4) == train(ref, ref_opt, 4)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a.detach(), h.read(b)), n
+    for p, q in zip(ref.parameters(), model.parameters()):
+        if p.requires_grad and ref_opt.state[p]:
+            assert torch.equal(torch.as_tensor(ref_opt.state[p]["exp_avg"]),
+                               torch.as_tensor(opt.state[q]["exp_avg"]))
+    opt.close()
+    ref_opt.close()
+    h.close()

@@ -48,6 +48,14 @@ def owners(params: List[torch.Tensor]) -> List[Any]:
     return list(seen.values())
 
 
+def state_numel(p: torch.Tensor) -> int:
+    """Elements the optimizer holds of ``p``: an offloaded parameter partitioned over ranks
+    (ZeRO-3) only this rank's slice, any other parameter all."""
+    if type(p) is OffloadedParameter:
+        return p._strata_slot.state_numel
+    return p.numel()
+
+
 def _grad_of(p: torch.Tensor) -> Optional[torch.Tensor]:
     """In-memory gradient of a parameter that is not offloaded (None for offloaded ones)."""
     if type(p) is OffloadedParameter:
@@ -96,8 +104,32 @@ def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, i
             finite &= p._strata_slot.grad_finite
         else:
             finite &= bool(torch.isfinite(p.grad).all())
+    comm = next((o.comm for o in holders if o.comm is not None), None)
+    if comm is not None and any(type(p) is not OffloadedParameter for p, _ in entries):
+        raise ValueError("an optimizer over parameters offloaded with a communicator (ZeRO-3) "
+                         "must hold only such parameters: the gradients of the others are "
+                         "not reduced over the ranks")
+    if comm is not None:  # every rank steps (or skips) alike
+        flag = torch.tensor([0.0 if finite else 1.0])
+        comm.all_reduce(flag, op="max")
+        finite = flag.item() == 0.0
     coef = None
-    if opt.max_grad_norm > 0 and entries:
+    if opt.max_grad_norm > 0 and comm is not None:
+        # partitioned gradients: sqrt(sum over ranks of each slice's squared norm)
+        sq = torch.zeros((), dtype=torch.float32)
+        for p, _ in sorted(entries, key=_model_order):
+            if type(p) is OffloadedParameter:
+                s = p._strata_slot
+                n = s.grad_norm if s.grad_norm is not None else torch.norm(
+                    p._strata_owner._read_grad(s), 2.0)
+            sq = sq + n * n
+        sq = sq.reshape(1)
+        comm.all_reduce(sq)
+        total = sq.sqrt()[0]
+        stats["grad_norm"] = float(total)
+        coef = torch.clamp(opt.max_grad_norm / (total + 1e-6), max=1.0)
+        stats["clip_coef"] = float(coef)
+    elif opt.max_grad_norm > 0 and entries:
         norms = []
         for p, _ in sorted(entries, key=_model_order):
             if type(p) is OffloadedParameter:
@@ -123,7 +155,7 @@ def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, i
         if type(p) is not OffloadedParameter:
             memory.append((p, h))
             continue
-        need = p._strata_slot.numel * 4 * 2
+        need = p._strata_slot.state_numel * 4 * 2
         if batch and used + need > budget:
             _run_batch(opt, batch, memory, coef, stats)
             memory, batch, used = [], [], 0
@@ -149,7 +181,7 @@ def _run_batch(opt: Any, batch: List[Tuple[torch.Tensor, int]],
         g = p._strata_owner._read_grad(s).reshape(-1)
         if coef is not None:
             g.mul_(coef)
-        copy = torch.empty(s.numel, dtype=s.dtype)
+        copy = torch.empty(s.state_numel, dtype=s.dtype)
         opt._staging.forget_grad(h)
         opt._opt.set_grad(h, g)
         opt._opt.set_param_copy(h, copy)

@@ -17,7 +17,7 @@ import strata
 
 from .._data_dir import make_temp_dir
 from . import _hyperparams, _names
-from ._offload_step import has_offloaded, offloaded_step, owners
+from ._offload_step import has_offloaded, offloaded_step, owners, state_numel
 from ._overlap import BackwardOverlap
 from ._param_offload import OffloadedParameter
 from ._param_sync import ParamTable, check_param
@@ -310,7 +310,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                                           gi)
         hp = _hyperparams.to_strata(group)
         if not self._resuming:  # the whole group's disk space first: one clear error
-            self._opt.check_disk_space([p.numel() for p in group["params"]])
+            self._opt.check_disk_space([state_numel(p) for p in group["params"]])
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
@@ -332,10 +332,10 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
     def _register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
         offloaded = type(p) is OffloadedParameter
-        value = p._strata_owner.read(p) if offloaded else p.detach()
+        value = p._strata_owner.read_state(p) if offloaded else p.detach()
         init = value.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
         name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
-        h = self._opt.add_param(name, p.numel(), init, group=gi, placement=self.tier)
+        h = self._opt.add_param(name, state_numel(p), init, group=gi, placement=self.tier)
         self._table.add(p, h, gi)
         if offloaded:
             p._strata_owner.bind_optimizer(p, clip=self.max_grad_norm > 0)

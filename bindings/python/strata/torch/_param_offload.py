@@ -167,7 +167,7 @@ class ParameterOffload:
 
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
-                 resume: bool = False):
+                 resume: bool = False, comm: Any = None, average_gradients: bool = True):
         self._closed = True
         self._owns_store = False
         self._owned_dir: Optional[str] = None
@@ -191,7 +191,10 @@ class ParameterOffload:
         _fix_mmap_threshold()
         self._stats: Dict[str, float] = {}
         self.reset_stats()
-        self.ws = WorkingSet(store, budget, prefetch, self._stats)
+        #: strata.distributed.Communicator of a ZeRO-3 job (None: one process)
+        self.comm = comm if comm is not None and comm.size > 1 else None
+        self.average_gradients = average_gradients
+        self.ws = WorkingSet(store, budget, prefetch, self._stats, self.comm)
         self._grad_writes: Dict[int, Tuple[Any, torch.Tensor]] = {}  # slot -> (future, grad)
         self._grad_inflight = 0
         self._accumulators: List[Any] = []
@@ -210,7 +213,11 @@ class ParameterOffload:
             src = p.detach().reshape(-1).contiguous()
             if src.device.type != "cpu":
                 src = src.cpu()
-        self.store.put(key, src, tier=self.tier, overwrite=True)
+        if self.comm is None:
+            self.store.put(key, src, tier=self.tier, overwrite=True)
+        else:  # collective: each rank keeps its slice
+            self.comm.put_partitioned(self.store, key, src, tier=self.tier, overwrite=True)
+            s.owned = self.comm.owned_range(s.numel)
         s.param = p
         self.ws.slots.append(s)
         with _no_tf():
@@ -219,6 +226,25 @@ class ParameterOffload:
         p._strata_slot = s
         p._strata_owner = self
         return s
+
+    def _copy_object(self, s: Slot, key: str) -> None:
+        """``s``'s stored value (this rank's part) also as ``key``."""
+        bf16 = "bf16" if s.dtype == torch.bfloat16 else None
+        if self.comm is None:
+            self.store.put(key, self.store.get(s.key), tier=self.tier, overwrite=True, dtype=bf16)
+            return
+        part = (self.store.get(s.key + "#part") if s.state_numel else
+                torch.empty(0, dtype=s.dtype))
+        self.comm.put_partitioned_slice(self.store, key, part, s.shape,
+                                        dtype=bf16 if not torch.is_tensor(part) else None,
+                                        tier=self.tier, overwrite=True)
+
+    def _delete_object(self, s: Slot) -> None:
+        if self.comm is None:
+            self.store.delete(s.key)
+        else:
+            import strata.distributed as sd
+            sd.remove_partitioned(self.store, s.key)
 
     def _init_offload(self, p: torch.nn.Parameter) -> None:
         """offload_init: a parameter just registered by a module under construction."""
@@ -255,9 +281,16 @@ class ParameterOffload:
             if p.is_sparse:
                 raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
         existing = set(self.store.keys(self.key_prefix))
+        if self.comm is not None:  # partitioned objects: named by their meta records
+            existing = {k[:-len("#partmeta")] for k in existing if k.endswith("#partmeta")}
         for n, p in named:
             key = f"{self.key_prefix}{n}"
-            if resume:
+            if resume and self.comm is not None:
+                if key not in existing:
+                    raise strata.NotFoundError(
+                        f"offload_parameters(resume=True): rank {self.comm.rank}'s store holds "
+                        f"no part of parameter {n!r} (key {key!r})")
+            elif resume:
                 if key not in existing:
                     raise strata.NotFoundError(
                         f"offload_parameters(resume=True): the store holds no parameter "
@@ -283,15 +316,14 @@ class ParameterOffload:
                 self.ws.slots.pop()
             elif s.key != key:  # from offload_init: to its named key
                 if not resume:
-                    self.store.put(key, self.store.get(s.key), tier=self.tier, overwrite=True,
-                                   dtype="bf16" if s.dtype == torch.bfloat16 else None)
-                self.store.delete(s.key)
+                    self._copy_object(s, key)
+                self._delete_object(s)
                 s.key, s.grad_key, s.name = key, f"{key}#grad", n
             s.index = i
             slots.append(s)
         for s in old.values():  # made under offload_init but not in the model: back home
             self._restore(s)
-            self.store.delete(s.key)
+            self._delete_object(s)
         self.ws.slots[:] = slots
         self.store.flush()
         self._model = model
@@ -403,12 +435,14 @@ class ParameterOffload:
                                    "not supported")
             if g.device.type != "cpu":
                 g = g.cpu()
+            if self.comm is not None:  # ZeRO-3: every rank gets the sum of its slice
+                g = self._reduce_scatter(s, g)
             if s.has_grad and s.grad_zero:  # torch: zeroed grad += g
-                g = g.reshape(s.shape).add(0.0)
+                g = g.reshape(-1).add(0.0)
                 s.grad_zero = False
             elif s.has_grad:
                 old = self._read_grad(s)
-                old.add_(g.reshape(old.shape))
+                old.add_(g.reshape(-1))
                 g = old
             else:
                 g = g.contiguous()
@@ -417,10 +451,21 @@ class ParameterOffload:
             s.grad_finite = all_finite(g, s.grad_norm)
         self._write_grad(s, g)
 
+    def _reduce_scatter(self, s: Slot, g: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of the elements of ``g`` this rank owns (divided by the
+        number of ranks with average_gradients, as DDP averages), 1-d."""
+        out = torch.empty(s.state_numel, dtype=s.dtype)
+        self.comm.reduce_scatter_grads(g.reshape(-1).contiguous(), out)
+        if self.average_gradients:
+            out.div_(self.comm.size)
+        return out
+
     def _write_grad(self, s: Slot, g: torch.Tensor) -> None:
         nbytes = g.numel() * g.element_size()
         while self._grad_writes and self._grad_inflight + nbytes > self.working_set_bytes // 2:
             self._wait_grad(next(iter(self._grad_writes)))
+        if g.numel() == 0:  # a rank owning no element of a small parameter
+            return
         fut = self.store.put_async(s.grad_key, g.reshape(-1), tier=self.tier, overwrite=True)
         self._grad_writes[s.index] = (fut, g)
         self._grad_inflight += nbytes
@@ -450,24 +495,30 @@ class ParameterOffload:
 
     def _read_grad(self, s: Slot) -> torch.Tensor:
         if s.grad_zero:
-            return torch.zeros(s.shape, dtype=s.dtype)
+            return torch.zeros(s.state_numel, dtype=s.dtype)
         if s.index in self._grad_writes:
             self._wait_grad(s.index)
-        g = tensor_of(self.store._s.get(s.grad_key), s.dtype).view(s.shape)
-        self._stats["grad_bytes_read"] += s.nbytes
+        if s.state_numel == 0:
+            return torch.zeros(0, dtype=s.dtype)
+        g = tensor_of(self.store._s.get(s.grad_key), s.dtype)
+        self._stats["grad_bytes_read"] += g.numel() * g.element_size()
         return g
 
     def grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
         """The gradient of offloaded parameter ``p`` accumulated since the last zero_grad
-        (a new CPU tensor of its shape and dtype), or ``p.grad`` when its gradients stay in
-        memory; None when it has none.
+        (a new CPU tensor of its shape and dtype; with a communicator this rank's slice,
+        1-d, reduced over the ranks), or ``p.grad`` when its gradients stay in memory; None
+        when it has none.
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
         s = self._slot(p)
         if not s.to_store:
             with _no_tf():
                 return p.grad
-        return self._read_grad(s) if s.has_grad else None
+        if not s.has_grad:
+            return None
+        g = self._read_grad(s)
+        return g if s.owned is not None else g.view(s.shape)
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """The stored gradients as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
@@ -499,17 +550,45 @@ class ParameterOffload:
         if s.resident is not None:
             with _no_tf():
                 return s.resident.detach().cpu().clone()
-        return tensor_of(self.store._s.get(s.key), s.dtype).view(s.shape)
+        return self.ws.read(s).view(s.shape)
+
+    def read_state(self, p: torch.Tensor) -> torch.Tensor:
+        """What an optimizer of this rank steps of ``p``: its value (flat) in one process,
+        this rank's slice with a communicator (no collective). A new CPU tensor."""
+        s = self._slot(p)
+        if s.owned is None:
+            return self.read(p).reshape(-1)
+        b, e = s.owned
+        if s.resident is not None:
+            with _no_tf():
+                return s.resident.detach().reshape(-1)[b:e].cpu().clone()
+        if e == b:
+            return torch.zeros(0, dtype=s.dtype)
+        return tensor_of(self.store._s.get(s.key + "#part"), s.dtype)
+
+    def state_numel(self, p: torch.Tensor) -> int:
+        """Elements of read_state(p)."""
+        return self._slot(p).state_numel
 
     def write(self, p: torch.Tensor, value: torch.Tensor) -> None:
-        """Stores ``value`` (any dtype, converted; ``p``'s number of elements) as ``p``'s
-        value: the materialized data too, when in memory. Used by the optimizer's step."""
+        """Stores ``value`` (any dtype, converted; ``state_numel(p)`` elements: the whole
+        parameter, or this rank's slice with a communicator) as ``p``'s value; a
+        materialized copy is updated (one process) or released (ranks: the other slices
+        change too). Used by the optimizer's step and resume. No collective."""
         s = self._slot(p)
         with _no_tf():
             flat = value.detach().reshape(-1).to(dtype=s.dtype, device="cpu").contiguous()
-        self.store.put(s.key, flat, tier=self.tier, overwrite=True)
+        if flat.numel() != s.state_numel:
+            raise ValueError(f"offloaded parameter {s.name!r}: {flat.numel()} elements "
+                             f"written, {s.state_numel} expected")
         s.version += 1
-        self.ws.set_value(s, flat)
+        if s.owned is None:
+            self.store.put(s.key, flat, tier=self.tier, overwrite=True)
+            self.ws.set_value(s, flat)
+            return
+        if flat.numel():
+            self.store.put(s.key + "#part", flat, tier=self.tier, overwrite=True)
+        self.ws.release(s, write_back=False)
 
     def write_back(self) -> None:
         """Stores every materialized parameter changed in place since it was fetched."""
@@ -599,7 +678,7 @@ class ParameterOffload:
     def _restore(self, s: Slot) -> None:
         """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
         p = s.param
-        value = tensor_of(self.store._s.get(s.key), s.dtype).view(s.shape)
+        value = self.ws.read(s).view(s.shape)
         with _no_tf():
             p.data = value.to(s.device)
         p.__class__ = torch.nn.Parameter
@@ -622,7 +701,8 @@ class ParameterOffload:
 def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = None, *,
                        path: Optional[str] = None, working_set: Union[int, str] = "1GiB",
                        tier: str = "nvme", key_prefix: str = "params/", prefetch: bool = True,
-                       resume: bool = False, overwrite: bool = False) -> ParameterOffload:
+                       resume: bool = False, overwrite: bool = False, comm: Any = None,
+                       average_gradients: bool = True) -> ParameterOffload:
     """Moves every parameter of ``model`` into a strata store; they are materialized in a
     working set of at most ``working_set`` bytes while forward and backward use them (see
     the module doc). ``model(x)``, ``loss.backward()`` and the optimizer calls stay as
@@ -644,6 +724,15 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
     :param resume: take the parameters' values from the store (as left by an earlier
         offload or a strata optimizer's resume) instead of the model's.
     :param overwrite: replace parameters already stored under ``key_prefix``.
+    :param comm: a ``strata.distributed.Communicator`` of a data-parallel job (ZeRO-3): every
+        rank calls this with the same model; each parameter becomes a partitioned object
+        (rank r keeps its slice in its own ``store``), a parameter is assembled by
+        ``fetch_partitioned`` (every rank reads its slice, then all-gather) and gradients are
+        reduce-scattered to their owners, so each rank's optimizer steps its slices. Ranks
+        must use the parameters in the same order (the same model code on the same shapes),
+        as every fetch is a collective. Default None (one process; also a size-1 comm).
+    :param average_gradients: with ``comm``: the reduced gradients are divided by the
+        number of ranks (DDP's mean); False: summed.
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
     :raises TypeError: ``model`` is not a Module.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
@@ -653,7 +742,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         resume nor overwrite).
     :raises strata.NotFoundError: resume and a parameter missing from the store.
     """
-    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume)
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
+                              comm, average_gradients)
     try:
         return handle.attach(model, resume=resume, overwrite=overwrite)
     except BaseException:
@@ -665,7 +755,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
 def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = None,
                  working_set: Union[int, str] = "1GiB", tier: str = "nvme",
                  key_prefix: str = "params/", prefetch: bool = True,
-                 resume: bool = False) -> Iterator[ParameterOffload]:
+                 resume: bool = False, comm: Any = None,
+                 average_gradients: bool = True) -> Iterator[ParameterOffload]:
     """Constructs a model whose parameters never all exist in memory (the counterpart of
     DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
     block is stored and released at once, so construction takes the largest parameter's
@@ -687,7 +778,8 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     global _INIT_ACTIVE
     if _INIT_ACTIVE:
         raise ValueError("offload_init: already inside an offload_init block")
-    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume)
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
+                              comm, average_gradients)
     original = torch.nn.Module.register_parameter
 
     def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:

@@ -105,7 +105,7 @@ class ParamTable:
             h = self.handle[id(p)]
             if self.changed(h):
                 slot = getattr(p, "_strata_slot", None)
-                value = p if slot is None else p._strata_owner.read(p)
+                value = p if slot is None else p._strata_owner.read_state(p)
                 opt.write_param(h, as_f32_numpy(value))
                 self.mark(h)
                 n += 1

@@ -55,7 +55,7 @@ class Slot:
 
     __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
                  "nbytes", "placeholder", "resident", "pending", "fetched", "fetch_error",
-                 "mark", "version", "has_grad", "grad_zero", "grad_finite", "grad_norm", "to_store",
+                 "mark", "version", "has_grad", "grad_zero", "grad_finite", "owned", "grad_norm", "to_store",
                  "param", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, grad_key: str, p: torch.Tensor):
@@ -83,6 +83,14 @@ class Slot:
         self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
         self.to_store = False  # gradients go to the store (a strata optimizer holds it)
         self.param: Any = None
+        #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
+        #: store holds (key + "#part"); None: the whole tensor is one object ``key``
+        self.owned: Optional[Tuple[int, int]] = None
+
+    @property
+    def state_numel(self) -> int:
+        """Elements this rank steps: the owned slice when partitioned, else all."""
+        return self.numel if self.owned is None else self.owned[1] - self.owned[0]
 
 
 class WorkingSet:
@@ -92,10 +100,16 @@ class WorkingSet:
     :param budget: bytes of materialized + in-flight parameter data (int > 0).
     :param prefetch: fetch ahead along the traced order (False: on demand only).
     :param stats: the owner's counters, updated in place (see ParameterOffload.stats).
+    :param comm: partitioned parameters (see ``comm`` below); None: one process.
     """
 
-    def __init__(self, store: Any, budget: int, prefetch: bool, stats: Dict[str, float]):
+    def __init__(self, store: Any, budget: int, prefetch: bool, stats: Dict[str, float],
+                 comm: Any = None):
         self.store = store
+        #: a strata.distributed.Communicator: parameters are partitioned objects, fetched
+        #: with fetch_partitioned (collective: issued from the owner's thread only, in the
+        #: same order on every rank) instead of by the fetch thread
+        self.comm = comm
         self.budget = int(budget)
         self.prefetch = prefetch
         self.stats = stats
@@ -185,12 +199,20 @@ class WorkingSet:
             self.stats["prefetch_misses"] += 1
             self._make_room(s.nbytes, protect=s.index, before=None)
             t1 = time.perf_counter()
-            data = tensor_of(self.store._s.get(s.key), s.dtype)
+            data = self.read(s)
             self.stats["fetch_seconds"] += time.perf_counter() - t1
             self.stats["bytes_fetched"] += s.nbytes
             self._set_resident(s, data)
         self.stats["stall_seconds"] += time.perf_counter() - t0
         return s.resident
+
+    def read(self, s: Slot) -> torch.Tensor:
+        """``s``'s stored value, a new flat tensor (with a communicator: collective)."""
+        if self.comm is None:
+            return tensor_of(self.store._s.get(s.key), s.dtype)
+        out = torch.empty(s.numel, dtype=s.dtype)
+        self.comm.fetch_partitioned(self.store, s.key, out)
+        return out
 
     def _set_resident(self, s: Slot, flat: torch.Tensor) -> None:
         if s.device.type != "cpu":
@@ -205,6 +227,8 @@ class WorkingSet:
 
     def _take(self, s: Slot) -> None:
         """A finished prefetch of ``s`` becomes resident (its error is raised)."""
+        if isinstance(s.pending, _CommFetch):
+            s.pending.finish(s, self.stats)
         with self._lock:
             data, err = s.fetched, s.fetch_error
             s.fetched, s.fetch_error, s.pending = None, None, None
@@ -236,16 +260,22 @@ class WorkingSet:
                 src = s.resident.detach().reshape(-1)
                 if src.device.type != "cpu":
                     src = src.cpu()
-                self.store.put(s.key, src.contiguous(), overwrite=True)
+                if s.owned is None:
+                    self.store.put(s.key, src.contiguous(), overwrite=True)
+                elif s.owned[1] > s.owned[0]:  # this rank's slice (every rank edits alike)
+                    self.store.put(s.key + "#part", src[s.owned[0]:s.owned[1]].contiguous(),
+                                   overwrite=True)
                 s.version += 1
                 s.mark = s.param._version
             self.stats["bytes_written_back"] += s.nbytes
 
-    def release(self, s: Slot) -> None:
-        """Drops ``s``'s data from memory (written back first when it changed)."""
+    def release(self, s: Slot, write_back: bool = True) -> None:
+        """Drops ``s``'s data from memory (written back first when it changed, unless
+        ``write_back`` is False: the stored value is newer)."""
         if s.resident is None:
             return
-        self.write_back(s)
+        if write_back:
+            self.write_back(s)
         with _no_tf():
             s.param.data = s.placeholder
         s.resident = None
@@ -263,6 +293,8 @@ class WorkingSet:
         for s in self.slots:
             if s.pending is not None:
                 s.pending.wait()
+                if isinstance(s.pending, _CommFetch):
+                    s.pending.finish(s, self.stats)
                 with self._lock:
                     s.fetched, s.fetch_error, s.pending = None, None, None
                     self.inflight_bytes -= s.nbytes
@@ -340,6 +372,13 @@ class WorkingSet:
             self._issue(s)
 
     def _issue(self, s: Slot) -> None:
+        if self.comm is not None:  # collective: issued here, in this thread's order
+            out = torch.empty(s.numel, dtype=s.dtype)
+            s.pending = _CommFetch(self.comm.fetch_partitioned_async(self.store, s.key, out),
+                                   out)
+            self.inflight_bytes += s.nbytes
+            self._peak()
+            return
         with self._lock:
             s.pending = threading.Event()
             self.inflight_bytes += s.nbytes
@@ -386,3 +425,30 @@ class WorkingSet:
         with self._lock:
             self._thread = None
             self._stop = False
+
+
+class _CommFetch:
+    """A fetch_partitioned in flight: the future and its output buffer. ``wait`` blocks
+    until it is done; ``finish`` hands the result (or error) to the slot."""
+
+    __slots__ = ("future", "out", "issued")
+
+    def __init__(self, future: Any, out: torch.Tensor):
+        self.future = future
+        self.out = out
+        self.issued = time.perf_counter()
+
+    def wait(self) -> None:
+        try:
+            self.future.result()
+        except BaseException:  # noqa: BLE001 (handed over by finish)
+            pass
+
+    def finish(self, s: Slot, stats: Dict[str, float]) -> None:
+        try:
+            self.future.result()
+            s.fetched, s.fetch_error = self.out, None
+            stats["bytes_fetched"] += s.nbytes
+        except BaseException as e:  # noqa: BLE001 (raised by _take)
+            s.fetched, s.fetch_error = None, e
+        stats["fetch_seconds"] += time.perf_counter() - self.issued
