@@ -198,7 +198,6 @@ def main() -> int:
     made_dir = args.dir is None
     if made_dir:
         args.dir = tempfile.mkdtemp(prefix="train-offload-", dir=strata.default_data_dir())
-    import torch
     from train_lm import load_corpus
     vocab = len(set(load_corpus(args.corpus, args.corpus_bytes)))
     d = args.d_model  # GPT's parameters: tied token table, positions, blocks, final LayerNorm

@@ -83,14 +83,19 @@ def test_beside_torch_distributed_under_strata_launch(tmp_path):
     _launch("torch", tmp_path)
 
 
-def test_beside_torch_distributed_under_torchrun(tmp_path):
-    # torch 1.13's elastic agent on Python 3.11 fails with the default --redirects 0
-    # (Std.NONE is skipped when iterating the IntFlag): redirect stdout and tee it.
+def torchrun(worker, args, log_dir, timeout=150):
+    """Runs ``worker`` with ``args`` in 2 ranks under torchrun; the finished process.
+    torch 1.13's elastic agent on Python 3.11 fails with the default --redirects 0
+    (Std.NONE is skipped when iterating the IntFlag): stdout is redirected and teed."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_port", str(_free_port_pair()), "--monitor_interval", "0.2",
-           "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
-           WORKER, "torch", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+           "--redirects", "1", "--tee", "1", "--log_dir", str(log_dir),
+           worker, *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_beside_torch_distributed_under_torchrun(tmp_path):
+    r = torchrun(WORKER, ["torch", tmp_path], tmp_path / "logs")
     _check_ranks(r, "torch", range(2), lambda k: f"[default{k}]:")
 
 

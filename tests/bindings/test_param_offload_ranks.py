@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from test_distributed import _check_ranks, _free_port_pair, _strata_cli
+from test_distributed import _check_ranks, _free_port_pair, _strata_cli, torchrun
 
 import pytest
 
@@ -24,9 +24,5 @@ def test_two_ranks_under_strata_launch(tmp_path):
 
 
 def test_two_ranks_under_torchrun(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(_free_port_pair()), "--monitor_interval", "0.2",
-           "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
-           WORKER, "torch", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    r = torchrun(WORKER, ["torch", tmp_path], tmp_path / "logs", timeout=250)
     _check_ranks(r, "zero3 torch", range(2), lambda k: f"[default{k}]:")

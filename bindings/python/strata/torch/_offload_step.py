@@ -27,8 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ._param_offload import OffloadedParameter, _no_tf
-from ._working_set import tensor_of
+from ._param_offload import OffloadedParameter
 
 _SUMMED = ("bytes_read", "bytes_written", "tensors_updated", "numel_updated", "seconds",
            "compute_seconds", "io_wait_seconds")
