@@ -31,6 +31,11 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
   if (desc.nbytes() > 0 && src == nullptr) {
     return make_ready_future(Result<void>(invalid_argument("put '" + key + "': src is null")));
   }
+  if (static_cast<int>(opts.tier) > static_cast<int>(Tier::kNvme)) {
+    return make_ready_future(Result<void>(invalid_argument(
+        "put '" + key + "': tier value " + std::to_string(static_cast<int>(opts.tier)) +
+        " is not a Tier")));
+  }
   if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
   {
     std::lock_guard<std::mutex> lk(mu_);
