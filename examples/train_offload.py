@@ -108,6 +108,7 @@ def run_child(args) -> None:
         opt = st.OffloadAdamW(param_groups(model, args.weight_decay), lr=args.lr,
                               store=store, arithmetic="torch", overwrite=True,
                               max_grad_norm=args.max_grad_norm)
+        handle.reset_stats()  # count the training, not the construction's initialization
     else:
         model, batches, vocab = build(args)
         opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
