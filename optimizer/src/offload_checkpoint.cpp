@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "offload_impl.hpp"
+#include "offload_record.hpp"
 
 namespace strata::optimizer {
 
@@ -32,21 +33,42 @@ std::string hexdouble(double v) {
   return buf;
 }
 
-struct MetaRecord {
-  std::string rule;
-  int num_states = 0;
-  std::vector<Hyperparams> groups;
-  struct P {
-    std::string name;
-    uint64_t numel;
-    Placement placement;
-    int group;
-    int64_t step, durable_step;
-  };
-  std::vector<P> params;
-};
+/// The record under `key` in `store`; an empty `factory` becomes the builtin one of the
+/// recorded rule.
+Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& factory) {
+  STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store.stat(key));
+  std::string text(info.nbytes, '\0');
+  STRATA_RETURN_IF_ERROR(store.get_bytes(key, text.data(), text.size()));
+  STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
+  if (!factory) {
+    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+  }
+  return m;
+}
 
-Result<MetaRecord> parse_meta(const std::string& text, const std::string& key) {
+}  // namespace
+
+std::string offload_detail::format_meta(const MetaRecord& m) {
+  std::ostringstream o;
+  o << kMetaMagic << ' ' << kMetaVersion << '\n';
+  o << "rule " << m.rule << ' ' << m.num_states << '\n';
+  o << "groups " << m.groups.size() << '\n';
+  for (const auto& g : m.groups) {
+    o << "group " << g.size();
+    for (const auto& [k, v] : g) o << ' ' << k << '=' << hexdouble(v);
+    o << '\n';
+  }
+  o << "params " << m.params.size() << '\n';
+  for (const auto& p : m.params) {
+    const bool host = p.placement == Placement::kHost;
+    o << "param " << p.name << ' ' << p.numel << ' ' << (host ? "host" : "nvme") << ' '
+      << p.group << ' ' << p.step << ' ' << p.durable_step << '\n';
+  }
+  o << "end\n";
+  return o.str();
+}
+
+Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std::string& key) {
   auto bad = [&](const std::string& what) {
     return data_loss("offload: checkpoint record '" + key + "' is malformed: " + what);
   };
@@ -101,39 +123,17 @@ Result<MetaRecord> parse_meta(const std::string& text, const std::string& key) {
   return m;
 }
 
-/// The record under `key` in `store`; an empty `factory` becomes the builtin one of the
-/// recorded rule.
-Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& factory) {
-  STRATA_ASSIGN_OR_RETURN(ObjectInfo info, store.stat(key));
-  std::string text(info.nbytes, '\0');
-  STRATA_RETURN_IF_ERROR(store.get_bytes(key, text.data(), text.size()));
-  STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
-  if (!factory) {
-    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
-  }
-  return m;
-}
-
-}  // namespace
 
 std::string OffloadedOptimizer::Impl::serialize_meta() const {
-  std::ostringstream o;
-  o << kMetaMagic << ' ' << kMetaVersion << '\n';
-  o << "rule " << rule_name << ' ' << num_states << '\n';
-  o << "groups " << groups.size() << '\n';
-  for (const auto& g : groups) {
-    o << "group " << g.hp.size();
-    for (const auto& [k, v] : g.hp) o << ' ' << k << '=' << hexdouble(v);
-    o << '\n';
-  }
-  o << "params " << tensors.size() << '\n';
+  MetaRecord m;
+  m.rule = rule_name;
+  m.num_states = num_states;
+  for (const auto& g : groups) m.groups.push_back(g.hp);
   for (const auto& t : tensors) {
-    const bool host = t.placement == Placement::kHost;
-    o << "param " << t.name << ' ' << t.numel << ' ' << (host ? "host" : "nvme") << ' '
-      << t.group << ' ' << t.state.step() << ' ' << t.state.step() << '\n';
+    const int64_t step = t.state.step();
+    m.params.push_back({t.name, t.numel, t.placement, t.group, step, step});
   }
-  o << "end\n";
-  return o.str();
+  return format_meta(m);
 }
 
 Status OffloadedOptimizer::Impl::put_meta() {
