@@ -11,6 +11,8 @@
 // The record is written only by checkpoint(), so both step fields are the step of the
 // checkpoint; open() restores <durable_step> (records of earlier versions, refreshed
 // after every step, held a host-tier tensor's last step in <step>).
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -68,6 +70,17 @@ std::string offload_detail::format_meta(const MetaRecord& m) {
   return o.str();
 }
 
+namespace {
+/// Reads a decimal count: digits only (istream's operator>> into an unsigned type takes
+/// "-1" as 2^64 - 1, and "-18446744073709551615" as 1).
+bool read_count(std::istream& in, uint64_t* v) {
+  std::string t;
+  if (!(in >> t)) return false;
+  auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), *v);
+  return err == std::errc() && end == t.data() + t.size();
+}
+}  // namespace
+
 Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std::string& key) {
   auto bad = [&](const std::string& what) {
     return data_loss("offload: checkpoint record '" + key + "' is malformed: " + what);
@@ -79,11 +92,15 @@ Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std
   if (!(in >> word >> version) || word != kMetaMagic) return bad("bad magic");
   if (version != kMetaVersion) return bad("unsupported version " + std::to_string(version));
   if (!(in >> word >> m.rule >> m.num_states) || word != "rule") return bad("no rule line");
-  size_t ng = 0;
-  if (!(in >> word >> ng) || word != "groups" || ng == 0 || ng > 1000000) return bad("groups");
+  uint64_t ng = 0;
+  if (!(in >> word) || word != "groups" || !read_count(in, &ng) || ng == 0 || ng > 1000000) {
+    return bad("groups");
+  }
   for (size_t g = 0; g < ng; ++g) {
-    size_t nk = 0;
-    if (!(in >> word >> nk) || word != "group") return bad("group " + std::to_string(g));
+    uint64_t nk = 0;
+    if (!(in >> word) || word != "group" || !read_count(in, &nk)) {
+      return bad("group " + std::to_string(g));
+    }
     Hyperparams hp;
     for (size_t k = 0; k < nk; ++k) {
       std::string kv;
@@ -98,15 +115,18 @@ Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std
     }
     m.groups.push_back(std::move(hp));
   }
-  size_t np = 0;
-  if (!(in >> word >> np) || word != "params") return bad("params");
+  uint64_t np = 0;
+  if (!(in >> word) || word != "params" || !read_count(in, &np)) return bad("params");
   for (size_t i = 0; i < np; ++i) {
     MetaRecord::P p;
     std::string tier;
-    if (!(in >> word >> p.name >> p.numel >> tier >> p.group >> p.step >> p.durable_step) ||
-        word != "param") {
+    if (!(in >> word >> p.name) || word != "param" || !read_count(in, &p.numel) ||
+        !(in >> tier >> p.group >> p.step >> p.durable_step)) {
       return bad("param line " + std::to_string(i));
     }
+    // The name becomes part of object keys; numel * 4 bytes are read and allocated.
+    if (!valid_name(p.name)) return bad("parameter name '" + p.name + "'");
+    if (p.numel > UINT64_MAX / 4) return bad("param '" + p.name + "' numel " + std::to_string(p.numel));
     if (tier == "host") {
       p.placement = Placement::kHost;
     } else if (tier == "nvme") {
