@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The README's main command: installs the dependencies (Debian 12, as root), builds, and
-# runs strata's main job: train a small GPT-style character-level language model on the
-# Python standard library's sources with its optimizer state (fp32 masters + Adam moments)
-# in strata's NVMe tier, next to the same run with torch.optim.AdamW
-# (examples/train_lm.py; figures in docs/bindings.md). Before it: the machine's topology and
-# the NVMe engine's bandwidth in the same directory.
+# runs strata's main job: train a GPT-style language model whose parameters, gradients and
+# optimizer state (2.07 GiB) are 4x the memory its process may use (a 512 MiB memory cgroup
+# this job creates), its parameters, gradients, fp32 masters and Adam moments in strata's
+# NVMe tier (strata.torch.offload_init / OffloadAdamW), next to the same training with
+# torch.optim.AdamW in memory (bit-identical losses and parameters) and the same in-memory
+# training under the limit (killed for memory): examples/train_offload.py, figures in
+# docs/offload.md. Before it: the machine's topology and the NVMe engine's bandwidth in the
+# same directory. Extra arguments go to train_offload.py (--preset large: a model whose
+# training state exceeds 24 GiB, offloaded run only).
 # Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata-<uid>, mode 0700, as
 # strata.default_data_dir()).
 set -euo pipefail
@@ -31,4 +35,4 @@ trap 'rm -f "$DIR/strata-bench-io.dat"' EXIT
 rm -f "$DIR/strata-bench-io.dat"
 # Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
 STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
-  /usr/bin/python3 examples/train_lm.py --dir "$DIR/train_lm" "$@"
+  /usr/bin/python3 examples/train_offload.py "$@"

@@ -28,8 +28,9 @@ def test_io_threads_stay_within_the_process_affinity(tmp_path):
     # one CPU.
     cpu = min(os.sched_getaffinity(0))
     code = textwrap.dedent(f"""
-        import os, numpy as np, strata
-        os.sched_setaffinity(0, {{{cpu}}})
+        import os
+        os.sched_setaffinity(0, {{{cpu}}})  # first: numpy's OpenBLAS threads start at import
+        import numpy as np, strata
         s = strata.Store.open({str(tmp_path / 's')!r}, staging="4MiB")
         s.put("x", np.arange(100000))
         assert s.get("x")[-1] == 99999

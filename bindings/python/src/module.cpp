@@ -4,12 +4,13 @@
 // docs/bindings.md. Every call that may block (I/O, waits, optimizer steps) releases the GIL.
 // One file per concern: errors.cpp (Status -> exceptions), py_convert.cpp (arguments,
 // aligned arrays), tensor_ref.cpp (zero-copy views), py_futures.cpp, py_store.cpp,
-// py_optimizer.cpp.
+// py_optimizer.cpp, py_collectives.cpp + py_partitioned.cpp.
 #include <pybind11/pybind11.h>
 
 #include <string>
 
 #include "errors.hpp"
+#include "py_collectives.hpp"
 #include "py_convert.hpp"
 #include "py_futures.hpp"
 #include "py_optimizer.hpp"
@@ -38,4 +39,5 @@ PYBIND11_MODULE(_strata, m) {
   register_futures(m);
   register_store(m);
   register_optimizer(m);
+  register_collectives(m);
 }

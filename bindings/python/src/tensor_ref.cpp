@@ -216,7 +216,9 @@ TensorRef view_tensor(const py::handle& obj_in, bool writable,
   if (as_bool) r.dtype = DType::kBool;
   r.data = static_cast<char*>(t.data) + t.byte_offset;
   for (int i = 0; i < t.ndim; ++i) r.shape.push_back(t.shape[i]);
-  if (t.strides != nullptr) {
+  bool empty = false;  // no element: any strides are contiguous (torch exports (1, 1) for 0x4)
+  for (int i = 0; i < t.ndim; ++i) empty = empty || t.shape[i] == 0;
+  if (t.strides != nullptr && !empty) {
     int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
       if (t.shape[i] != 1 && t.strides[i] != expect)

@@ -42,5 +42,8 @@ capturable, differentiable, fused; torch's group defaults).
 from __future__ import annotations
 
 from ._optimizer import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
+from ._param_offload import (OffloadedParameter, ParameterOffload, offload_init,  # noqa: F401
+                             offload_parameters)
 
-__all__ = ["OffloadAdam", "OffloadAdamW"]
+__all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
+           "OffloadedParameter"]

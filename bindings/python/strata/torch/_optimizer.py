@@ -17,7 +17,9 @@ import strata
 
 from .._data_dir import make_temp_dir
 from . import _hyperparams, _names
+from ._offload_step import has_offloaded, offloaded_step, owners, state_numel
 from ._overlap import BackwardOverlap
+from ._param_offload import OffloadedParameter
 from ._param_sync import ParamTable, check_param
 from ._staging import Staging, bump_version, copy_master_to_param
 from ._state_dict import StateDictMixin
@@ -253,6 +255,11 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             raise
         self._resuming = False
         self._overlap: Optional[BackwardOverlap] = None
+        if overlap_backward and has_offloaded(self._params):
+            self.close()
+            raise ValueError("overlap_backward=True is not supported for offloaded "
+                             "parameters (strata.torch.offload_parameters): their gradients "
+                             "go to the store during backward and are stepped in batches")
         if overlap_backward:
             self._overlap = BackwardOverlap(self, _check_count("overlap_bucket_numel",
                                                                overlap_bucket_numel) or 1)
@@ -303,7 +310,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                                           gi)
         hp = _hyperparams.to_strata(group)
         if not self._resuming:  # the whole group's disk space first: one clear error
-            self._opt.check_disk_space([p.numel() for p in group["params"]])
+            self._opt.check_disk_space([state_numel(p) for p in group["params"]])
         if gi >= self._opt.num_param_groups():
             got = self._opt.add_param_group(hp)
             assert got == gi, (got, gi)
@@ -317,15 +324,21 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                         _names.strata_name(pos, self._names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(self._opt, h, p)
                 self._table.add(p, h, gi)
+                if type(p) is OffloadedParameter:
+                    p._strata_owner.bind_optimizer(p, clip=self.max_grad_norm > 0)
             else:
                 self._register_param(gi, p)
 
     def _register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
-        init = p.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
+        offloaded = type(p) is OffloadedParameter
+        value = p._strata_owner.read_state(p) if offloaded else p.detach()
+        init = value.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
         name = _names.strata_name(len(self._params), self._names_by_id.get(id(p)))
-        h = self._opt.add_param(name, p.numel(), init, group=gi, placement=self.tier)
+        h = self._opt.add_param(name, state_numel(p), init, group=gi, placement=self.tier)
         self._table.add(p, h, gi)
+        if offloaded:
+            p._strata_owner.bind_optimizer(p, clip=self.max_grad_norm > 0)
         if getattr(self, "_overlap", None) is not None:
             self._overlap.watch(p)
 
@@ -425,7 +438,7 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         self.state.write_back()
         on_gpu = False
         stepped: List[Tuple[torch.nn.Parameter, int]] = []
-        for p in self._params:
+        for p in ([] if has_offloaded(self._params) else self._params):
             if overlapped and ov.is_started(p):
                 continue  # attached by the early update; its weights come from the staging
             h = self._handle[id(p)]
@@ -440,10 +453,13 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             if not _hyperparams.betas_in_range(group):
                 _hyperparams.check_step_betas(group, gi, (
                     self._opt.step_count(self._handle[id(p)]) + 1
-                    for p in group["params"] if p.grad is not None))
+                    for p in group["params"] if p.grad is not None
+                    or (type(p) is OffloadedParameter and p._strata_slot.has_grad)))
         if on_gpu:
             torch.cuda.synchronize()
-        if overlapped:
+        if has_offloaded(self._params):
+            stats, stepped = offloaded_step(self)
+        elif overlapped:
             stats = ov.finish()
         else:
             stats = self._opt.step(max_grad_norm=self.max_grad_norm)
@@ -462,6 +478,13 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         if on_gpu:
             torch.cuda.synchronize()
         return loss
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """As torch.optim.Optimizer.zero_grad; also forgets the stored gradients of
+        offloaded parameters (strata.torch.offload_parameters)."""
+        for o in owners(self._params):
+            o.zero_grad(set_to_none)
+        super().zero_grad(set_to_none)
 
     # ---- the step overlapped with backward --------------------------------------------------
 

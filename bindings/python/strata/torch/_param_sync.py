@@ -46,7 +46,10 @@ def check_param(p: Any, index: int) -> None:
                          "support sparse parameters")
 
 
-def _mark(p: torch.Tensor) -> Tuple[int, int]:
+def _mark(p: torch.Tensor) -> Tuple[Any, int]:
+    slot = getattr(p, "_strata_slot", None)
+    if slot is not None:  # an offloaded parameter: its stored value's change count
+        return ("offloaded", slot.version)
     return (p._version, p.data_ptr())
 
 
@@ -95,10 +98,15 @@ class ParamTable:
         """Every changed parameter's current value (widened to fp32) into its master
         (``opt``: strata.OffloadedOptimizer); returns how many were taken."""
         n = 0
+        for o in {id(p._strata_owner): p._strata_owner for p in self.params
+                  if getattr(p, "_strata_slot", None) is not None}.values():
+            o.write_back()  # edits of materialized offloaded parameters into their objects
         for p in self.params:
             h = self.handle[id(p)]
             if self.changed(h):
-                opt.write_param(h, as_f32_numpy(p))
+                slot = getattr(p, "_strata_slot", None)
+                value = p if slot is None else p._strata_owner.read_state(p)
+                opt.write_param(h, as_f32_numpy(value))
                 self.mark(h)
                 n += 1
         return n

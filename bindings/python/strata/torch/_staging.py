@@ -148,6 +148,10 @@ def bump_version(p: torch.Tensor) -> None:
 
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:
     """The fp32 master of handle ``h`` into ``p`` (any dtype and device; resume)."""
-    master = torch.from_numpy(opt.read_param(h)).view(p.shape)
+    master = torch.from_numpy(opt.read_param(h))
+    if getattr(p, "_strata_slot", None) is not None:  # an offloaded parameter: its object
+        p._strata_owner.write(p, master)  # (this rank's slice, when partitioned)
+        return
+    master = master.view(p.shape)
     with torch.no_grad():
         p.copy_(master)

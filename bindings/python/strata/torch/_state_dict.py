@@ -18,6 +18,7 @@ import strata
 
 from . import _hyperparams, _names
 from ._staging import as_f32_numpy
+from ._offload_step import state_numel
 
 
 def _numel(t: Any) -> int:
@@ -157,9 +158,9 @@ class StateDictMixin:
             else:
                 raise ValueError(f"the checkpoint under '{self._key_prefix}' has no "
                                  f"parameter {name}")
-            if numel != p.numel():
+            if numel != state_numel(p):
                 raise ValueError(f"checkpointed parameter {name} has {numel} elements, the "
-                                 f"model's has {p.numel()}")
+                                 f"model's has {state_numel(p)}")
             if group != gi:
                 raise ValueError(f"checkpointed parameter {name} is in param group "
                                  f"{group}, the model gives it in group {gi}")
@@ -295,10 +296,10 @@ class StateDictMixin:
                 raise ValueError(f"loaded state of parameter {sid}: step {step} is not an "
                                  "integer >= 0")
             for name in names + ["master_param"]:
-                if name in st and _numel(st[name]) != p.numel():
+                if name in st and _numel(st[name]) != state_numel(p):
                     raise ValueError(f"loaded state of parameter {sid}: '{name}' has "
                                      f"{_numel(st[name])} elements, the parameter has "
-                                     f"{p.numel()}")
+                                     f"{state_numel(p)}")
 
     def _load_param_state(self, p: torch.nn.Parameter, st: Any, names: list) -> None:
         """load_state_dict: parameter ``p``'s master, states and step from ``st`` (checked;
@@ -306,7 +307,7 @@ class StateDictMixin:
         h = self._handle[id(p)]
         master = (st or {}).get("master_param", p.detach())
         self._opt.write_param(h, as_f32_numpy(master))
-        zeros = np.zeros(p.numel(), dtype=np.float32)
+        zeros = np.zeros(state_numel(p), dtype=np.float32)
         for k, name in enumerate(names):
             # absent (e.g. a torch state dict before its first step, or no entry): zeros
             self._opt.write_state(h, k, as_f32_numpy(st[name]) if st and name in st else zeros)

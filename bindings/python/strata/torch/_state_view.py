@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ._staging import as_f32_numpy
+from ._offload_step import state_numel
 
 
 class _Entry(dict):
@@ -96,9 +97,9 @@ class StateView(collections.abc.MutableMapping):
             raise KeyError(f"optimizer.state[p] of parameter {h}: strata holds only "
                            f"{['step'] + names}, not '{key}'")
         n = value.numel() if torch.is_tensor(value) else int(np.asarray(value).size)
-        if n != p.numel():
+        if n != state_numel(p):
             raise ValueError(f"optimizer.state[p] of parameter {h}: '{key}' has {n} elements, "
-                             f"the parameter has {p.numel()}")
+                             f"the parameter has {state_numel(p)}")
 
     def _read(self, h: int) -> _Entry:
         self._owner._abort_overlap()  # not an overlapped step's speculative state
@@ -167,7 +168,7 @@ class StateView(collections.abc.MutableMapping):
         if h is None:
             raise KeyError("optimizer.state: the parameter is not in this optimizer")
         o = self._owner._opt
-        zeros = np.zeros(self._owner._table.param_of(h).numel(), dtype=np.float32)
+        zeros = np.zeros(state_numel(self._owner._table.param_of(h)), dtype=np.float32)
         for k in range(o.num_states()):
             o.write_state(h, k, zeros)
         o.set_step_count(h, 0)

@@ -1,0 +1,454 @@
+"""The working set of offloaded parameters (strata.torch.offload_parameters): which
+parameters are materialized in memory, their fetches from the store, eviction within a
+byte budget, and prefetch along the traced order of use.
+
+Budget. ``budget`` bytes bound what is materialized plus what is being fetched (never a
+number of slots per parameter: a parameter takes its own bytes, whatever its size). A
+parameter larger than the whole budget is still fetched, alone (everything else is evicted
+first): a budget too small never fails, it only stops prefetch.
+
+Order of use. Each phase (a forward of the model in a given mode -- training or eval, with
+or without grad --, or a backward) records the order in which parameters are first used.
+The next phase of the same kind prefetches along the recorded order: while a parameter is
+used, the next ones are fetched by a background thread, as far ahead as the budget allows
+without evicting a parameter needed sooner than the one fetched (Belady's rule). When the
+order differs from the recorded one (dynamic control flow, another input), the rest of the
+phase fetches on demand and the new order replaces the old at the phase's end: no error, no
+warning, no hang; the next phase of that kind prefetches again.
+
+Memory. Every fetch reads into a new 4096-byte-aligned buffer (``Store.get``), never into a
+released one: a view of a parameter that outlives its release (held by user code) keeps the
+old buffer and its values, not bytes of another parameter.
+
+Thread-safety: the owner's thread (torch's forward/backward thread) calls everything but
+``_run``, the fetch thread; shared state is guarded by ``_lock``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+_no_tf = torch._C.DisableTorchFunction
+
+def tensor_of(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A numpy array from ``Store.get`` as a flat torch tensor of ``dtype`` sharing its
+    memory (bf16 objects come back as uint16 bits)."""
+    if arr.dtype == np.uint16:
+        arr = arr.view(np.int16)
+    t = torch.from_numpy(arr.reshape(-1))
+    return t.view(dtype) if t.dtype != dtype else t
+
+
+class Slot:
+    """One offloaded parameter: its store object and, when materialized, its data.
+
+    ``resident``: the flat tensor the parameter's data views (None when released);
+    ``pending``: a fetch issued and not yet taken (an Event set by the fetch thread);
+    ``version``: counts the changes of the stored value (a write-back, a step).
+    """
+
+    __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
+                 "nbytes", "placeholder", "resident", "pending", "fetched", "fetch_error",
+                 "mark", "version", "has_grad", "grad_zero", "grad_finite", "owned", "grad_norm", "to_store",
+                 "param", "__weakref__")
+
+    def __init__(self, index: int, name: str, key: str, grad_key: str, p: torch.Tensor):
+        self.index = index
+        self.name = name
+        self.key = key
+        self.grad_key = grad_key
+        self.shape = tuple(p.shape)
+        self.dtype = p.dtype
+        self.device = p.device
+        self.numel = p.numel()
+        self.nbytes = p.numel() * p.element_size()
+        #: the data of a released parameter: one element expanded to the shape (so
+        #: shape, size(), numel() and dim() stay true without a fetch)
+        self.placeholder = torch.zeros((), dtype=p.dtype, device=p.device).expand(self.shape)
+        self.resident: Optional[torch.Tensor] = None
+        self.pending: Optional[threading.Event] = None
+        self.fetched: Optional[torch.Tensor] = None  # set by the fetch thread
+        self.fetch_error: Optional[BaseException] = None
+        self.mark = 0  # p._version when materialized (dirty when it moved)
+        self.version = 0
+        self.has_grad = False  # a gradient of this step is in the store (grad_key)
+        self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros
+        self.grad_finite = True
+        self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
+        self.to_store = False  # gradients go to the store (a strata optimizer holds it)
+        self.param: Any = None
+        #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
+        #: store holds (key + "#part"); None: the whole tensor is one object ``key``
+        self.owned: Optional[Tuple[int, int]] = None
+
+    @property
+    def state_numel(self) -> int:
+        """Elements this rank steps: the owned slice when partitioned, else all."""
+        return self.numel if self.owned is None else self.owned[1] - self.owned[0]
+
+
+class WorkingSet:
+    """The materialized parameters of one ParameterOffload (see the module doc).
+
+    :param store: the strata.Store holding the parameter objects.
+    :param budget: bytes of materialized + in-flight parameter data (int > 0).
+    :param prefetch: fetch ahead along the traced order (False: on demand only).
+    :param stats: the owner's counters, updated in place (see ParameterOffload.stats).
+    :param comm: partitioned parameters (see ``comm`` below); None: one process.
+    """
+
+    def __init__(self, store: Any, budget: int, prefetch: bool, stats: Dict[str, float],
+                 comm: Any = None):
+        self.store = store
+        #: a strata.distributed.Communicator: parameters are partitioned objects, fetched
+        #: with fetch_partitioned (collective: issued from the owner's thread only, in the
+        #: same order on every rank) instead of by the fetch thread
+        self.comm = comm
+        self.budget = int(budget)
+        self.prefetch = prefetch
+        self.stats = stats
+        self.slots: List[Slot] = []
+        #: resident slots in least-recently-used order (index -> None)
+        self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+        self.resident_bytes = 0
+        self.inflight_bytes = 0
+        #: slot indices that eviction must not choose (one operation's arguments)
+        self.protected: frozenset = frozenset()
+        self._lock = threading.Lock()
+        self._queue: "collections.deque[Slot]" = collections.deque()
+        self._wake = threading.Condition(self._lock)
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        #: traces of use: phase kind -> slot indices in order of first use
+        self.traces: Dict[Any, List[int]] = {}
+        self._phase: Any = None
+        self._recorded: List[int] = []
+        self._seen: set = set()
+        self._trace: Optional[List[int]] = None  # the trace followed (None: on demand)
+        self._pos = 0  # entries of _trace matched so far
+        self._next_use: Dict[int, int] = {}  # slot index -> its position in _trace
+
+    # ---- phases and traces ----------------------------------------------------------------
+
+    @property
+    def phase(self) -> Any:
+        return self._phase
+
+    def begin_phase(self, kind: Any) -> None:
+        """Starts a phase (ends the current one first): follows its kind's trace, if any."""
+        self.end_phase()
+        self._phase = kind
+        self._recorded = []
+        self._seen = set()
+        trace = self.traces.get(kind) if self.prefetch else None
+        self._trace = trace
+        self._pos = 0
+        self._next_use = {} if trace is None else {s: i for i, s in enumerate(trace)}
+        if trace:
+            self._prefetch_from(0)
+
+    def end_phase(self) -> None:
+        """Ends the current phase: its order of use becomes its kind's trace."""
+        if self._phase is None:
+            return
+        if self._recorded:
+            self.traces[self._phase] = self._recorded
+        self._phase = None
+        self._trace = None
+        self._next_use = {}
+
+    def _record(self, s: Slot) -> None:
+        """First use of ``s`` in the phase: follow or leave the trace, prefetch ahead."""
+        if self._phase is None or s.index in self._seen:
+            return
+        self._seen.add(s.index)
+        self._recorded.append(s.index)
+        t = self._trace
+        if t is None:
+            return
+        if self._pos < len(t) and t[self._pos] == s.index:
+            self._pos += 1
+            self._prefetch_from(self._pos)
+        else:  # another order: on demand for the rest of the phase
+            self.stats["trace_mismatches"] += 1
+            self._trace = None
+            self._next_use = {}
+
+    # ---- materialization ------------------------------------------------------------------
+
+    def materialize(self, s: Slot) -> torch.Tensor:
+        """``s``'s data in memory (fetched or waited for when needed), as the parameter's
+        shape; counts a prefetch hit or miss and the time stalled."""
+        self._record(s)
+        if s.resident is not None:
+            self._lru.move_to_end(s.index)
+            self.stats["resident_hits"] += 1
+            return s.resident
+        t0 = time.perf_counter()
+        if s.pending is not None:
+            self.stats["prefetch_hits"] += 1
+            s.pending.wait()
+            self._take(s)
+        else:
+            self.stats["prefetch_misses"] += 1
+            self._make_room(s.nbytes, protect=s.index, before=None)
+            t1 = time.perf_counter()
+            data = self.read(s)
+            self.stats["fetch_seconds"] += time.perf_counter() - t1
+            self.stats["bytes_fetched"] += s.nbytes
+            self._set_resident(s, data)
+        self.stats["stall_seconds"] += time.perf_counter() - t0
+        return s.resident
+
+    def read(self, s: Slot) -> torch.Tensor:
+        """``s``'s stored value, a new flat tensor (with a communicator: collective)."""
+        if self.comm is None:
+            return tensor_of(self.store._s.get(s.key), s.dtype)
+        out = torch.empty(s.numel, dtype=s.dtype)
+        self.comm.fetch_partitioned(self.store, s.key, out)
+        return out
+
+    def _set_resident(self, s: Slot, flat: torch.Tensor) -> None:
+        if s.device.type != "cpu":
+            flat = flat.to(s.device, non_blocking=False)
+        s.resident = flat.view(s.shape)
+        self._lru[s.index] = None
+        self.resident_bytes += s.nbytes
+        self._peak()
+        with _no_tf():
+            s.param.data = s.resident
+            s.mark = s.param._version
+
+    def _take(self, s: Slot) -> None:
+        """A finished prefetch of ``s`` becomes resident (its error is raised)."""
+        if isinstance(s.pending, _CommFetch):
+            s.pending.finish(s, self.stats)
+        with self._lock:
+            data, err = s.fetched, s.fetch_error
+            s.fetched, s.fetch_error, s.pending = None, None, None
+            self.inflight_bytes -= s.nbytes
+        if err is not None:
+            raise err
+        self._set_resident(s, data)
+
+    def set_value(self, s: Slot, flat: torch.Tensor) -> None:
+        """``s``'s data is ``flat`` now (its stored value changed: a step): replaces the
+        resident copy, if any, keeping it resident."""
+        if s.resident is None:
+            return
+        with torch.no_grad(), _no_tf():
+            s.resident.view(-1).copy_(flat.view(-1))
+            s.mark = s.param._version
+
+    def dirty(self, s: Slot) -> bool:
+        """The resident data of ``s`` was changed in place since it was materialized."""
+        if s.resident is None:
+            return False
+        with _no_tf():
+            return s.param._version != s.mark
+
+    def write_back(self, s: Slot) -> None:
+        """Stores the resident data of ``s`` when it changed (an edit of the parameter)."""
+        if self.dirty(s):
+            with _no_tf():
+                src = s.resident.detach().reshape(-1)
+                if src.device.type != "cpu":
+                    src = src.cpu()
+                if s.owned is None:
+                    self.store.put(s.key, src.contiguous(), overwrite=True)
+                elif s.owned[1] > s.owned[0]:  # this rank's slice (every rank edits alike)
+                    self.store.put(s.key + "#part", src[s.owned[0]:s.owned[1]].contiguous(),
+                                   overwrite=True)
+                s.version += 1
+                s.mark = s.param._version
+            self.stats["bytes_written_back"] += s.nbytes
+
+    def release(self, s: Slot, write_back: bool = True) -> None:
+        """Drops ``s``'s data from memory (written back first when it changed, unless
+        ``write_back`` is False: the stored value is newer)."""
+        if s.resident is None:
+            return
+        if write_back:
+            self.write_back(s)
+        with _no_tf():
+            s.param.data = s.placeholder
+        s.resident = None
+        self._lru.pop(s.index, None)
+        self.resident_bytes -= s.nbytes
+
+    def release_all(self) -> None:
+        """Every parameter released, every fetch in flight finished."""
+        self.drain()
+        for s in self.slots:
+            self.release(s)
+
+    def drain(self) -> None:
+        """Waits for the fetches in flight and drops their data."""
+        for s in self.slots:
+            if s.pending is not None:
+                s.pending.wait()
+                if isinstance(s.pending, _CommFetch):
+                    s.pending.finish(s, self.stats)
+                with self._lock:
+                    s.fetched, s.fetch_error, s.pending = None, None, None
+                    self.inflight_bytes -= s.nbytes
+
+    def _peak(self) -> None:
+        used = self.resident_bytes + self.inflight_bytes
+        if used > self.stats["peak_working_set_bytes"]:
+            self.stats["peak_working_set_bytes"] = used
+
+    def _victims(self, need: int, protect: int, before: Optional[int]) -> Optional[List[Slot]]:
+        """Resident slots whose release frees ``need`` bytes: those the followed trace does
+        not use again first (least recently used first), then the ones used furthest
+        ahead. ``before``: a trace position; slots used before it are never chosen (None:
+        any). None when not enough can be freed under that rule."""
+        free = self.budget - self.resident_bytes - self.inflight_bytes
+        if free >= need:
+            return []
+        ahead, done = [], []
+        for i in self._lru:
+            if i == protect or i in self.protected:
+                continue
+            nu = self._next_use.get(i, -1)
+            if nu >= self._pos:
+                ahead.append((nu, i))
+            else:
+                done.append(i)
+        order = [self.slots[i] for i in done]
+        ahead.sort(reverse=True)
+        for nu, i in ahead:
+            if before is not None and nu <= before:
+                break
+            order.append(self.slots[i])
+        chosen = []
+        for s in order:
+            if free >= need:
+                break
+            chosen.append(s)
+            free += s.nbytes
+        if free < need and before is not None:
+            return None
+        return chosen
+
+    def _make_room(self, need: int, protect: int, before: Optional[int]) -> bool:
+        victims = self._victims(need, protect, before)
+        if victims is None:
+            return False
+        for v in victims:
+            self.release(v)
+        if before is None and self.inflight_bytes and (
+                self.resident_bytes + self.inflight_bytes + need > self.budget):
+            # on demand and still over: let the fetches in flight land, then evict again
+            for s in self.slots:
+                if s.pending is not None:
+                    s.pending.wait()
+                    self._take(s)
+            for v in self._victims(need, protect, None) or []:
+                self.release(v)
+        return True
+
+    # ---- prefetch -------------------------------------------------------------------------
+
+    def _prefetch_from(self, pos: int) -> None:
+        """Issues fetches of the followed trace's entries from ``pos`` on while they fit."""
+        t = self._trace
+        if t is None:
+            return
+        for k in range(pos, len(t)):
+            s = self.slots[t[k]]
+            if s.resident is not None or s.pending is not None:
+                continue
+            if s.nbytes > self.budget - self.inflight_bytes:
+                return
+            if not self._make_room(s.nbytes, protect=s.index, before=k):
+                return
+            self._issue(s)
+
+    def _issue(self, s: Slot) -> None:
+        if self.comm is not None:  # collective: issued here, in this thread's order
+            out = torch.empty(s.numel, dtype=s.dtype)
+            s.pending = _CommFetch(self.comm.fetch_partitioned_async(self.store, s.key, out),
+                                   out)
+            self.inflight_bytes += s.nbytes
+            self._peak()
+            return
+        with self._lock:
+            s.pending = threading.Event()
+            self.inflight_bytes += s.nbytes
+            self._queue.append(s)
+            self._peak()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="strata-param-fetch",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        """The fetch thread: reads queued parameters in order (GIL released in the read)."""
+        while True:
+            with self._lock:
+                while not self._queue and not self._stop:
+                    self._wake.wait()
+                if self._stop and not self._queue:
+                    return
+                s = self._queue.popleft()
+            data, err = None, None
+            t0 = time.perf_counter()
+            try:
+                data = tensor_of(self.store._s.get(s.key), s.dtype)
+            except BaseException as e:  # noqa: BLE001 (raised on the owner's thread)
+                err = e
+            dt = time.perf_counter() - t0
+            with self._lock:
+                self.stats["fetch_seconds"] += dt
+                if err is None:
+                    self.stats["bytes_fetched"] += s.nbytes
+                s.fetched, s.fetch_error = data, err
+                ev = s.pending
+            ev.set()
+
+    def stop(self) -> None:
+        """Ends the fetch thread (after the fetches queued)."""
+        with self._lock:
+            self._stop = True
+            self._wake.notify()
+            th = self._thread
+        if th is not None:
+            th.join()
+        with self._lock:
+            self._thread = None
+            self._stop = False
+
+
+class _CommFetch:
+    """A fetch_partitioned in flight: the future and its output buffer. ``wait`` blocks
+    until it is done; ``finish`` hands the result (or error) to the slot."""
+
+    __slots__ = ("future", "out", "issued")
+
+    def __init__(self, future: Any, out: torch.Tensor):
+        self.future = future
+        self.out = out
+        self.issued = time.perf_counter()
+
+    def wait(self) -> None:
+        try:
+            self.future.result()
+        except BaseException:  # noqa: BLE001 (handed over by finish)
+            pass
+
+    def finish(self, s: Slot, stats: Dict[str, float]) -> None:
+        try:
+            self.future.result()
+            s.fetched, s.fetch_error = self.out, None
+            stats["bytes_fetched"] += s.nbytes
+        except BaseException as e:  # noqa: BLE001 (raised by _take)
+            s.fetched, s.fetch_error = None, e
+        stats["fetch_seconds"] += time.perf_counter() - self.issued
