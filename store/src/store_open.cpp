@@ -92,6 +92,10 @@ Status StoreImpl::check_options() const {
                             " is below 8 KiB");
   }
   if (opts_.worker_threads == 0) return invalid_argument("StoreOptions.worker_threads is 0");
+  if (opts_.worker_threads > StoreOptions::kMaxWorkerThreads) {
+    return invalid_argument("StoreOptions.worker_threads " + std::to_string(opts_.worker_threads) +
+                            " is above " + std::to_string(StoreOptions::kMaxWorkerThreads));
+  }
   return Status::OK();
 }
 
