@@ -29,7 +29,7 @@ asan() {
 }
 tsan() {
   configure tsan build-tsan
-  cmake --build build-tsan -j"$JOBS" --target test_base test_store test_optimizer
+  cmake --build build-tsan -j"$JOBS" --target test_base test_store test_optimizer test_concurrency
   ctest --preset tsan -j"$JOBS"
 }
 fuzz() { bash scripts/fuzz.sh; }

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "store_validate.hpp"
@@ -58,6 +60,13 @@ constexpr const char* kSchema =
     "CREATE TABLE IF NOT EXISTS chunks(key TEXT NOT NULL, idx INTEGER NOT NULL,"
     " dir INTEGER NOT NULL, offset INTEGER NOT NULL, nbytes INTEGER NOT NULL,"
     " checksum INTEGER NOT NULL, PRIMARY KEY(key, idx));";
+/// A load statement that does not prepare (SQLITE_ERROR: "no such column", "no such
+/// table") means the schema text in the file is damaged: DataLoss, not an I/O error.
+Status schema_damage(Status e, sqlite3* db) {
+  if ((sqlite3_extended_errcode(db) & 0xff) != SQLITE_ERROR) return e;
+  return data_loss(e.message() + " (the catalog's schema is damaged)");
+}
+
 }  // namespace
 
 Catalog::~Catalog() {
@@ -159,7 +168,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
 Result<std::optional<std::string>> Catalog::get_meta(const std::string& name) {
   Stmt s;
   if (sqlite3_prepare_v2(db_, "SELECT value FROM meta WHERE name=?", -1, &s.s, nullptr) != SQLITE_OK)
-    return error("prepare get_meta");
+    return schema_damage(error("prepare get_meta"), db_);
   sqlite3_bind_text(s.s, 1, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
   int rc = sqlite3_step(s.s);
   if (rc == SQLITE_ROW) {
@@ -211,9 +220,9 @@ Result<std::vector<ObjectRow>> Catalog::load_rows_in_txn(const std::string& pref
                            exact ? "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
                                    "WHERE ?1 >= 0 AND key = ?2"
                                  : "SELECT key, dtype, shape, nbytes, first_dir FROM objects "
-                                   "WHERE substr(key, 1, ?1) = ?2 ORDER BY key",
+                                   "NOT INDEXED WHERE substr(key, 1, ?1) = ?2 ORDER BY key",
                            -1, &s.s, nullptr) != SQLITE_OK)
-      return error("prepare load objects");
+      return schema_damage(error("prepare load objects"), db_);
     sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));
     sqlite3_bind_blob(s.s, 2, prefix.data(), static_cast<int>(prefix.size()), SQLITE_TRANSIENT);
     int rc;
@@ -242,35 +251,59 @@ Result<std::vector<ObjectRow>> Catalog::load_rows_in_txn(const std::string& pref
     if (rc != SQLITE_DONE) return error("load objects");
   }
   // Chunks in one pass, merged by key order (both sorted by key; BINARY collation = memcmp).
+  // The prefix loads read the tables themselves (NOT INDEXED) and sort: the primary-key
+  // indexes are redundant copies, and a damaged page of one must not hide every object.
   Stmt s;
   if (sqlite3_prepare_v2(db_,
                          exact ? "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
                                  "WHERE ?1 >= 0 AND key = ?2 ORDER BY idx"
                                : "SELECT key, idx, dir, offset, nbytes, checksum FROM chunks "
-                                 "WHERE substr(key, 1, ?1) = ?2 ORDER BY key, idx",
+                                 "NOT INDEXED WHERE substr(key, 1, ?1) = ?2 ORDER BY key, idx",
                          -1, &s.s, nullptr) != SQLITE_OK)
-    return error("prepare load chunks");
+    return schema_damage(error("prepare load chunks"), db_);
   sqlite3_bind_int64(s.s, 1, static_cast<int64_t>(prefix.size()));
   sqlite3_bind_blob(s.s, 2, prefix.data(), static_cast<int>(prefix.size()), SQLITE_TRANSIENT);
   size_t oi = 0;
+  std::map<std::string, ObjectRow> orphans;
   int rc;
   while ((rc = sqlite3_step(s.s)) == SQLITE_ROW) {
     std::string key(reinterpret_cast<const char*>(sqlite3_column_blob(s.s, 0)) ?: "",
                     static_cast<size_t>(sqlite3_column_bytes(s.s, 0)));
     while (oi < rows.size() && rows[oi].key < key) ++oi;
-    if (oi == rows.size() || rows[oi].key != key) continue;  // orphan chunk row: ignored
+    ObjectRow* row = nullptr;
+    if (oi < rows.size() && rows[oi].key == key) {
+      row = &rows[oi];
+    } else {
+      // Chunk rows without an object row (e.g. its key damaged): a damaged object of their
+      // key, so that their extents stay in use (never reused nor punched out) and
+      // list()/verify() report them; remove() deletes them.
+      ObjectRow& o = orphans[key];
+      if (o.key.empty()) {
+        o.key = key;
+        o.damage = "object '" + key + "' has chunk rows but no object row";
+      }
+      row = &o;
+    }
     ChunkRow c;
     uint64_t idx = static_cast<uint64_t>(sqlite3_column_int64(s.s, 1));
-    if (idx != rows[oi].chunks.size() && rows[oi].damage.empty())
-      rows[oi].damage = "object '" + key + "' misses chunk " +
-                        std::to_string(rows[oi].chunks.size());
+    if (idx != row->chunks.size() && row->damage.empty())
+      row->damage = "object '" + key + "' misses chunk " + std::to_string(row->chunks.size());
     c.dir = static_cast<uint32_t>(sqlite3_column_int(s.s, 2));
     c.offset = static_cast<uint64_t>(sqlite3_column_int64(s.s, 3));
     c.nbytes = static_cast<uint64_t>(sqlite3_column_int64(s.s, 4));
     c.checksum = static_cast<uint64_t>(sqlite3_column_int64(s.s, 5));
-    rows[oi].chunks.push_back(c);
+    row->chunks.push_back(c);
   }
   if (rc != SQLITE_DONE) return error("load chunks");
+  if (!orphans.empty()) {
+    for (auto& [k, o] : orphans) {
+      for (auto& c : o.chunks) o.nbytes += c.nbytes;
+      o.shape = {static_cast<int64_t>(o.nbytes)};
+      rows.push_back(std::move(o));
+    }
+    std::sort(rows.begin(), rows.end(),
+              [](const ObjectRow& a, const ObjectRow& b) { return a.key < b.key; });
+  }
   for (auto& r : rows) {
     uint64_t sum = 0;
     for (auto& c : r.chunks) sum += c.nbytes;
@@ -326,7 +359,7 @@ Status Catalog::apply(const std::vector<Op>& ops) {
     for (sqlite3_stmt* s : {del_obj.s, del_chunks.s}) {
       sqlite3_reset(s);
       bind_key(s, op.row.key);
-      if (sqlite3_step(s) != SQLITE_DONE) return fail("delete");
+      if (sqlite3_step(s) != SQLITE_DONE) return fail(("delete object '" + op.row.key + "'").c_str());
     }
     if (op.kind == Op::kDelete) continue;
     const ObjectRow& r = op.row;
@@ -337,7 +370,7 @@ Status Catalog::apply(const std::vector<Op>& ops) {
     sqlite3_bind_text(ins_obj.s, 3, shape.data(), static_cast<int>(shape.size()), SQLITE_TRANSIENT);
     sqlite3_bind_int64(ins_obj.s, 4, static_cast<int64_t>(r.nbytes));
     sqlite3_bind_int(ins_obj.s, 5, static_cast<int>(r.first_dir));
-    if (sqlite3_step(ins_obj.s) != SQLITE_DONE) return fail("insert object");
+    if (sqlite3_step(ins_obj.s) != SQLITE_DONE) return fail(("insert object '" + r.key + "'").c_str());
     for (size_t i = 0; i < r.chunks.size(); ++i) {
       const ChunkRow& c = r.chunks[i];
       sqlite3_reset(ins_chunk.s);
@@ -347,7 +380,7 @@ Status Catalog::apply(const std::vector<Op>& ops) {
       sqlite3_bind_int64(ins_chunk.s, 4, static_cast<int64_t>(c.offset));
       sqlite3_bind_int64(ins_chunk.s, 5, static_cast<int64_t>(c.nbytes));
       sqlite3_bind_int64(ins_chunk.s, 6, static_cast<int64_t>(c.checksum));
-      if (sqlite3_step(ins_chunk.s) != SQLITE_DONE) return fail("insert chunk");
+      if (sqlite3_step(ins_chunk.s) != SQLITE_DONE) return fail(("insert chunk " + std::to_string(i) + " of '" + r.key + "'").c_str());
     }
   }
   if (sqlite3_exec(db_, "COMMIT;", nullptr, nullptr, nullptr) != SQLITE_OK) return fail("commit");

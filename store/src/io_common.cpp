@@ -1,6 +1,7 @@
 // strata::store — file opening, DIO alignment, request planning and completion accounting
 // shared by the io_uring and thread-pool engines. See io_common.hpp.
 #include "io_common.hpp"
+#include "io_fault.hpp"
 #include "strata/store/topology.hpp"
 
 #include <fcntl.h>
@@ -210,7 +211,12 @@ Result<std::shared_ptr<FileImpl>> open_file(const std::string& path, OpenMode mo
   f->fd_direct_ = f->fd_buffered_;
   if (options.direct) {
     int dflags = (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT;
-    int fd = ::open(path.c_str(), dflags);
+    int fd = -1;
+    if (int64_t e = fault::filter(fault::Site::kOpenDirect, path, 0); e < 0) {
+      errno = static_cast<int>(-e);
+    } else {
+      fd = ::open(path.c_str(), dflags);
+    }
     if (fd >= 0) {
       f->fd_direct_ = fd;
       f->direct_ = true;
@@ -324,6 +330,10 @@ void prepare_piece(Piece& p) {
 
 bool account_result(Piece& p, int64_t res) {
   Request& r = *p.req;
+  res = fault::filter(r.op == Op::kRead    ? fault::Site::kRead
+                      : r.op == Op::kWrite ? fault::Site::kWrite
+                                           : fault::Site::kSync,
+                      r.file->path_, res);
   if (res < 0) {
     const int e = static_cast<int>(-res);
     if ((e == EINTR || e == EAGAIN) && p.attempts < 1000) {
@@ -366,8 +376,11 @@ void run_piece_sync(Piece& p) {
   prepare_piece(p);
   const FileImpl& f = *p.req->file;
   if (p.req->op == Op::kSync) {
-    int rc = ::fdatasync(f.fd_buffered_);
-    account_result(p, rc == 0 ? 0 : -static_cast<int64_t>(errno));
+    // EINTR/EAGAIN: account_result() counts the attempt and asks for another.
+    for (;;) {
+      int rc = ::fdatasync(f.fd_buffered_);
+      if (account_result(p, rc == 0 ? 0 : -static_cast<int64_t>(errno))) break;
+    }
   } else {
     while (p.done < p.len) {
       const int fd = p.buffered_fd ? f.fd_buffered_ : f.fd_direct_;

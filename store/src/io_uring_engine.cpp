@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "io_common.hpp"
+#include "io_fault.hpp"
 #include "strata/base/logging.hpp"
 
 namespace strata::io {
@@ -64,7 +65,8 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
         p.sq_thread_idle = 50;  // ms
       }
       if (options_.iopoll) p.flags |= IORING_SETUP_IOPOLL;
-      int rc = io_uring_queue_init_params(entries, &w->ring, &p);
+      int rc = static_cast<int>(fault::filter(fault::Site::kSetup, {}, 0));
+      if (rc == 0) rc = io_uring_queue_init_params(entries, &w->ring, &p);
       if (rc < 0) {
         return errno_status(-rc, "io_uring_queue_init_params(entries=" + std::to_string(entries) +
                                      (options_.sqpoll ? ", SQPOLL" : "") +
@@ -369,7 +371,8 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
 
   void submit_all(Worker& w) {
     for (;;) {
-      int rc = io_uring_submit(&w.ring);
+      int rc = static_cast<int>(fault::filter(fault::Site::kSubmit, {}, 0));
+      if (rc == 0) rc = io_uring_submit(&w.ring);
       if (rc >= 0 || (rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)) {
         if (rc < 0) log_error("io_uring_submit failed (errno " + std::to_string(-rc) + ")");
         return;

@@ -102,6 +102,7 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
 }
 
 void StoreImpl::trim_data_files() {
+  if (keep_unreferenced_space_) return;
   std::lock_guard<std::mutex> lk(grow_mu_);
   for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
     uint64_t keep = align_up(alloc_->end(d), kAlign);
@@ -116,7 +117,7 @@ void StoreImpl::trim_data_files() {
 }
 
 void StoreImpl::give_back_free_space() {
-  if (punch_unsupported_.load()) return;
+  if (punch_unsupported_.load() || keep_unreferenced_space_) return;
   std::lock_guard<std::mutex> lk(grow_mu_);
   for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
     alloc_->punch_free(d, file_end_[d].load(), [&](uint64_t off, uint64_t len) {

@@ -497,6 +497,10 @@ class StoreImpl final : public Store {
   std::unique_ptr<std::atomic<bool>[]> dir_dirty_;
   std::vector<int> grow_fds_;                 // plain fds of the data files, for fallocate
   std::atomic<bool> punch_unsupported_{false};  // a data file's file system cannot punch holes
+  // The catalog had damaged rows at open: space no row names may still hold the bytes of
+  // an object whose row is damaged, so none is trimmed or punched out (until a reopen of a
+  // whole catalog).
+  bool keep_unreferenced_space_ = false;
   std::unique_ptr<std::atomic<uint64_t>[]> file_end_;  // allocated size of each data file
   std::mutex grow_mu_;
   std::shared_ptr<ExtentAllocator> alloc_;

@@ -316,6 +316,7 @@ Status StoreImpl::load_objects() {
     if (o->damage.empty()) o->damage = overlap;
     if (!o->damage.empty()) {
       log_warn("store " + opts_.path + ": damaged catalog row: " + o->damage);
+      keep_unreferenced_space_ = true;
     }
     durable_[r.key] = o->current;
     objects_[r.key] = o;

@@ -152,6 +152,9 @@ Future<void> StoreImpl::get_impl(const std::string& key, void* dst, uint64_t nby
 
 Future<void> StoreImpl::get_alloc_async(const std::string& key,
                                         std::function<Result<void*>(const TensorDesc&)> allocate) {
+  if (!allocate) {
+    return make_ready_future(Result<void>(invalid_argument("get '" + key + "': no allocate function")));
+  }
   return run_op_async(false, [=, this] {
     return with_current_object_async(key, [=, this](const ObjPtr& o) -> Future<void> {
       auto fail = [](Status st) { return make_ready_future(Result<void>(std::move(st))); };

@@ -203,6 +203,11 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
 }
 
 Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_only) {
+  if (static_cast<int>(tier) > static_cast<int>(Tier::kNvme)) {
+    return invalid_argument(std::string(prefetch_only ? "prefetch" : "move") + " '" + key +
+                            "': tier value " + std::to_string(static_cast<int>(tier)) +
+                            " is not a Tier");
+  }
   ObjPtr o = lock_live(key);
   if (!o) return missing(key);
   std::unique_lock<IoLock> held(o->io, std::adopt_lock);

@@ -131,6 +131,10 @@ std::optional<uint64_t> checked_nbytes(DType dtype, const std::vector<int64_t>& 
 }
 
 Status check_tensor_desc(std::string_view op, const std::string& key, const TensorDesc& desc) {
+  if (!dtype_is_valid(desc.dtype)) {
+    return invalid_argument(std::string(op) + " '" + key + "': dtype value " +
+                            std::to_string(static_cast<int>(desc.dtype)) + " is not a DType");
+  }
   for (int64_t d : desc.shape) {
     if (d < 0) {
       return invalid_argument(std::string(op) + " '" + key + "': negative extent " +

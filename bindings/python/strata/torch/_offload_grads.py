@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import torch
 
+from ._finite import all_finite
 from ._working_set import Slot, tensor_of
 
 _no_tf = torch._C.DisableTorchFunction
@@ -69,8 +70,8 @@ class GradientsMixin:
             else:
                 g = g.contiguous()
             s.has_grad = True
-            s.grad_finite = bool(torch.isfinite(g).all())
             s.grad_norm = torch.norm(g, 2.0) if self._clip else None
+            s.grad_finite = all_finite(g, s.grad_norm)
         self._write_grad(s, g)
 
     def _reduce_scatter(self, s: Slot, g: torch.Tensor) -> torch.Tensor:

@@ -185,7 +185,12 @@ class WorkingSet:
     def materialize(self, s: Slot) -> torch.Tensor:
         """``s``'s data in memory (fetched or waited for when needed), as the parameter's
         shape; counts a prefetch hit or miss and the time stalled."""
-        self._record(s)
+        prev = self.protected
+        self.protected = prev | {s.index}  # the prefetch that _record starts must not evict s
+        try:
+            self._record(s)
+        finally:
+            self.protected = prev
         if s.resident is not None:
             self._lru.move_to_end(s.index)
             self.stats["resident_hits"] += 1

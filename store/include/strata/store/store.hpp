@@ -263,8 +263,9 @@ class Store {
   /// Writes `desc.nbytes()` bytes from `src` as object `key` into `opts.tier`.
   /// \returns a future that completes once the put is done (durable as the contract above
   ///     says); `src` must stay valid until then. The errors below arrive through it.
-  /// \error AlreadyExists, InvalidArgument (empty key, no GPU, a negative extent, or a
-  ///     shape whose numel or nbytes overflows 64 bits: nothing is written),
+  /// \error AlreadyExists, InvalidArgument (empty key, no GPU, a negative extent, a
+  ///     shape whose numel or nbytes overflows 64 bits, a dtype or tier value outside its
+  ///     enum, a null `src` for a non-empty tensor: nothing is written),
   ///     ResourceExhausted (budget/ENOSPC; data file space preallocated for the failed put
   ///     is given back), IoError, FailedPrecondition (closed/read-only).
   virtual Future<void> put_async(const std::string& key, const void* src, const TensorDesc& desc,
@@ -288,7 +289,7 @@ class Store {
   /// replaced the object meanwhile: the buffer of the last call holds the result.
   /// `allocate` must not call into this store.
   /// \error NotFound; DataLoss (a damaged object, a checksum mismatch); IoError;
-  ///     InvalidArgument when `allocate` returns null for a non-empty object; whatever
+  ///     InvalidArgument when `allocate` is empty or returns null for a non-empty object; whatever
   ///     `allocate` returns.
   virtual Future<void> get_alloc_async(const std::string& key,
                                        std::function<Result<void*>(const TensorDesc&)> allocate) = 0;
@@ -312,7 +313,8 @@ class Store {
   /// Moves object `key` to `tier`: promotion copies up and keeps the NVMe copy; demotion
   /// to kNvme writes back a dirty copy (committed before the future is ready) and frees
   /// the memory tiers. Pinned objects can move between host and device but not to kNvme.
-  /// \error NotFound; ResourceExhausted; FailedPrecondition (pinned to nvme); IoError.
+  /// \error NotFound; InvalidArgument (a tier value outside the enum); ResourceExhausted;
+  ///     FailedPrecondition (pinned to nvme); IoError.
   virtual Future<void> move_async(const std::string& key, Tier tier) = 0;
   /// Promotes `key` to `tier` (default host) unless it already is in that tier or a
   /// faster one. Errors as move().
