@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs strata's build, test and benchmark dependencies from Debian 12 packages.
 # Idempotent: re-running installs nothing new. Must run as root (or via sudo).
+#   --sanitizers  also what the sanitizer and fuzz runs of scripts/test.sh need: clang 16
+#                 with libFuzzer (Debian 12's clang 14 lacks _Float16 on x86-64),
+#                 llvm-symbolizer (stack traces), ccache.
 set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config git
@@ -13,6 +16,9 @@ PKGS=(
   # the reference BLAS (1.2 GFLOPS here); OpenBLAS takes over that alternative (~15 GFLOPS)
   libopenblas0-pthread
 )
+if [[ " $* " == *" --sanitizers "* ]]; then
+  PKGS+=(clang-16 libclang-rt-16-dev llvm-16 ccache)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,11 +11,14 @@
 // The record is written only by checkpoint(), so both step fields are the step of the
 // checkpoint; open() restores <durable_step> (records of earlier versions, refreshed
 // after every step, held a host-tier tensor's last step in <step>).
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
 #include "offload_impl.hpp"
+#include "offload_record.hpp"
 
 namespace strata::optimizer {
 
@@ -30,75 +33,6 @@ std::string hexdouble(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", v);
   return buf;
-}
-
-struct MetaRecord {
-  std::string rule;
-  int num_states = 0;
-  std::vector<Hyperparams> groups;
-  struct P {
-    std::string name;
-    uint64_t numel;
-    Placement placement;
-    int group;
-    int64_t step, durable_step;
-  };
-  std::vector<P> params;
-};
-
-Result<MetaRecord> parse_meta(const std::string& text, const std::string& key) {
-  auto bad = [&](const std::string& what) {
-    return data_loss("offload: checkpoint record '" + key + "' is malformed: " + what);
-  };
-  std::istringstream in(text);
-  std::string word;
-  int version = 0;
-  MetaRecord m;
-  if (!(in >> word >> version) || word != kMetaMagic) return bad("bad magic");
-  if (version != kMetaVersion) return bad("unsupported version " + std::to_string(version));
-  if (!(in >> word >> m.rule >> m.num_states) || word != "rule") return bad("no rule line");
-  size_t ng = 0;
-  if (!(in >> word >> ng) || word != "groups" || ng == 0 || ng > 1000000) return bad("groups");
-  for (size_t g = 0; g < ng; ++g) {
-    size_t nk = 0;
-    if (!(in >> word >> nk) || word != "group") return bad("group " + std::to_string(g));
-    Hyperparams hp;
-    for (size_t k = 0; k < nk; ++k) {
-      std::string kv;
-      if (!(in >> kv)) return bad("group " + std::to_string(g) + " values");
-      auto eq = kv.find('=');
-      if (eq == std::string::npos) return bad("hyperparameter '" + kv + "'");
-      char* end = nullptr;
-      std::string val = kv.substr(eq + 1);
-      double v = std::strtod(val.c_str(), &end);
-      if (end == val.c_str() || *end != '\0') return bad("hyperparameter value '" + kv + "'");
-      hp[kv.substr(0, eq)] = v;
-    }
-    m.groups.push_back(std::move(hp));
-  }
-  size_t np = 0;
-  if (!(in >> word >> np) || word != "params") return bad("params");
-  for (size_t i = 0; i < np; ++i) {
-    MetaRecord::P p;
-    std::string tier;
-    if (!(in >> word >> p.name >> p.numel >> tier >> p.group >> p.step >> p.durable_step) ||
-        word != "param") {
-      return bad("param line " + std::to_string(i));
-    }
-    if (tier == "host") {
-      p.placement = Placement::kHost;
-    } else if (tier == "nvme") {
-      p.placement = Placement::kNvme;
-    } else {
-      return bad("tier '" + tier + "'");
-    }
-    if (p.group < 0 || static_cast<size_t>(p.group) >= ng || p.step < 0 || p.durable_step < 0) {
-      return bad("param '" + p.name + "' fields");
-    }
-    m.params.push_back(std::move(p));
-  }
-  if (!(in >> word) || word != "end") return bad("no end marker");
-  return m;
 }
 
 /// The record under `key` in `store`; an empty `factory` becomes the builtin one of the
@@ -116,24 +50,110 @@ Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& 
 
 }  // namespace
 
-std::string OffloadedOptimizer::Impl::serialize_meta() const {
+std::string offload_detail::format_meta(const MetaRecord& m) {
   std::ostringstream o;
   o << kMetaMagic << ' ' << kMetaVersion << '\n';
-  o << "rule " << rule_name << ' ' << num_states << '\n';
-  o << "groups " << groups.size() << '\n';
-  for (const auto& g : groups) {
-    o << "group " << g.hp.size();
-    for (const auto& [k, v] : g.hp) o << ' ' << k << '=' << hexdouble(v);
+  o << "rule " << m.rule << ' ' << m.num_states << '\n';
+  o << "groups " << m.groups.size() << '\n';
+  for (const auto& g : m.groups) {
+    o << "group " << g.size();
+    for (const auto& [k, v] : g) o << ' ' << k << '=' << hexdouble(v);
     o << '\n';
   }
-  o << "params " << tensors.size() << '\n';
-  for (const auto& t : tensors) {
-    const bool host = t.placement == Placement::kHost;
-    o << "param " << t.name << ' ' << t.numel << ' ' << (host ? "host" : "nvme") << ' '
-      << t.group << ' ' << t.state.step() << ' ' << t.state.step() << '\n';
+  o << "params " << m.params.size() << '\n';
+  for (const auto& p : m.params) {
+    const bool host = p.placement == Placement::kHost;
+    o << "param " << p.name << ' ' << p.numel << ' ' << (host ? "host" : "nvme") << ' '
+      << p.group << ' ' << p.step << ' ' << p.durable_step << '\n';
   }
   o << "end\n";
   return o.str();
+}
+
+namespace {
+/// Reads a decimal count: digits only (istream's operator>> into an unsigned type takes
+/// "-1" as 2^64 - 1, and "-18446744073709551615" as 1).
+bool read_count(std::istream& in, uint64_t* v) {
+  std::string t;
+  if (!(in >> t)) return false;
+  auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), *v);
+  return err == std::errc() && end == t.data() + t.size();
+}
+}  // namespace
+
+Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std::string& key) {
+  auto bad = [&](const std::string& what) {
+    return data_loss("offload: checkpoint record '" + key + "' is malformed: " + what);
+  };
+  std::istringstream in(text);
+  std::string word;
+  int version = 0;
+  MetaRecord m;
+  if (!(in >> word >> version) || word != kMetaMagic) return bad("bad magic");
+  if (version != kMetaVersion) return bad("unsupported version " + std::to_string(version));
+  if (!(in >> word >> m.rule >> m.num_states) || word != "rule") return bad("no rule line");
+  uint64_t ng = 0;
+  if (!(in >> word) || word != "groups" || !read_count(in, &ng) || ng == 0 || ng > 1000000) {
+    return bad("groups");
+  }
+  for (size_t g = 0; g < ng; ++g) {
+    uint64_t nk = 0;
+    if (!(in >> word) || word != "group" || !read_count(in, &nk)) {
+      return bad("group " + std::to_string(g));
+    }
+    Hyperparams hp;
+    for (size_t k = 0; k < nk; ++k) {
+      std::string kv;
+      if (!(in >> kv)) return bad("group " + std::to_string(g) + " values");
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) return bad("hyperparameter '" + kv + "'");
+      char* end = nullptr;
+      std::string val = kv.substr(eq + 1);
+      double v = std::strtod(val.c_str(), &end);
+      if (end == val.c_str() || *end != '\0') return bad("hyperparameter value '" + kv + "'");
+      hp[kv.substr(0, eq)] = v;
+    }
+    m.groups.push_back(std::move(hp));
+  }
+  uint64_t np = 0;
+  if (!(in >> word) || word != "params" || !read_count(in, &np)) return bad("params");
+  for (size_t i = 0; i < np; ++i) {
+    MetaRecord::P p;
+    std::string tier;
+    if (!(in >> word >> p.name) || word != "param" || !read_count(in, &p.numel) ||
+        !(in >> tier >> p.group >> p.step >> p.durable_step)) {
+      return bad("param line " + std::to_string(i));
+    }
+    // The name becomes part of object keys; numel * 4 bytes are read and allocated.
+    if (!valid_name(p.name)) return bad("parameter name '" + p.name + "'");
+    if (p.numel > UINT64_MAX / 4) return bad("param '" + p.name + "' numel " + std::to_string(p.numel));
+    if (tier == "host") {
+      p.placement = Placement::kHost;
+    } else if (tier == "nvme") {
+      p.placement = Placement::kNvme;
+    } else {
+      return bad("tier '" + tier + "'");
+    }
+    if (p.group < 0 || static_cast<size_t>(p.group) >= ng || p.step < 0 || p.durable_step < 0) {
+      return bad("param '" + p.name + "' fields");
+    }
+    m.params.push_back(std::move(p));
+  }
+  if (!(in >> word) || word != "end") return bad("no end marker");
+  return m;
+}
+
+
+std::string OffloadedOptimizer::Impl::serialize_meta() const {
+  MetaRecord m;
+  m.rule = rule_name;
+  m.num_states = num_states;
+  for (const auto& g : groups) m.groups.push_back(g.hp);
+  for (const auto& t : tensors) {
+    const int64_t step = t.state.step();
+    m.params.push_back({t.name, t.numel, t.placement, t.group, step, step});
+  }
+  return format_meta(m);
 }
 
 Status OffloadedOptimizer::Impl::put_meta() {

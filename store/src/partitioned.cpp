@@ -9,13 +9,12 @@
 #include <thread>
 #include <utility>
 
+#include "partition_record.hpp"
 #include "strata/base/units.hpp"
 
 namespace strata {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'T', 'R', 'P', 'A', 'R', 'T', '1'};
-constexpr uint32_t kMetaVersion = 1;
 constexpr size_t kAgreeRecord = 256;  // bytes per rank in agree(): int32 code + message
 
 std::string data_key(const std::string& key) { return key + kPartitionDataSuffix; }
@@ -89,31 +88,6 @@ Status agree(Communicator& comm, const Status& local, const std::string& what) {
   return Status::OK();
 }
 
-// Meta record: magic[8] | version u32 | rank i32 | world_size i32 | dtype u32 | numel u64
-// | ndim u32 | shape i64[ndim]  (host byte order; little-endian on every supported machine).
-constexpr size_t kMetaFixed = 8 + 4 + 4 + 4 + 4 + 8 + 4;
-
-std::vector<uint8_t> encode_meta(const PartitionLayout& l, int rank, const TensorDesc& d) {
-  std::vector<uint8_t> out(kMetaFixed + 8 * d.shape.size(), 0);
-  uint8_t* p = out.data();
-  auto put = [&](const void* v, size_t n) {
-    std::memcpy(p, v, n);
-    p += n;
-  };
-  const uint32_t version = kMetaVersion, ndim = static_cast<uint32_t>(d.shape.size());
-  const int32_t r = rank, ws = l.world_size;
-  const uint32_t dt = static_cast<uint32_t>(d.dtype);
-  put(kMagic, 8);
-  put(&version, 4);
-  put(&r, 4);
-  put(&ws, 4);
-  put(&dt, 4);
-  put(&l.numel, 8);
-  put(&ndim, 4);
-  for (int64_t e : d.shape) put(&e, 8);
-  return out;
-}
-
 std::string describe(const TensorDesc& d) { return to_string(d); }
 
 Status put_impl(Store& store, Communicator& comm, const std::string& key, const uint8_t* owned,
@@ -135,7 +109,7 @@ Status put_impl(Store& store, Communicator& comm, const std::string& key, const 
       } else if (opts.put.overwrite && store.contains(dk)) {
         STRATA_RETURN_IF_ERROR(store.remove(dk));
       }
-      std::vector<uint8_t> meta = encode_meta(*layout, r, full);
+      std::vector<uint8_t> meta = store_detail::encode_partition_meta(*layout, r, full);
       PutOptions mo = opts.put;
       mo.pin = false;
       return store.put(mk, meta.data(), TensorDesc::bytes(meta.size()), mo);
@@ -387,38 +361,7 @@ Result<PartitionInfo> stat_partitioned(Store& store, const std::string& key) {
   STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store.stat(mk));
   std::vector<uint8_t> b(oi.nbytes);
   STRATA_RETURN_IF_ERROR(store.get_bytes(mk, b.data(), b.size()));
-  auto bad = [&](const char* why) {
-    return data_loss("partition record '" + mk + "' is malformed: " + std::string(why));
-  };
-  constexpr size_t kFixed = kMetaFixed;
-  if (b.size() < kFixed || std::memcmp(b.data(), kMagic, 8) != 0) return bad("bad magic");
-  uint32_t version, dt, ndim;
-  int32_t rank, ws;
-  uint64_t numel;
-  const uint8_t* p = b.data() + 8;
-  std::memcpy(&version, p, 4);
-  std::memcpy(&rank, p + 4, 4);
-  std::memcpy(&ws, p + 8, 4);
-  std::memcpy(&dt, p + 12, 4);
-  std::memcpy(&numel, p + 16, 8);
-  std::memcpy(&ndim, p + 24, 4);
-  if (version != kMetaVersion) return bad("unknown version");
-  if (b.size() != kFixed + 8ull * ndim) return bad("size does not match its rank count");
-  if (dt >= static_cast<uint32_t>(kNumDTypes)) return bad("bad dtype");
-  if (ws < 1 || rank < 0 || rank >= ws) return bad("bad rank / world size");
-  PartitionInfo info;
-  info.key = key;
-  info.desc.dtype = static_cast<DType>(dt);
-  info.desc.shape.resize(ndim);
-  if (ndim > 0) std::memcpy(info.desc.shape.data(), b.data() + kFixed, 8ull * ndim);  // 0-d: no data()
-  if (info.desc.numel() != numel) return bad("shape does not match numel");
-  info.numel = numel;
-  info.world_size = ws;
-  info.rank = rank;
-  auto l = partition_layout(numel, ws);
-  info.owned_begin = l->begin(rank);
-  info.owned_numel = l->owned_numel(rank);
-  return info;
+  return store_detail::decode_partition_meta(key, mk, b.data(), b.size());
 }
 
 Status remove_partitioned(Store& store, const std::string& key) {

@@ -92,6 +92,10 @@ Status StoreImpl::check_options() const {
                             " is below 8 KiB");
   }
   if (opts_.worker_threads == 0) return invalid_argument("StoreOptions.worker_threads is 0");
+  if (opts_.worker_threads > StoreOptions::kMaxWorkerThreads) {
+    return invalid_argument("StoreOptions.worker_threads " + std::to_string(opts_.worker_threads) +
+                            " is above " + std::to_string(StoreOptions::kMaxWorkerThreads));
+  }
   return Status::OK();
 }
 
@@ -180,22 +184,7 @@ Status StoreImpl::load_identity(const std::string& cat_path) {
     STRATA_ASSIGN_OR_RETURN(auto nd, catalog_->get_meta("nvme_dirs"));
     if (!cb || !nd) return data_loss("catalog " + cat_path + " lacks chunk_bytes/nvme_dirs");
     STRATA_ASSIGN_OR_RETURN(chunk_bytes_, parse_chunk_bytes(*cb, cat_path));
-    std::string rest = *nd;
-    size_t pos;
-    while ((pos = rest.find('\n')) != std::string::npos) {
-      dirs_.push_back(decode_dir(root, rest.substr(0, pos)));
-      rest.erase(0, pos + 1);
-    }
-    if (dirs_.empty() || !rest.empty()) {
-      return data_loss("catalog " + cat_path + ": nvme_dirs record is malformed ('" + *nd + "')");
-    }
-    // A directory listed twice would give two directory slots one data file (and trimming
-    // one slot's file to its extents would cut the other's).
-    if (Status dup = check_distinct_directories(
-            dirs_, [](size_t i) { return "nvme_dirs[" + std::to_string(i) + "]"; });
-        !dup.ok()) {
-      return data_loss("catalog " + cat_path + ": nvme_dirs record is damaged: " + dup.message());
-    }
+    STRATA_ASSIGN_OR_RETURN(dirs_, parse_dirs_record(root, *nd, cat_path));
     if (!opts_.nvme_dirs.empty() && want != dirs_) {
       std::string rec;
       for (auto& d : dirs_) rec += (rec.empty() ? "" : ", ") + d;

@@ -206,6 +206,30 @@ std::string decode_dir(const std::string& root, const std::string& recorded) {
   return normalize(root + "/" + recorded);
 }
 
+Result<std::vector<std::string>> parse_dirs_record(const std::string& root,
+                                                   const std::string& record,
+                                                   const std::string& cat_path) {
+  std::vector<std::string> dirs;
+  std::string_view rest = record;
+  size_t pos;
+  while ((pos = rest.find('\n')) != std::string_view::npos) {
+    dirs.push_back(decode_dir(root, std::string(rest.substr(0, pos))));
+    rest.remove_prefix(pos + 1);
+  }
+  if (dirs.empty() || !rest.empty()) {
+    return data_loss("catalog " + cat_path + ": nvme_dirs record is malformed ('" +
+                     printable_path(record) + "')");
+  }
+  // A directory listed twice would give two directory slots one data file (and trimming
+  // one slot's file to its extents would cut the other's).
+  if (Status dup = check_distinct_directories(
+          dirs, [](size_t i) { return "nvme_dirs[" + std::to_string(i) + "]"; });
+      !dup.ok()) {
+    return data_loss("catalog " + cat_path + ": nvme_dirs record is damaged: " + dup.message());
+  }
+  return dirs;
+}
+
 Status record_dirs_relocatable(catalog::Catalog& cat, const std::string& root,
                                const std::vector<std::string>& dirs) {
   std::string joined;

@@ -59,6 +59,15 @@ std::string decode_dir(const std::string& root, const std::string& recorded);
 /// True when `dir` is `root` or below it (both absolute, normalized).
 bool inside_root(const std::string& root, const std::string& dir);
 
+/// The catalog's nvme_dirs record of the store at `root`: one encode_dir() form per line,
+/// each ended by '\n', decoded with decode_dir(). Thread-safe (reads the file system only
+/// to tell aliases apart, as check_distinct_directories).
+/// \error DataLoss naming `cat_path` when the record is empty, its last line lacks '\n', or
+///     it lists one directory twice (the message quotes the record, NUL bytes as "\0").
+Result<std::vector<std::string>> parse_dirs_record(const std::string& root,
+                                                   const std::string& record,
+                                                   const std::string& cat_path);
+
 /// Rewrites the catalog's nvme_dirs record in the relocatable form of encode_dir() when it
 /// differs (older catalogs recorded absolute paths). \error as Catalog::set_meta.
 Status record_dirs_relocatable(catalog::Catalog& cat, const std::string& root,

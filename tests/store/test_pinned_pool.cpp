@@ -73,8 +73,8 @@ bool thp_enabled() {
 }
 
 TEST(PinnedPool, CreateReportsBudgetAndBacking) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer changes what this test measures (locked memory, RSS)";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ASan and TSan make mlock a no-op: this test measures locked memory, RSS";
 #endif
   const uint64_t vmlck0 = status_kib("VmLck");
   auto pool = make_pool(8 * kMiB);
@@ -364,8 +364,8 @@ TEST(PinnedPool, NoLeaksOver1000CreateDestroyCycles) {
 }
 
 TEST(PinnedPool, BindsToNumaNode) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer changes what this test measures (locked memory, RSS)";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ASan and TSan make mlock a no-op: this test measures locked memory, RSS";
 #endif
   auto topo = Topology::system();
   ASSERT_TRUE(topo.ok());
@@ -439,8 +439,8 @@ TEST(PinnedPool, HugePagesOffUsesOrdinaryPages) {
 // In a child process without CAP_IPC_LOCK and with RLIMIT_MEMLOCK = 64 KiB: mlock of 4 MiB
 // is refused. require_mlock -> ResourceExhausted with errno; default -> usable, unlocked.
 TEST(PinnedPool, MlockRefusedByRlimit) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer changes what this test measures (locked memory, RSS)";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ASan and TSan make mlock a no-op: this test measures locked memory, RSS";
 #endif
   (void)gpu_count();  // probe CUDA before fork, never in the child
   pid_t pid = ::fork();

@@ -225,5 +225,23 @@ TEST(StoreAsync, CloseWaitsForReadsInFlightAtTheEngine) {
   EXPECT_EQ(std::memcmp(out.data, x.data(), x.size()), 0);
 }
 
+// Found by fuzz_c_api: worker_threads = 1e9 made open() reserve a vector of 1e9 threads
+// (12 GB) and then start threads until the system refused.
+TEST(StoreWorkers, WorkerThreadsOutsideOneTo1024IsInvalidArgumentNamingTheValue) {
+  TempDir d;
+  for (uint32_t n : {0u, StoreOptions::kMaxWorkerThreads + 1, 1000000000u}) {
+    auto o = small_options(d.path() + "/s");
+    o.worker_threads = n;
+    auto s = Store::open(o);
+    ASSERT_FALSE(s.ok()) << n;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("worker_threads"), std::string::npos) << s.status().to_string();
+    if (n != 0) EXPECT_NE(s.status().message().find(std::to_string(n)), std::string::npos);
+  }
+  auto o = small_options(d.path() + "/s");
+  o.worker_threads = StoreOptions::kMaxWorkerThreads;
+  EXPECT_TRUE(Store::open(o).ok());
+}
+
 }  // namespace
 }  // namespace strata

@@ -54,6 +54,13 @@ extern "C" {
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
+/** Ends every enum of this API: two enumerators (not values to pass) that make every int a
+ *  value of the type. A C caller may pass any int where an enum is expected, and the library
+ *  (C++) then reports an invalid value instead of having undefined behaviour: in C++ an
+ *  enum without them holds only the values its enumerators' bits span. */
+#define STRATA_ENUM_SPANS_INT(prefix) \
+  prefix##_INT_MIN_ = -2147483647 - 1, prefix##_INT_MAX_ = 2147483647
+
 /** Status codes; values equal strata::StatusCode (docs/errors.md). */
 typedef enum strata_status {
   STRATA_OK = 0,
@@ -70,7 +77,8 @@ typedef enum strata_status {
   STRATA_ERR_CANCELLED = 11,          /**< work abandoned */
   STRATA_ERR_UNIMPLEMENTED = 12,      /**< feature not built (e.g. CUDA) */
   STRATA_ERR_INTERNAL = 13,           /**< a strata bug */
-  STRATA_ERR_PERMISSION_DENIED = 14   /**< EACCES / EPERM / EROFS */
+  STRATA_ERR_PERMISSION_DENIED = 14,  /**< EACCES / EPERM / EROFS */
+  STRATA_ENUM_SPANS_INT(STRATA_STATUS)
 } strata_status_t;
 
 /** Message of the last failed strata call on this thread ("NotFound: key 'w' ..."), or ""
@@ -96,7 +104,8 @@ typedef enum strata_dtype {
   STRATA_INT32 = 6,
   STRATA_INT64 = 7,
   STRATA_UINT8 = 8,
-  STRATA_BOOL = 9
+  STRATA_BOOL = 9,
+  STRATA_ENUM_SPANS_INT(STRATA_DTYPE)
 } strata_dtype_t;
 
 /** Bytes per element of `dtype` (0 for an invalid value). */
@@ -106,7 +115,8 @@ STRATA_C_API size_t strata_dtype_size(strata_dtype_t dtype);
 typedef enum strata_tier {
   STRATA_TIER_DEVICE = 0, /**< GPU HBM (CUDA builds with a GPU only) */
   STRATA_TIER_HOST = 1,   /**< pinned host DRAM */
-  STRATA_TIER_NVME = 2    /**< data files in the NVMe directories */
+  STRATA_TIER_NVME = 2,   /**< data files in the NVMe directories */
+  STRATA_ENUM_SPANS_INT(STRATA_TIER)
 } strata_tier_t;
 
 /** "device" / "host" / "nvme" ("invalid" otherwise). Static. */
@@ -376,7 +386,8 @@ STRATA_C_API strata_status_t strata_optimizer_hyperparam(strata_optimizer_t* opt
 typedef enum strata_placement {
   STRATA_PLACEMENT_AUTO = 0, /**< host while within host_budget_bytes, else nvme */
   STRATA_PLACEMENT_HOST = 1,
-  STRATA_PLACEMENT_NVME = 2
+  STRATA_PLACEMENT_NVME = 2,
+  STRATA_ENUM_SPANS_INT(STRATA_PLACEMENT)
 } strata_placement_t;
 
 /** Adds a parameter of `numel` fp32 elements (`init`: numel values, or NULL for zeros) and
@@ -435,7 +446,11 @@ STRATA_C_API strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* opt
 
 typedef struct strata_comm strata_comm_t;
 
-typedef enum strata_backend { STRATA_BACKEND_GLOO = 0, STRATA_BACKEND_NCCL = 1 } strata_backend_t;
+typedef enum strata_backend {
+  STRATA_BACKEND_GLOO = 0,
+  STRATA_BACKEND_NCCL = 1,
+  STRATA_ENUM_SPANS_INT(STRATA_BACKEND)
+} strata_backend_t;
 
 /** Creates a communicator from torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
  *  WORLD_SIZE, LOCAL_RANK); rank 0 hosts the rendezvous server. Collective: every rank calls

@@ -104,8 +104,10 @@ struct StoreOptions {
   /// and write_range of NVMe objects hold a worker only to plan and submit their I/O (and
   /// while staging memory is short); the rest of such an operation runs as the engine
   /// completes it, so how many are in flight does not depend on this number. put, move,
-  /// prefetch, evict, pin, remove and flush run on a worker from start to end. Default 4.
+  /// prefetch, evict, pin, remove and flush run on a worker from start to end. Default 4;
+  /// 1 to kMaxWorkerThreads (InvalidArgument otherwise).
   uint32_t worker_threads = 4;
+  static constexpr uint32_t kMaxWorkerThreads = 1024;
   /// NUMA placement (placement.hpp). kNumaAuto (-1, default): from the topology, each NVMe
   /// directory's staging memory and I/O threads on the node nearest its block device, the
   /// host tier near the GPU (or where most directories are); kNumaNone (-2): no binding;
