@@ -377,3 +377,21 @@ def test_bf16_parameters_match_the_optimizer_without_offload(pair):
     opt.close()
     ref_opt.close()
     h.close()
+
+
+def test_two_offloads_in_one_operation(tmp_path):
+    """Parameters of two offloads (two models) used by one operation, forward and backward."""
+    torch.manual_seed(3)
+    a, b = nn.Linear(6, 6), nn.Linear(6, 6)
+    ra, rb = copy.deepcopy(a), copy.deepcopy(b)
+    ha = st.offload_parameters(a, path=str(tmp_path / "a"), working_set=64)
+    hb = st.offload_parameters(b, path=str(tmp_path / "b"), working_set=64)
+    x = torch.randn(3, 6)
+    got = (x @ (a.weight @ b.weight)).sum()
+    want = (x @ (ra.weight @ rb.weight)).sum()
+    got.backward()
+    want.backward()
+    assert got.item() == want.item()
+    assert torch.equal(a.weight.grad, ra.weight.grad) and torch.equal(b.weight.grad, rb.weight.grad)
+    ha.close()
+    hb.close()

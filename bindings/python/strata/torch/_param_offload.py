@@ -92,7 +92,11 @@ class OffloadedParameter(torch.nn.Parameter):
             with _no_tf():
                 return func(*args, **kwargs)
         owner = slots[0].param._strata_owner
-        owner._materialize(slots)
+        if any(x.param._strata_owner is not owner for x in slots):
+            for o in {id(x.param._strata_owner): x.param._strata_owner for x in slots}.values():
+                o._materialize([x for x in slots if x.param._strata_owner is o])
+        else:
+            owner._materialize(slots)
         if not torch.is_grad_enabled():
             with _no_tf():
                 return func(*args, **kwargs)
@@ -362,8 +366,9 @@ class ParameterOffload(GradientsMixin):
     def _unpack(self, x: Any) -> torch.Tensor:
         if type(x) is not _Packed:
             return x
-        self._backward_phase()
-        data = self.ws.materialize(x.slot)
+        owner = x.slot.param._strata_owner  # (another offload's parameter in the same op)
+        owner._backward_phase()
+        data = owner.ws.materialize(x.slot)
         if x.geometry is None:
             return data
         size, stride, off = x.geometry
