@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ._finite import all_finite
 from ._param_offload import OffloadedParameter
 
 _SUMMED = ("bytes_read", "bytes_written", "tensors_updated", "numel_updated", "seconds",
@@ -102,7 +103,7 @@ def offloaded_step(opt: Any) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, i
         if type(p) is OffloadedParameter:
             finite &= p._strata_slot.grad_finite
         else:
-            finite &= bool(torch.isfinite(p.grad).all())
+            finite &= all_finite(p.grad)
     comm = next((o.comm for o in holders if o.comm is not None), None)
     if comm is not None and any(type(p) is not OffloadedParameter for p, _ in entries):
         raise ValueError("an optimizer over parameters offloaded with a communicator (ZeRO-3) "
