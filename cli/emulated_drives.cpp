@@ -449,7 +449,7 @@ Status EmulatedDrives::teardown() {
     const Drive& d = drives_[i];
     if (mounted_[i]) {
       int rc = -1;
-      for (int attempt = 0; attempt < 40; ++attempt) {
+      for (int attempt = 0; attempt < 100; ++attempt) {  // 5 s
         rc = ::umount2(d.mount_dir.c_str(), 0);
         if (rc == 0 || errno != EBUSY) break;
         std::this_thread::sleep_for(50ms);
@@ -468,7 +468,7 @@ Status EmulatedDrives::teardown() {
       loop_fds_[i] = -1;
       // Detaching completes asynchronously: wait until the device names no backing file.
       const std::string bf = loop_sysfs(d.loop_device) + "/backing_file";
-      for (int attempt = 0; attempt < 100; ++attempt) {
+      for (int attempt = 0; attempt < 500; ++attempt) {  // 10 s (a loaded machine)
         if (read_text(bf).find(d.backing_file) == std::string::npos) break;
         std::this_thread::sleep_for(20ms);
       }

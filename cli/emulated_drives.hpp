@@ -19,7 +19,7 @@
 // Teardown (teardown(), also run by the destructor) undoes every step that was done, in
 // reverse, continuing past failures: processes still in the cgroup are moved back to this
 // process's original cgroup and the cgroup removed; each file system unmounted (lazily
-// after 2 s of EBUSY); each loop device detached (and its /dev node removed if it was
+// after 5 s of EBUSY); each loop device detached (and its /dev node removed if it was
 // created here); backing files, mount points and the directory removed. While a set
 // exists, SIGINT, SIGTERM and SIGHUP are caught (see pending_signal()) so that a signal
 // during setup or a run ends in teardown; SIGKILL cannot be caught and leaves the set
