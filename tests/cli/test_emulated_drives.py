@@ -62,11 +62,11 @@ def assert_clean(base, pid=None):
 
 
 def test_partitioned_read_on_emulated_drives_is_throttled_and_consistent(emulation):
-    bw = 32 * MIB  # bytes/s per drive
+    bw = 16 * MIB  # bytes/s per drive
     total = 16 * MIB
     p = subprocess.Popen([STRATA, "bench", "partitioned-read", "--nproc", "2", "--bytes",
                           str(total), "--piece-bytes", "1MiB", "--iters", "1", "--path",
-                          emulation, "--emulated-drive-bw", "32MiB/s", "--emulated-drive-size",
+                          emulation, "--emulated-drive-bw", "16MiB/s", "--emulated-drive-size",
                           "128MiB", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     out, err = p.communicate(timeout=60)
@@ -84,9 +84,11 @@ def test_partitioned_read_on_emulated_drives_is_throttled_and_consistent(emulati
     assert j["aggregate_efficiency"] == pytest.approx(j["aggregate_gbps"] /
                                                       j["aggregate_target_gbps"], rel=1e-12)
     assert len(j["per_rank_read_gbps"]) == 2 and len(j["read_seconds_all"]) == 1
-    # Throttling: each rank's 8 MiB at 32 MiB/s takes >= 0.25 s; the blkio throttle may
-    # let one 100 ms slice through before it holds bios, so the bound allows that.
-    bound = (j["bytes_per_rank"] - bw * 0.1) / bw
+    # Throttling: each rank's 8 MiB at 16 MiB/s takes >= 0.5 s (unthrottled: ~0.01 s). The
+    # blkio throttle grants budget per 100 ms slice and a slice resumed after the idle gaps
+    # between the benchmark's phases has some unused (seen: 3.6 MiB at 32 MiB/s), so the
+    # bound allows two slices: >= 0.3 s.
+    bound = (j["bytes_per_rank"] - bw * 0.2) / bw
     assert tr >= bound, (tr, bound)
     for g in j["per_rank_read_gbps"]:
         assert j["bytes_per_rank"] / (g * 1e9) >= bound
