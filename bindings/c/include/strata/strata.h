@@ -319,7 +319,11 @@ typedef struct strata_store_stats {
   uint64_t staging_pool_in_use_bytes, staging_pool_capacity_bytes, staging_pool_peak_bytes;
   double elapsed_seconds; /**< the interval the counters cover */
 } strata_store_stats_t;
-#define STRATA_STORE_STATS_INIT {sizeof(strata_store_stats_t)}
+#define STRATA_STORE_STATS_INIT                                                           \
+  {                                                                                       \
+    sizeof(strata_store_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+  }
 
 /** Fills *stats (the fields up to stats->struct_size). Thread-safe, cheap.
  *  \error INVALID_ARGUMENT (NULL store, NULL or uninitialized stats). */
@@ -462,7 +466,7 @@ typedef struct strata_optimizer_stats {
   double step_seconds, update_seconds, io_wait_seconds, early_seconds;
   double overlap; /**< update / (update + io_wait), 0 when both are 0 */
 } strata_optimizer_stats_t;
-#define STRATA_OPTIMIZER_STATS_INIT {sizeof(strata_optimizer_stats_t)}
+#define STRATA_OPTIMIZER_STATS_INIT {sizeof(strata_optimizer_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /** Fills *stats (the fields up to stats->struct_size); `reset` 1 then zeroes the totals.
  *  \error INVALID_ARGUMENT (NULL optimizer, NULL or uninitialized stats). */
