@@ -5,16 +5,21 @@
 // process, so a stat in a process of its own has none to show of the processes that use
 // the store; `--verify` re-reads every chunk and shows the counters of that read (bytes,
 // chunks, waits, checksum failures): a read-back benchmark and a check at once.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "command.hpp"
 #include "key_text.hpp"
+#include "progress.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/store.hpp"
 
@@ -128,6 +133,29 @@ nlohmann::json stats_json(const StoreStats& st) {
   return j;
 }
 
+/// Store::verify() with a progress line (progress.hpp) on a terminal: verify() takes no
+/// callback, so a thread of its own polls the store's counters (nvme_read_bytes) every
+/// 100 ms against the catalog's bytes.
+Result<VerifyReport> verify_with_progress(Store& store) {
+  if (!progress_wanted()) return store.verify();
+  uint64_t total = 0;
+  for (const ObjectInfo& i : store.list()) total += i.damage.empty() ? i.nbytes : 0;
+  Progress line("verify", total, Progress::Unit::kBytes);
+  const uint64_t base = store.stats().nvme.read_bytes;
+  std::atomic<bool> done{false};
+  std::thread poll([&] {
+    while (!done.load()) {
+      line.update(std::min(total, store.stats().nvme.read_bytes - base));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto r = store.verify();
+  done = true;
+  poll.join();
+  line.finish();
+  return r;
+}
+
 int run_stat(const StoreArgs& a) {
   auto s = Store::open(inspect_options(a.dir, true));
   if (!s.ok()) return report_error(s.status());
@@ -166,7 +194,7 @@ int run_stat(const StoreArgs& a) {
   if (a.verify) {
     store.reset_stats();  // the counters of the read below only
     const auto t0 = Clock::now();
-    auto r = store.verify();
+    auto r = verify_with_progress(store);
     if (!r.ok()) return report_error(r.status());
     verify_s = seconds_since(t0);
     report = std::move(*r);
@@ -232,7 +260,7 @@ int run_verify(const StoreArgs& a) {
   auto s = Store::open(inspect_options(a.dir, true));
   if (!s.ok()) return report_error(s.status());
   auto t0 = Clock::now();
-  auto r = (*s)->verify();
+  auto r = verify_with_progress(**s);
   if (!r.ok()) return report_error(r.status());
   double sec = seconds_since(t0);
   for (auto& e : r->errors) std::fprintf(stderr, "strata: %s\n", escape_key(e.to_string()).c_str());

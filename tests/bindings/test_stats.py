@@ -146,4 +146,12 @@ def test_cli_store_stat_verify(store, store_path):
                           capture_output=True, text=True).stdout
     assert "objects: 2, " in text and "verify: 3 chunks" in text
     assert re.search(r"^  nvme_read_ops +3$", text, re.M), text
-
+    # `store verify` draws a progress line from the counters when asked (STRATA_PROGRESS=1
+    # into a pipe; a terminal would draw it unasked), and none when piped.
+    env = dict(os.environ, STRATA_PROGRESS="1")
+    p = subprocess.run([cli, "store", "verify", path], env=env, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    assert re.search(rb"\rverify: [0-9.]+ [KMG]?i?B / 2\.00 MiB", p.stderr), p.stderr
+    env["STRATA_PROGRESS"] = "0"
+    p = subprocess.run([cli, "store", "verify", path], env=env, capture_output=True)
+    assert p.returncode == 0 and b"\r" not in p.stderr, p.stderr
