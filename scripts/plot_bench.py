@@ -23,6 +23,9 @@ Every file is one JSON object with a "results" list (the rows) and optional "com
   step_breakdown      rows are `strata bench step --json` objects: params, buffers,
                       step_seconds, io_seconds, compute_seconds, overlap_efficiency,
                       last_step_update_seconds, last_step_io_wait_seconds; optional label.
+                      Rows of one configuration (label, else params + buffers) are repeats:
+                      medians of each figure. The step's bar is split into its last timed
+                      step's update time, I/O wait and the rest.
   emulated_scaling    rows (from `strata bench partitioned-read --emulated-drive-bw B --json`):
                       nproc, aggregate_gbps, per_drive_gbps, and the emulated drive's
                       bandwidth as emulated_drive_gbps (1e9 B/s) or
@@ -183,7 +186,9 @@ def plot_adam_threads(plt, path, doc):
 
 
 def plot_step_breakdown(plt, path, doc):
-    rows = []
+    keys = ("step_seconds", "io_seconds", "compute_seconds", "overlap_efficiency",
+            "last_step_update_seconds", "last_step_io_wait_seconds")
+    groups = {}  # label -> {key: [values of the repeats]}, in first-seen order
     for i, row in enumerate(doc["results"]):
         label = row.get("label")
         if label is None:
@@ -191,11 +196,15 @@ def plot_step_breakdown(plt, path, doc):
                      f"{field(path, i, row, 'buffers', int)} buffers")
         elif not isinstance(label, str):
             raise DataError(f"{path}: results[{i}].label is not a string: {label!r}")
-        r = {"label": label}
-        for k in ("step_seconds", "io_seconds", "compute_seconds", "overlap_efficiency",
-                  "last_step_update_seconds", "last_step_io_wait_seconds"):
-            r[k] = field(path, i, row, k)
-        rows.append(r)
+        g = groups.setdefault(label, {k: [] for k in keys})
+        for k in keys:
+            g[k].append(field(path, i, row, k))
+    # Repeats of one configuration: the median of each figure.
+    rows = [dict(label=lab, n=len(g["step_seconds"]),
+                 **{k: statistics.median(v) for k, v in g.items()}) for lab, g in groups.items()]
+    for r in rows:
+        if r["n"] > 1:
+            r["label"] += f"\n(median of {r['n']})"
     fig, (ax,) = new_figure(plt, width=max(6.4, 2.2 * len(rows) + 1.5))
     w = 0.26
     xs = range(len(rows))
@@ -208,10 +217,10 @@ def plot_step_breakdown(plt, path, doc):
     # The step's own time split (its last step): update, waiting for I/O, the rest.
     rest = [max(0.0, r["step_seconds"] - u - q) for r, u, q in zip(rows, upd, wait)]
     sx = [x + w for x in xs]
-    ax.bar(sx, upd, w, color="tab:green", label="step: updating (last step)")
-    ax.bar(sx, wait, w, bottom=upd, color="tab:red", label="step: waiting for I/O (last step)")
+    ax.bar(sx, upd, w, color="tab:green", label="step: updating")
+    ax.bar(sx, wait, w, bottom=upd, color="tab:red", label="step: waiting for I/O")
     ax.bar(sx, rest, w, bottom=[u + q for u, q in zip(upd, wait)], color="tab:gray",
-           label="step: other (last step)")
+           label="step: other")
     for x, r in zip(sx, rows):
         top = max(r["step_seconds"], r["last_step_update_seconds"] + r["last_step_io_wait_seconds"])
         ax.annotate(f"step {r['step_seconds']:.2f} s\noverlap {r['overlap_efficiency']:.2f}",
