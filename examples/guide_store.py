@@ -28,7 +28,7 @@ store.put("layer0/w", w, "nvme", overwrite=True)     # durable when put() return
 back = store.get("layer0/w")                          # a new numpy array
 assert back.dtype == np.float32 and back.shape == (10, 100) and (back == w).all()
 t = torch.empty(10, 100)
-store.get_into("layer0/w", t)                         # into an existing tensor, no copy
+store.get_into("layer0/w", t)                         # into an existing tensor: no new array
 assert torch.equal(t, torch.from_numpy(w))
 # [put-get]
 
@@ -58,12 +58,15 @@ ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
 for step in range(5):
     g = torch.Generator().manual_seed(step)
     x, y = torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
+    losses = []
     for m, o in ((model, opt), (reference, ref_opt)):  # the training loop is unchanged
         loss = torch.nn.functional.mse_loss(m(x), y)
         loss.backward()
         o.step()
         o.zero_grad()
-    print(f"step {step}: loss {loss.item():.6f}")
+        losses.append(loss.item())
+    print(f"step {step}: loss {losses[0]:.6f} offloaded, {losses[1]:.6f} in memory")
+    assert losses[0] == losses[1]
 for (name, p), q in zip(model.named_parameters(), reference.parameters()):
     assert torch.equal(p.detach().clone(), q.detach()), name  # bit-identical
 print("parameter bytes fetched from the store:", params.stats()["bytes_fetched"])
