@@ -21,8 +21,8 @@ For each N in --nproc (default 1 2 4), alternating in one session:
                      fetching all --fetch-params parameters, each rank its slices from its
                      own drive, then all-gather; fetch_gbps = params x 4 B / forward time.
 
-Raw JSON of every run is kept; "summary" has one row per N. Needs root (loop devices,
-mount, blkio cgroup): elsewhere the strata commands fail with "emulated drives refused".
+Raw JSON of every run is kept; "results" has one row per N (what scripts/plot_bench.py
+charts). Needs root (loop devices, mount, blkio cgroup): elsewhere the strata commands fail with "emulated drives refused".
 
     /usr/bin/python3 bench/store/emulated_scaling.py --strata build/strata --path /var/tmp/x \\
         --out docs/data/emulated_scaling.json
@@ -113,7 +113,7 @@ def main() -> int:
                  "host": platform.node(), "cpus": os.cpu_count(), "path": base,
                  "emulated_drive_bw_text": a.bw, "bytes_text": a.bytes, "iters": a.iters,
                  "step_params": a.step_params, "real_disk": [], "partitioned_read": [],
-                 "offloaded_step": [], "param_fetch": [], "summary": []}
+                 "offloaded_step": [], "param_fetch": [], "results": []}
     try:
         for n in a.nproc:
             common = [strata, "bench", "partitioned-read", "--nproc", str(n), "--bytes", a.bytes,
@@ -132,7 +132,7 @@ def main() -> int:
                     "ranks": steps}
             out["offloaded_step"].append(step)
             out["emulated_drive_bw"] = emul["emulated_drive_bw"]
-            out["summary"].append({
+            out["results"].append({
                 "nproc": n,
                 "target_gbps": emul["aggregate_target_gbps"],
                 "aggregate_gbps": emul["aggregate_gbps"],
@@ -146,14 +146,14 @@ def main() -> int:
                 "param_fetch_gbps": fetch["fetch_gbps"],
                 "param_fetch_seconds": fetch["forward_seconds"],
             })
-            print(json.dumps(out["summary"][-1]), file=sys.stderr)
+            print(json.dumps(out["results"][-1]), file=sys.stderr)
     finally:
         if a.path is None:
             shutil.rmtree(base, ignore_errors=True)
         else:
             shutil.rmtree(os.path.join(base, "real"), ignore_errors=True)
-    base1 = out["summary"][0]
-    for row in out["summary"]:
+    base1 = out["results"][0]
+    for row in out["results"]:
         row["aggregate_speedup"] = row["aggregate_gbps"] / base1["aggregate_gbps"]
         row["step_speedup"] = row["step_aggregate_params_per_s"] / \
             base1["step_aggregate_params_per_s"]
