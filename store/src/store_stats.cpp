@@ -148,7 +148,10 @@ void StoreCounters::reset() {
 StatsLogger::StatsLogger(std::string name, std::chrono::milliseconds interval,
                          std::function<StoreStats()> read)
     : name_(std::move(name)), interval_(interval), read_(std::move(read)) {
-  thread_ = std::thread([this] { loop(); });
+  // The first interval's baseline is taken here, not in the thread: what the store does
+  // between the open and the thread's first instructions belongs to the first line.
+  StoreStats first = read_();
+  thread_ = std::thread([this, first] { loop(first); });
 }
 
 void StatsLogger::stop() {
@@ -160,8 +163,7 @@ void StatsLogger::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void StatsLogger::loop() {
-  StoreStats last = read_();
+void StatsLogger::loop(StoreStats last) {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     if (cv_.wait_for(lk, interval_, [this] { return stop_; })) return;

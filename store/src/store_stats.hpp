@@ -78,7 +78,8 @@ class StatsLogger {
   void stop();
 
  private:
-  void loop();
+  /// Logs the deltas from `last` on, every interval_.
+  void loop(StoreStats last);
   std::string name_;
   std::chrono::milliseconds interval_;
   std::function<StoreStats()> read_;
