@@ -157,6 +157,24 @@ def test_cli_store_stat_verify(store, store_path):
     assert p.returncode == 0 and b"\r" not in p.stderr, p.stderr
 
 
+def test_cli_verify_progress_counts_the_disk_bytes(store, store_path):
+    # 40 objects of 100 bytes: the disk reads one 4 KiB block for each (160 KiB), so the
+    # progress line's total is 160 KiB, not the 3.91 KiB of the objects (which it would
+    # reach a tenth of the way through, then show 100% until the end).
+    cli = os.environ.get("STRATA_CLI")
+    if not cli:
+        pytest.skip("the strata CLI was not found (set STRATA_CLI)")
+    for i in range(40):
+        store.put(f"small{i}", np.full(100, i, dtype=np.uint8))
+    store.close()
+    env = dict(os.environ, STRATA_PROGRESS="1")
+    p = subprocess.run([cli, "store", "verify", store_path], env=env, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    totals = set(re.findall(rb"\rverify: [0-9.]+ [KMG]?i?B / ([0-9.]+ [KMG]?i?B)", p.stderr))
+    assert totals == {b"160.00 KiB"}, p.stderr
+
+
+
 def test_periodic_log_counts_a_put_right_after_open(tmp_path):
     # The first line's baseline is taken in open(), not when the logging thread first runs
     # (then a put right after the open of a fresh process often lost its bytes and ops from
