@@ -165,8 +165,9 @@ void StatsLogger::stop() {
 
 void StatsLogger::loop(StoreStats last) {
   std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    if (cv_.wait_for(lk, interval_, [this] { return stop_; })) return;
+  for (bool last_line = false; !last_line;) {
+    // Stopped (close()): one last line for the part of an interval since the previous one.
+    last_line = cv_.wait_for(lk, interval_, [this] { return stop_; });
     lk.unlock();
     StoreStats now = read_();
     const std::string line = "strata [stats] " + log_text(name_) + " " +

@@ -66,7 +66,8 @@ struct StoreCounters {
 };
 
 /// Logs one line of counter deltas (format_stats_line) to stderr every `interval`, from a
-/// thread of its own, until stopped (also by the destructor). `read` takes a snapshot.
+/// thread of its own, until stopped (also by the destructor), and a last line then for the
+/// part of an interval since the previous line. `read` takes a snapshot.
 class StatsLogger {
  public:
   StatsLogger(std::string name, std::chrono::milliseconds interval,
@@ -74,7 +75,7 @@ class StatsLogger {
   ~StatsLogger() { stop(); }
   StatsLogger(const StatsLogger&) = delete;
   StatsLogger& operator=(const StatsLogger&) = delete;
-  /// Ends the thread (it logs nothing more). Idempotent.
+  /// Logs the last line and ends the thread. Idempotent.
   void stop();
 
  private:

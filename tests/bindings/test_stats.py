@@ -187,3 +187,14 @@ def test_periodic_log_counts_a_put_right_after_open(tmp_path):
         err = p.communicate(timeout=120)[1]
         assert p.returncode == 0, err
         assert sum(" nvme_write_ops=1 " in ln for ln in err.splitlines()) == 1, err
+
+
+def test_periodic_log_last_line_at_close_and_sub_millisecond_refused(tmp_path):
+    # A run shorter than the interval logs its counters at close() (before: nothing at all).
+    p = _run("10", str(tmp_path / "long"))
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("strata [stats] ")]
+    assert len(lines) == 1 and " nvme_write_ops=1 " in lines[0], p.stderr
+    # A positive interval under 1 ms would round to 0 (off): refused by name.
+    p = _run("1e-9", str(tmp_path / "tiny"))
+    assert p.returncode != 0 and "STRATA_STATS_INTERVAL='1e-9'" in p.stderr, p.stderr
