@@ -209,6 +209,14 @@ def test_too_many_ranks_and_too_small_drives_are_refused(disk_dir):
     assert p.returncode != 0 and "--count" in p.stderr, p.stderr
 
 
+def test_a_base_path_that_is_a_file_is_named_so(disk_dir):
+    f = os.path.join(disk_dir, "afile")
+    open(f, "w").close()
+    p = run("emulate-drives", "--count", 1, "--bw", "1MiB", "--path", f, "--", "true")
+    assert p.returncode == 1 and p.stderr == (f"strata: error: InvalidArgument: emulated drives: "
+                                              f"base directory '{f}' is not a directory\n"), p.stderr
+
+
 def test_refused_without_blkio_controller(disk_dir):
     env = dict(os.environ, STRATA_CGROUP_ROOT="/nonexistent-cgroup-root")
     p = run("emulate-drives", "--count", 1, "--bw", "1MiB", "--path", disk_dir, "--", "true",
