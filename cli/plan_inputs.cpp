@@ -1,0 +1,128 @@
+// `strata plan`'s inputs (plan_inputs.hpp): the configuration file's "measured" section and
+// bench JSON results.
+#include "plan_inputs.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace strata::cli::planner {
+namespace {
+
+Result<std::string> read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return errno_status(errno, "reading " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return errno_status(errno, "reading " + path);
+  return ss.str();
+}
+
+Result<nlohmann::json> parse(const std::string& path, const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return invalid_argument(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// j[key] as a positive finite number.
+Result<double> positive(const nlohmann::json& j, const std::string& key, const std::string& path,
+                        const std::string& prefix = "") {
+  auto it = j.find(key);
+  if (it == j.end()) return invalid_argument(path + ": field '" + prefix + key + "' is missing");
+  if (!it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
+    return invalid_argument(path + ": field '" + prefix + key + "' must be a positive number, got " +
+                            it->dump());
+  }
+  return it->get<double>();
+}
+
+void put(Measurements& m, const char* key, double v, const std::string& source) {
+  m[key] = Measurement{v, source};
+}
+
+}  // namespace
+
+Status read_config_measured(const std::string& path, Measurements& m) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text(path));
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, parse(path, text));
+  if (!j.is_object()) return invalid_argument(path + ": a configuration file is a JSON object");
+  auto it = j.find("measured");
+  if (it == j.end()) return Status::OK();
+  if (!it->is_object()) return invalid_argument(path + ": 'measured' must be an object");
+  static const char* const kNumeric[] = {kNvmeRead, kNvmeWrite, kMemoryCopy,
+                                         kAdam,     kAllgather, kPcie};
+  const std::string source = "config " + path;
+  for (const auto& [key, value] : it->items()) {
+    if (key == "paths") {
+      if (!value.is_array()) return invalid_argument(path + ": 'measured.paths' must be a list");
+      continue;
+    }
+    bool known = false;
+    for (const char* k : kNumeric) known = known || key == k;
+    if (!known) return invalid_argument(path + ": unknown key 'measured." + key + "'");
+    STRATA_ASSIGN_OR_RETURN(double v, positive(*it, key, path, "measured."));
+    m[key] = Measurement{v, source};
+  }
+  return Status::OK();
+}
+
+Status read_bench_json(const std::string& path, Measurements& m) {
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text(path));
+  // The object is the last non-empty line (progress lines may come first).
+  std::string last;
+  {
+    std::istringstream ss(text);
+    for (std::string line; std::getline(ss, line);) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, parse(path, last));
+  if (!j.is_object()) return invalid_argument(path + ": a bench result is a JSON object");
+  const std::string source = "bench " + path;
+  auto str = [&](const char* k) {
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const std::string op = str("op"), benchmark = str("benchmark"), bench = str("bench"),
+                    collective = str("collective");
+  if (op == "read" || op == "write") {
+    STRATA_ASSIGN_OR_RETURN(double g, positive(j, "gbps", path));
+    put(m, op == "read" ? kNvmeRead : kNvmeWrite, g * 1e9, source);
+  } else if (benchmark == "adam") {
+    STRATA_ASSIGN_OR_RETURN(double n, positive(j, "numel", path));
+    STRATA_ASSIGN_OR_RETURN(double s, positive(j, "seconds_per_step", path));
+    put(m, kAdam, n / s, source);
+  } else if (benchmark == "step") {
+    STRATA_ASSIGN_OR_RETURN(double n, positive(j, "params", path));
+    STRATA_ASSIGN_OR_RETURN(double io, positive(j, "io_seconds", path));
+    STRATA_ASSIGN_OR_RETURN(double c, positive(j, "compute_seconds", path));
+    put(m, kAdam, n / c, source);
+    put(m, kNvmeMixed, 24 * n / io, source);
+  } else if (collective == "allgather" || bench == "partitioned-read") {
+    STRATA_ASSIGN_OR_RETURN(double n, positive(j, "nproc", path));
+    if (collective == "allgather") {
+      if (n > 1) {
+        STRATA_ASSIGN_OR_RETURN(double b, positive(j, "busbw_gbps", path));
+        put(m, kAllgather, b * 1e9, source);
+      }
+    } else {
+      if (n > 1) {
+        STRATA_ASSIGN_OR_RETURN(double a, positive(j, "allgather_algbw_gbps", path));
+        put(m, kAllgather, a * 1e9 * (n - 1) / n, source);
+      }
+      if (j.contains("per_drive_gbps")) {
+        STRATA_ASSIGN_OR_RETURN(double d, positive(j, "per_drive_gbps", path));
+        put(m, kDriveRead, d * 1e9, source);
+      }
+    }
+  } else {
+    return invalid_argument(path + ": not the --json result of a strata bench command the "
+                            "planner reads (bench io, adam, step, allgather, partitioned-read)");
+  }
+  return Status::OK();
+}
+
+}  // namespace strata::cli::planner
