@@ -287,8 +287,20 @@ Result<Plan> plan(const PlanOptions& o, const Measurements& m) {
     add_tier(f.tiers, nvme ? "nvme" : "memory", total / M, need.get(nvme ? kNvmeRead : kMemoryCopy));
     if (nvme) add_tier(f.tiers, "drive", slice, need.optional(kDriveRead));
     if (gpus) add_tier(f.tiers, "pcie", slice, need.get(kPcie));
-    if (P > 1) add_tier(f.tiers, "network", total * (P - 1) / P, need.get(kAllgather));
-    finish_pipeline(f);
+    if (P > 1) {
+      add_tier(f.tiers, "network", total * (P - 1) / P, need.get(kAllgather));
+    } else if (nvme) {
+      // One rank: the gather is a copy of the slice into the destination.
+      add_tier(f.tiers, "memory", total, need.optional(kMemoryCopy));
+    }
+    if (o.overlap) {
+      finish_pipeline(f);
+    } else {  // the links one after the other (see PlanOptions::overlap)
+      f.seconds = 0;
+      for (const auto& t : f.tiers) f.seconds += t.seconds;
+      const TierTime* s = slowest(f.tiers);
+      f.bottleneck = s ? s->tier : "";
+    }
     credit(f.bottleneck, f.seconds);
     p.phases.push_back(std::move(f));
   }

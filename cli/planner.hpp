@@ -100,7 +100,12 @@ struct PlanOptions {
   Phase phase = Phase::kIteration;
   Offload offload = Offload::kAll;
   Device device = Device::kNvme;
-  bool overlap = false;      ///< forward/backward data movement hidden under compute
+  /// Forward/backward: data movement hidden under compute (max instead of sum). Fetch: the
+  /// reads, the copies and the all-gather pipelined piece by piece (PhasePlan's formula)
+  /// instead of one after the other. Default false: the paper's no-overlap assumption
+  /// (SC21 sec. 4.2), and what this 2-core machine shows for the fetch (docs/planner.md).
+  /// The optimizer step is always strata's pipeline (its measured overlap ~0.9-1.0).
+  bool overlap = false;
   double state_bytes = 12;   ///< optimizer state per param on the offload tier (fp32 master, m, v)
   double sub_group_numel = 16777216;  ///< optimizer pipeline item (elements; 64 MiB of fp32)
   double piece_bytes = 8388608;       ///< parameter-fetch pipeline piece per rank (bytes)

@@ -161,6 +161,7 @@ TEST(PlannerModel, PartitionedFetchOverFourDrives) {
   o.gpus_per_node = 0;
   o.ranks_per_node = 4;
   o.phase = Phase::kFetch;
+  o.overlap = true;  // pipelined pieces
   auto p = plan(o, meas({{kNvmeRead, 1e9}, {kDriveRead, 2e8}, {kAllgather, 2e9}}));
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   const PhasePlan& f = p->phases[0];
@@ -172,6 +173,20 @@ TEST(PlannerModel, PartitionedFetchOverFourDrives) {
   EXPECT_DOUBLE_EQ(p->predicted_step_seconds,
                    33554432 / 2e8 + (134217728 / 1e9 + 134217728 * 0.75 / 2e9) / 4);
   EXPECT_EQ(p->bottleneck, "drive");
+  // Without overlap: the sum of the links.
+  o.overlap = false;
+  auto q = plan(o, meas({{kNvmeRead, 1e9}, {kDriveRead, 2e8}, {kAllgather, 2e9}}));
+  ASSERT_TRUE(q.ok());
+  EXPECT_DOUBLE_EQ(q->predicted_step_seconds,
+                   134217728 / 1e9 + 33554432 / 2e8 + 134217728 * 0.75 / 2e9);
+  // One rank: the gather is a local copy, at the memory bandwidth when it is known.
+  o.ranks_per_node = 1;
+  auto one = plan(o, meas({{kNvmeRead, 1e9}, {kMemoryCopy, 4e9}}));
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->phases[0].tiers.size(), 2u);
+  EXPECT_EQ(one->phases[0].tiers[1].tier, "memory");
+  EXPECT_DOUBLE_EQ(one->predicted_step_seconds, 134217728 / 1e9 + 134217728 / 4e9);
+  EXPECT_EQ(one->bottleneck, "nvme");
 }
 
 TEST(PlannerModel, MissingMeasurementsAreNamed) {
