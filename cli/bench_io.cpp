@@ -40,6 +40,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "progress.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/io_engine.hpp"
@@ -247,8 +248,8 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
     });
   };
   LoopResult res;
+  Progress bar(std::string("  ") + label, size, Progress::Unit::kBytes);
   const auto t0 = std::chrono::steady_clock::now();
-  auto last_report = t0;
   for (uint32_t s = 0; s < slots && next < nreq; ++s) submit(s);
   while (completed < nreq) {
     std::pair<uint32_t, Status> c;
@@ -262,20 +263,10 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
     if (!c.second.ok() && res.status.ok()) res.status = c.second;
     if (res.status.ok() && next < nreq) submit(c.first);
     if (!res.status.ok() && completed == next) break;  // every submitted request is done
-    if (progress) {
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_report > std::chrono::milliseconds(500)) {
-        last_report = now;
-        const double secs = std::chrono::duration<double>(now - t0).count();
-        const uint64_t bytes = std::min(size, completed * bs);
-        std::fprintf(stderr, "\r  %s %5.1f%%  %.2f GB/s   ", label, 100.0 * bytes / size,
-                     gbps(bytes, secs));
-        std::fflush(stderr);
-      }
-    }
+    if (progress) bar.update(std::min(size, completed * bs));
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (progress) std::fprintf(stderr, "\r%60s\r", "");
+  bar.finish();
   return res;
 }
 
@@ -364,7 +355,7 @@ int run_bench_io(const BenchIoArgs& a) {
 
   auto file = StripedFile::open(*engine, a.paths, a.file_name, OpenMode::kReadWrite, unit);
   if (!file.ok()) return report_error(file.status());
-  const bool progress = stderr_is_tty() && !a.json;
+  const bool progress = progress_wanted();
 
   if (!write) {
     bool short_file = false;
