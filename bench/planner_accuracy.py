@@ -66,8 +66,11 @@ def median_of(results, key):
 def io_inputs(strata, path, size, ops=("write", "read")):
     out = {}
     for op in ops:
+        # Writes go to a fresh file (the store's copy-on-write chunks go to fresh extents);
+        # the read file is kept (laid out once).
+        keep = ["--keep"] if op == "read" else []
         out[op] = run_json(strata, "bench", "io", "--path", path, "--size", size, "--op", op,
-                           "--file-name", f"planner-acc-{op}.dat", "--keep")
+                           "--file-name", f"planner-acc-{op}.dat", *keep)
     return out
 
 
@@ -95,7 +98,8 @@ def step_rows(a, tmp):
         measured = median_of(step_r, "step_seconds")
         sg = step_r[0]["sub_group_numel"]
         common = ["--params", params, "--gpus", 0, "--nodes", 1, "--phase", "optimizer",
-                  "--offload", "optimizer", "--sub-group", sg]
+                  "--offload", "optimizer", "--sub-group", sg,
+                  "--chunk-bytes", step_r[0]["chunk_bytes"]]
         p = plan(a.strata, *common, "--nvme-read-bw", read, "--nvme-write-bw", write,
                  "--adam-params-per-s", adam)
         # The step's own probes, through --from-bench (the median run by step time).

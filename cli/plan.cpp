@@ -36,7 +36,8 @@ struct PlanArgs {
   std::vector<std::string> from_bench;
   std::string phase = "iteration", offload = "all", device = "nvme";
   std::string seq = "1024", batch = "1", peak_tflops = "70";
-  std::string state_bytes = "12", sub_group = "16777216", piece_bytes = "8388608";
+  std::string state_bytes = "12", sub_group = "16777216", chunk_bytes = "67108864";
+  std::string piece_bytes = "8388608";
   std::string hidden, ci = "1";
   bool overlap = false, offload_activations = false, json = false;
   // Measurement overrides (bytes/s or params/s; "" = not given).
@@ -84,6 +85,7 @@ int run_plan(const PlanArgs& a) {
            {a.peak_tflops, "--peak-tflops", &o.peak_tflops},
            {a.state_bytes, "--state-bytes", &o.state_bytes},
            {a.sub_group, "--sub-group", &o.sub_group_numel},
+           {a.chunk_bytes, "--chunk-bytes", &o.chunk_bytes},
            {a.piece_bytes, "--piece-bytes", &o.piece_bytes},
            {a.ci, "--ci", &o.ci}}) {
     if (Status st = num(text, opt, *out); !st.ok()) return report_error(st);
@@ -198,11 +200,14 @@ void register_plan(Registry& r) {
   add_defaulted(sub, "--peak-tflops", a->peak_tflops,
                 "achievable peak per GPU (TFLOP/s; 70 is the paper's V100 figure)");
   sub->add_flag("--overlap", a->overlap,
-                "assume forward/backward data movement fully hidden under compute (default: "
-                "the paper's no-overlap efficiency model)");
+                "assume overlap: forward/backward data movement hidden under compute, the "
+                "fetch's reads and all-gather pipelined (default: serial, the paper's "
+                "no-overlap model)");
   add_defaulted(sub, "--state-bytes", a->state_bytes,
                 "optimizer state bytes per param on the offload tier (Adam: fp32 master, m, v)");
   add_defaulted(sub, "--sub-group", a->sub_group, "optimizer sub-group (elements)");
+  add_defaulted(sub, "--chunk-bytes", a->chunk_bytes,
+                "store chunk (bytes): a smaller sub-group rewrites whole chunks");
   add_defaulted(sub, "--piece-bytes", a->piece_bytes, "partitioned-fetch piece per rank (bytes)");
   sub->add_option("--hidden", a->hidden, "hidden size (activation-checkpoint terms)");
   add_defaulted(sub, "--ci", a->ci, "transformer blocks per activation checkpoint");

@@ -151,6 +151,7 @@ Status validate(const PlanOptions& o) {
   if (!positive(o.state_bytes)) return invalid_argument("--state-bytes must be > 0");
   if (!positive(o.sub_group_numel)) return invalid_argument("--sub-group must be > 0");
   if (!positive(o.piece_bytes)) return invalid_argument("--piece-bytes must be > 0");
+  if (!positive(o.chunk_bytes)) return invalid_argument("--chunk-bytes must be > 0");
   if (!positive(o.ci)) return invalid_argument("--ci must be > 0");
   if (o.offload_activations && !positive(o.hidden)) {
     return invalid_argument("--offload-activations needs --hidden (the model's hidden size)");
@@ -239,7 +240,14 @@ Result<Plan> plan(const PlanOptions& o, const Measurements& m) {
     st.items = std::ceil(per_rank / o.sub_group_numel);
     if (opt_off) {
       if (nvme) {
-        double rd = o.state_bytes * per_node, wr = o.state_bytes * per_node;
+        // A sub-group smaller than a store chunk touches part of a chunk: its read_range
+        // reads (and verifies) the whole chunk, and its write_range is a copy-on-write of the
+        // whole chunk (read the old one, write a fresh one; store/src/store_ops.cpp). With k
+        // = chunk / (4 B x sub-group) sub-groups per chunk the drive reads 2k and writes k
+        // times the state; k = 1 (whole chunks) reads and writes it once.
+        const double k = std::max(1.0, std::ceil(o.chunk_bytes / (4 * o.sub_group_numel)));
+        double rd = o.state_bytes * per_node * (k > 1 ? 2 * k : 1.0);
+        double wr = o.state_bytes * per_node * k;
         if (params_off) wr += 2 * per_node;  // the updated fp16 parameters
         // Reads and writes share the node's drives: mixed throughput when measured, else
         // each direction at its own rate, one after the other.
@@ -363,7 +371,8 @@ nlohmann::json plan_to_json(const Plan& p, const Measurements& m) {
                  {"peak_tflops", o.peak_tflops}, {"phase", phase_name(o.phase)},
                  {"offload", offload_name(o.offload)}, {"device", device_name(o.device)},
                  {"overlap", o.overlap},         {"state_bytes_per_param", o.state_bytes},
-                 {"sub_group_numel", o.sub_group_numel}, {"piece_bytes", o.piece_bytes},
+                 {"sub_group_numel", o.sub_group_numel}, {"chunk_bytes", o.chunk_bytes},
+                 {"piece_bytes", o.piece_bytes},
                  {"flops_per_gpu", p.flops_per_gpu}};
   nlohmann::json meas = nlohmann::json::object();
   for (const auto& [k, v] : m) meas[k] = {{"value", v.value}, {"source", v.source}};

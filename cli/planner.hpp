@@ -108,6 +108,7 @@ struct PlanOptions {
   bool overlap = false;
   double state_bytes = 12;   ///< optimizer state per param on the offload tier (fp32 master, m, v)
   double sub_group_numel = 16777216;  ///< optimizer pipeline item (elements; 64 MiB of fp32)
+  double chunk_bytes = 67108864;      ///< the store's chunk (bytes; StoreOptions::chunk_bytes)
   double piece_bytes = 8388608;       ///< parameter-fetch pipeline piece per rank (bytes)
   double hidden = 0;         ///< hidden size; > 0 with offload_activations
   double ci = 1;             ///< transformer blocks per activation checkpoint
