@@ -49,7 +49,10 @@ def run_json(strata, *args, timeout=1800):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:  # progress lines before a one-line object
+        return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def save(tmp, name, obj):
@@ -61,6 +64,14 @@ def save(tmp, name, obj):
 
 def median_of(results, key):
     return statistics.median(r[key] for r in results)
+
+
+def store_inputs(strata, path):
+    """The store's put/get bandwidth (`bench store`: checksums and chunks included, the path
+    the optimizer step and the fetch take), as {"read": gbps, "write": gbps}."""
+    j = run_json(strata, "bench", "store", "--path", os.path.join(path, "store-bw"),
+                 "--object-size", "256MiB", "--count", 4, "--rounds", 2)
+    return {"read": {"gbps": j["get_gbps"]}, "write": {"gbps": j["put_gbps"]}, "raw": j}
 
 
 def io_inputs(strata, path, size, ops=("write", "read")):
@@ -83,8 +94,8 @@ def step_rows(a, tmp):
     for params, threads, sub_group in STEP_CONFIGS:
         io_r, adam_r, step_r = [], [], []
         for k in range(a.rounds):
-            io = io_inputs(a.strata, a.path, "1GiB")
-            io_r.append(io)
+            io_r.append(store_inputs(a.strata, a.path) if a.inputs == "store"
+                        else io_inputs(a.strata, a.path, "1GiB"))
             adam_r.append(run_json(a.strata, "bench", "adam", "--numel", min(params, 50_000_000),
                                    "--threads", threads, "--steps", 5))
             step_r.append(run_json(a.strata, "bench", "step", "--params", params, "--path",
@@ -139,7 +150,8 @@ def fetch_rows(a, tmp):
     for n in (1, 2, 4):
         read_r, gather_r, part_r = [], [], []
         for k in range(a.rounds):
-            read_r.append(io_inputs(a.strata, a.path, "1GiB", ops=("read",))["read"])
+            read_r.append(store_inputs(a.strata, a.path)["read"] if a.inputs == "store"
+                          else io_inputs(a.strata, a.path, "1GiB", ops=("read",))["read"])
             gather_r.append(run_json(a.strata, "bench", "allgather", "--nproc", n,
                                      "--bytes", FETCH_BYTES, "--iters", 5))
             args = ["bench", "partitioned-read", "--nproc", n, "--bytes", FETCH_BYTES,
@@ -161,9 +173,9 @@ def fetch_rows(a, tmp):
             copy = statistics.median(x["memcpy_gbps"] for x in gather_r) * 1e9
             args += ["--memory-bw", copy]
             inputs["memory_copy_bytes_per_s"] = copy
-        if emulated:
-            args += ["--drive-bw", part_r[0]["per_drive_bytes_per_s"]
-                     if "per_drive_bytes_per_s" in part_r[0] else a.emulated_drive_bw]
+        if emulated:  # the drives' configured throttle B (bytes/s), not what they delivered
+            args += ["--drive-bw", part_r[0]["emulated_drive_bw"]]
+            inputs["drive_read_bytes_per_s"] = part_r[0]["emulated_drive_bw"]
         p = plan(a.strata, *args)
         measured = median_of(part_r, "seconds")
         rows.append({
@@ -188,7 +200,11 @@ def main():
     ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", choices=["step", "fetch"])
-    ap.add_argument("--emulated-drive-bw", help="B per emulated drive (e.g. 200MB)")
+    ap.add_argument("--inputs", choices=["store", "io"], default="store",
+                    help="NVMe rates from `bench store` (the store's data path, default) or "
+                    "`bench io` (the raw engine, what `strata tune` measures)")
+    ap.add_argument("--emulated-drive-bw", help="B per emulated drive, as `bench partitioned-read "
+                    "--emulated-drive-bw` takes it (root only)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "data", "planner_accuracy.json"))
     a = ap.parse_args()
     os.makedirs(a.path, exist_ok=True)
@@ -200,6 +216,7 @@ def main():
         if a.only in (None, "fetch"):
             rows += fetch_rows(a, tmp)
     out = {"benchmark": "planner_accuracy", "rounds": a.rounds, "path": a.path,
+           "nvme_inputs": a.inputs,
            "load_average": os.getloadavg(), "nproc": os.cpu_count(),
            "wall_seconds": time.time() - t0, "rows": rows}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -71,9 +71,10 @@ Status read_config_measured(const std::string& path, Measurements& m) {
 
 Status read_bench_json(const std::string& path, Measurements& m) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  // The object is the last non-empty line (progress lines may come first).
-  std::string last;
-  {
+  // The whole file, or else its last non-empty line (progress lines may come first).
+  std::string last = text;
+  if (!nlohmann::json::accept(text)) {
+    last.clear();
     std::istringstream ss(text);
     for (std::string line; std::getline(ss, line);) {
       if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
@@ -91,6 +92,11 @@ Status read_bench_json(const std::string& path, Measurements& m) {
   if (op == "read" || op == "write") {
     STRATA_ASSIGN_OR_RETURN(double g, positive(j, "gbps", path));
     put(m, op == "read" ? kNvmeRead : kNvmeWrite, g * 1e9, source);
+  } else if (j.contains("put_gbps") && j.contains("get_gbps")) {  // bench store
+    STRATA_ASSIGN_OR_RETURN(double pw, positive(j, "put_gbps", path));
+    STRATA_ASSIGN_OR_RETURN(double gr, positive(j, "get_gbps", path));
+    put(m, kNvmeWrite, pw * 1e9, source);
+    put(m, kNvmeRead, gr * 1e9, source);
   } else if (benchmark == "adam") {
     STRATA_ASSIGN_OR_RETURN(double n, positive(j, "numel", path));
     STRATA_ASSIGN_OR_RETURN(double s, positive(j, "seconds_per_step", path));
@@ -113,14 +119,15 @@ Status read_bench_json(const std::string& path, Measurements& m) {
         STRATA_ASSIGN_OR_RETURN(double a, positive(j, "allgather_algbw_gbps", path));
         put(m, kAllgather, a * 1e9 * (n - 1) / n, source);
       }
-      if (j.contains("per_drive_gbps")) {
+      // Each rank on its own (emulated) drive: what one drive delivered while all read.
+      if (j.value("emulated", false)) {
         STRATA_ASSIGN_OR_RETURN(double d, positive(j, "per_drive_gbps", path));
         put(m, kDriveRead, d * 1e9, source);
       }
     }
   } else {
     return invalid_argument(path + ": not the --json result of a strata bench command the "
-                            "planner reads (bench io, adam, step, allgather, partitioned-read)");
+                            "planner reads (bench io, store, adam, step, allgather, partitioned-read)");
   }
   return Status::OK();
 }

@@ -285,9 +285,17 @@ TEST(PlannerInputs, BenchJson) {
   ASSERT_TRUE(read_bench_json(write_file(d, "s.json", R"({"benchmark": "step", "params": 1e8, "io_seconds": 2, "compute_seconds": 0.5})"), m).ok());
   EXPECT_EQ(m.at(kNvmeMixed).value, 1.2e9);
   EXPECT_EQ(m.at(kAdam).value, 2e8);  // replaced by the later file
-  ASSERT_TRUE(read_bench_json(write_file(d, "p.json", R"({"bench": "partitioned-read", "nproc": 4, "allgather_algbw_gbps": 4, "per_drive_gbps": 0.2})"), m).ok());
+  ASSERT_TRUE(read_bench_json(write_file(d, "p.json", R"({"bench": "partitioned-read", "nproc": 4, "allgather_algbw_gbps": 4, "per_drive_gbps": 0.2, "emulated": true})"), m).ok());
   EXPECT_EQ(m.at(kAllgather).value, 3e9);
   EXPECT_EQ(m.at(kDriveRead).value, 2e8);
+  Measurements sm;  // bench store prints its object over several lines
+  ASSERT_TRUE(read_bench_json(write_file(d, "st.json", "{\n \"object_bytes\": 1,\n \"put_gbps\": 0.5,\n \"get_gbps\": 0.75\n}\n"), sm).ok());
+  EXPECT_EQ(sm.at(kNvmeWrite).value, 0.5e9);
+  EXPECT_EQ(sm.at(kNvmeRead).value, 0.75e9);
+  Measurements shared;  // ranks sharing one disk: no per-drive figure
+  ASSERT_TRUE(read_bench_json(write_file(d, "q.json", R"({"bench": "partitioned-read", "nproc": 2, "allgather_algbw_gbps": 4, "per_drive_gbps": 0.2, "emulated": false})"), shared).ok());
+  EXPECT_EQ(shared.count(kDriveRead), 0u);
+  EXPECT_EQ(shared.at(kAllgather).value, 2e9);
 
   Status st = read_bench_json(write_file(d, "x.json", R"({"hello": 1})"), m);
   EXPECT_NE(st.to_string().find("not the --json result of a strata bench command"), std::string::npos);
