@@ -292,8 +292,12 @@ Result<Plan> plan(const PlanOptions& o, const Measurements& m) {
     f.name = "parameter_fetch";
     const double total = 2 * N, slice = total / P;
     f.items = std::ceil(slice / o.piece_bytes);
-    add_tier(f.tiers, nvme ? "nvme" : "memory", total / M, need.get(nvme ? kNvmeRead : kMemoryCopy));
-    if (nvme) add_tier(f.tiers, "drive", slice, need.optional(kDriveRead));
+    // The reads are bounded by the node's aggregate and, when known, by each rank's own
+    // drive: one stage, limited by the slower of the two.
+    std::vector<TierTime> reads;
+    add_tier(reads, nvme ? "nvme" : "memory", total / M, need.get(nvme ? kNvmeRead : kMemoryCopy));
+    if (nvme) add_tier(reads, "drive", slice, need.optional(kDriveRead));
+    if (const TierTime* r = slowest(reads)) f.tiers.push_back(*r);
     if (gpus) add_tier(f.tiers, "pcie", slice, need.get(kPcie));
     if (P > 1) {
       add_tier(f.tiers, "network", total * (P - 1) / P, need.get(kAllgather));
