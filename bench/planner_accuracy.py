@@ -118,6 +118,8 @@ def step_rows(a, tmp):
         q = plan(a.strata, *common, "--from-bench", save(tmp, f"step-{params}-{threads}.json", mid))
         rows.append({
             "kind": "step",
+            "label": f"step, {params / 1e6:.0f}M params, threads {threads}, sub-group "
+                     f"{sg / 2**20:.0f} Mi",
             "config": f"bench step --params {params} --threads {threads} --sub-group {sg}",
             "params": params, "threads": threads, "sub_group_numel": sg,
             "inputs": {"nvme_read_bytes_per_s": read, "nvme_write_bytes_per_s": write,
@@ -178,8 +180,26 @@ def fetch_rows(a, tmp):
             inputs["drive_read_bytes_per_s"] = part_r[0]["emulated_drive_bw"]
         p = plan(a.strata, *args)
         measured = median_of(part_r, "seconds")
+        # The read phase alone: the plan's time on the drive (or NVMe) link against the
+        # bench's read_seconds (every rank reading its slice, slowest rank), which is what
+        # grows with the number of drives; the fetch above adds the all-gather.
+        fetch_phase = next(ph for ph in p["phases"] if ph["phase"] == "parameter_fetch")
+        read_tier = next(t for t in fetch_phase["tiers"] if t["tier"] in ("drive", "nvme"))
+        read_measured = median_of(part_r, "read_seconds")
+        where = "emulated drives" if emulated else "one disk"
         rows.append({
-            "kind": "fetch",
+            "kind": "read", "label": f"read phase, N = {n}, {where}",
+            "config": f"read phase of bench partitioned-read --nproc {n} --bytes {FETCH_BYTES}"
+                      + (f" --emulated-drive-bw {a.emulated_drive_bw}" if emulated else ""),
+            "nproc": n, "inputs": inputs,
+            "predicted_seconds": read_tier["seconds"],
+            "predicted_bottleneck": read_tier["tier"],
+            "measured_seconds": read_measured,
+            "measured_seconds_all": [r["read_seconds"] for r in part_r],
+            "ratio": read_tier["seconds"] / read_measured,
+        })
+        rows.append({
+            "kind": "fetch", "label": f"partitioned fetch, N = {n}, {where}",
             "config": f"bench partitioned-read --nproc {n} --bytes {FETCH_BYTES}"
                       + (f" --emulated-drive-bw {a.emulated_drive_bw}" if emulated else ""),
             "nproc": n, "inputs": inputs,
@@ -218,7 +238,7 @@ def main():
     out = {"benchmark": "planner_accuracy", "rounds": a.rounds, "path": a.path,
            "nvme_inputs": a.inputs,
            "load_average": os.getloadavg(), "nproc": os.cpu_count(),
-           "wall_seconds": time.time() - t0, "rows": rows}
+           "wall_seconds": time.time() - t0, "results": rows}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
