@@ -30,6 +30,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "config_option.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/offload.hpp"
@@ -58,6 +59,7 @@ struct BenchStepArgs {
   uint32_t store_workers = 0;  // 0: the StoreOptions default
   bool keep = false;
   bool json = false;
+  std::string config;  // --config FILE
 };
 
 uint64_t peak_rss_bytes() {
@@ -179,7 +181,7 @@ int run_bench_step(const BenchStepArgs& a) {
   }
   RemoveDirsOnExit cleanup{dirs, a.keep};
 
-  auto so_r = StoreOptions::from_env();
+  auto so_r = StoreOptions::from_config(a.config);
   if (!so_r.ok()) return report_error(so_r.status());
   StoreOptions so = *so_r;
   so.path = dirs[0];
@@ -401,6 +403,7 @@ void register_bench_step(Registry& r) {
                 "store worker threads (0 = the store default, 4)");
   sub->add_flag("--keep", args->keep, "keep the store directories");
   sub->add_flag("--json", args->json, "print one JSON object");
+  add_config_option(sub, args->config);
 }
 
 STRATA_CLI_COMMAND(register_bench_step);

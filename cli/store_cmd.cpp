@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "command.hpp"
+#include "config_option.hpp"
 #include "key_text.hpp"
 #include "strata/base/units.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::cli {
@@ -31,8 +33,11 @@ std::string resolve_key(Store& s, const std::string& arg) {
   return k && s.contains(*k) ? *k : arg;
 }
 
-StoreOptions inspect_options(const std::string& dir, bool read_only) {
-  StoreOptions o;
+/// The options of an inspecting open: the configuration's (--config, $STRATA_CONFIG) and
+/// STRATA_* variables' engine and store settings, with small memory budgets.
+Result<StoreOptions> inspect_options(const std::string& dir, bool read_only,
+                                     const std::string& config) {
+  STRATA_ASSIGN_OR_RETURN(StoreOptions o, StoreOptions::from_config(config));
   o.path = dir;
   o.read_only = read_only;
   o.create = false;
@@ -49,9 +54,11 @@ struct StoreArgs {
   std::vector<std::string> keys;
   std::string prefix;
   bool json = false;
+  std::string config;  // --config FILE
 };
 
 int run_ls(const StoreArgs& a) {
+  if (auto c = load_config_to_use(a.config); !c.ok()) return report_error(c.status());
   auto l = list_store(a.dir, a.prefix);
   if (!l.ok()) return report_error(l.status());
   if (a.json) {
@@ -103,7 +110,9 @@ int for_each_key(Store& s, const std::vector<std::string>& args,
 }
 
 int run_stat(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, true));
+  auto o = inspect_options(a.dir, true, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   int rc = for_each_key(**s, a.keys, [&](const std::string& key) -> Status {
     STRATA_ASSIGN_OR_RETURN(ObjectInfo i, (*s)->stat(key));
@@ -122,7 +131,9 @@ int run_stat(const StoreArgs& a) {
 }
 
 int run_verify(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, true));
+  auto o = inspect_options(a.dir, true, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   auto t0 = Clock::now();
   auto r = (*s)->verify();
@@ -136,7 +147,9 @@ int run_verify(const StoreArgs& a) {
 }
 
 int run_rm(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, false));
+  auto o = inspect_options(a.dir, false, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   int rc = for_each_key(**s, a.keys,
                         [&](const std::string& key) { return (*s)->remove(key); });
@@ -162,6 +175,7 @@ void register_store_commands(Registry& r) {
     auto args = std::make_shared<StoreArgs>();
     auto* sub = add_command(store, s.name, s.help, args, s.fn);
     sub->add_option("DIR", args->dir, "store directory")->required();
+    add_config_option(sub, args->config);
     if (s.keys) {
       sub->add_option("KEY", args->keys,
                       "object keys; a key `ls` prints escaped (e.g. a\\x00b for one holding a "
