@@ -92,9 +92,8 @@ int run_bench_io(const BenchIoArgs& a) {
     size = parse_size_or_throw(a.size, "--size");
     if (given(a.block_size_opt)) bs = parse_size_or_throw(a.block_size, "--block-size");
     if (bs == 0) return report_error(invalid_argument("--block-size '" + a.block_size + "' must be > 0"));
-    req = a.request_size.empty()
-              ? std::max<uint64_t>(bs, static_cast<uint64_t>(eo.queue_depth) * bs / 4 / bs * bs)
-              : parse_size_or_throw(a.request_size, "--request-size");
+    req = a.request_size.empty() ? pass_shape(eo.queue_depth, bs).request
+                                 : parse_size_or_throw(a.request_size, "--request-size");
     if (!a.stripe_unit.empty()) {
       unit = parse_size_or_throw(a.stripe_unit, "--stripe-unit");
     } else if (*cfg && (*cfg)->store.chunk_bytes) {
@@ -142,9 +141,7 @@ int run_bench_io(const BenchIoArgs& a) {
       return report_error(st);
     }
   }
-  // Requests outstanding: 2 x queue_depth x block_size bytes of them (at least 2 requests).
-  const uint32_t slots = static_cast<uint32_t>(
-      std::max<uint64_t>(2, (2 * static_cast<uint64_t>(eo.queue_depth) * bs + req - 1) / req));
+  const uint32_t slots = pass_shape(eo.queue_depth, bs, req).slots;
   auto mem_bytes_r = checked_mul(slots, req, "bench io buffer: " + std::to_string(slots) +
                                                  " requests outstanding of --request-size");
   if (!mem_bytes_r.ok()) return report_error(mem_bytes_r.status());

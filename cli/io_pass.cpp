@@ -21,6 +21,16 @@ uint64_t striped_file_bytes(uint64_t size, uint64_t u, uint64_t k, uint64_t j) {
   return units * u + (j == nfull % k ? rem : 0);
 }
 
+PassShape pass_shape(uint32_t queue_depth, uint64_t bs, uint64_t request_size) {
+  PassShape p;
+  p.request = request_size != 0
+                  ? request_size
+                  : std::max<uint64_t>(bs, static_cast<uint64_t>(queue_depth) * bs / 4 / bs * bs);
+  p.slots = static_cast<uint32_t>(std::max<uint64_t>(
+      2, (2 * static_cast<uint64_t>(queue_depth) * bs + p.request - 1) / p.request));
+  return p;
+}
+
 void drop_page_cache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;

@@ -171,6 +171,16 @@ uint64_t striped_file_bytes(uint64_t size, uint64_t u, uint64_t k, uint64_t j);
 /// the device.
 void drop_page_cache(const std::string& path);
 
+/// How bench io keeps a device queue full: requests of `request` bytes (default
+/// max(bs, queue_depth x bs / 4), a multiple of bs), `slots` of them outstanding
+/// (2 x queue_depth x bs bytes, at least 2 requests).
+struct PassShape {
+  uint64_t request = 0;
+  uint32_t slots = 0;
+};
+/// \param request_size 0 = the default above.
+PassShape pass_shape(uint32_t queue_depth, uint64_t bs, uint64_t request_size = 0);
+
 struct LoopResult {
   double seconds = 0;  ///< wall time of the loop
   Status status;       ///< the first failing request's error
