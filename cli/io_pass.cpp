@@ -41,7 +41,7 @@ void drop_page_cache(const std::string& path) {
 
 
 LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uint64_t bs,
-                    uint32_t slots, bool progress, const char* label) {
+                    uint32_t slots, bool progress, const char* label, double max_seconds) {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<uint32_t, Status>> done;
@@ -64,7 +64,8 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
   for (uint32_t s = 0; s < slots && next < nreq; ++s) submit(s);
-  while (completed < nreq) {
+  bool stopped = false;  // max_seconds passed: no further submissions
+  while (completed < next) {
     std::pair<uint32_t, Status> c;
     {
       std::unique_lock<std::mutex> lk(mu);
@@ -74,8 +75,11 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
     }
     ++completed;
     if (!c.second.ok() && res.status.ok()) res.status = c.second;
-    if (res.status.ok() && next < nreq) submit(c.first);
-    if (!res.status.ok() && completed == next) break;  // every submitted request is done
+    if (max_seconds > 0 && !stopped &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > max_seconds) {
+      stopped = true;
+    }
+    if (res.status.ok() && !stopped && next < nreq) submit(c.first);
     if (progress) {
       auto now = std::chrono::steady_clock::now();
       if (now - last_report > std::chrono::milliseconds(500)) {
@@ -89,6 +93,7 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
     }
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.bytes = std::min(size, next * bs);
   if (progress) std::fprintf(stderr, "\r%60s\r", "");
   return res;
 }

@@ -183,13 +183,15 @@ PassShape pass_shape(uint32_t queue_depth, uint64_t bs, uint64_t request_size = 
 
 struct LoopResult {
   double seconds = 0;  ///< wall time of the loop
+  uint64_t bytes = 0;  ///< bytes transferred: [0, bytes) of the extent
   Status status;       ///< the first failing request's error
 };
 
 /// Keeps `slots` requests of `bs` bytes outstanding over [0, size) of `file` (reads, or
 /// writes from `mem`, which holds slots x bs bytes) until all are done; with `progress`, a
-/// "<label> NN.N%  X GB/s" line on stderr every 0.5 s.
+/// "<label> NN.N%  X GB/s" line on stderr every 0.5 s. With `max_seconds` > 0, no request
+/// is submitted after that many seconds: the loop ends when those in flight are done.
 LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uint64_t bs,
-                    uint32_t slots, bool progress, const char* label);
+                    uint32_t slots, bool progress, const char* label, double max_seconds = 0);
 
 }  // namespace strata::cli

@@ -7,7 +7,9 @@
 //     engine (io_uring, O_DIRECT) writes then reads one test file per --path (striped RAID-0
 //     when several, stripe unit = block size), sequentially, exactly as `strata bench io`
 //     does (io_pass.hpp: same request sizes, same outstanding bytes, page cache dropped
-//     before each read). GB/s = 1e9 bytes / s of the timed loop.
+//     before each read), each pass stopping after --bytes or a time limit. Each
+//     configuration runs `repeats` times, the sweep order reversed each time; the figures
+//     are the medians. GB/s = 1e9 bytes / s of the timed loop.
 //  2. Choice: the best read bandwidth B; among the configurations reading at >= 97% of B,
 //     the one with the fewest bytes in flight (queue depth x block size x workers), then
 //     fewer workers, then the better write bandwidth. Within 3% the measurements do not tell
@@ -25,7 +27,8 @@
 //     tuned keys are replaced: what else the user set stays.
 //
 // The test files (strata-tune.dat in each path) are removed when the run ends, also after
-// an error or SIGINT (FileGuard). The default sweep takes about a minute on a ~1 GB/s disk.
+// an error or SIGINT (FileGuard). The default sweep (18 configurations x 2 passes of at most
+// 0.4 s each way, a 1 GiB file laid out first) takes about a minute.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -65,7 +68,9 @@ struct Sweep {
   std::vector<uint32_t> queue_depths;
   std::vector<uint32_t> workers;
   std::vector<uint64_t> chunk_sizes;  // several paths only
-  uint64_t bytes = 0;                 // per pass (all paths together)
+  uint64_t bytes = 0;                 // test file size (all paths together), most per pass
+  double pass_seconds = 0;            // a pass ends after this long
+  int repeats = 0;                    // passes per configuration (alternating sweep order)
   uint64_t copy_bytes = 0;            // per buffer of the memory copy
   uint64_t adam_numel = 0;
   int adam_steps = 0;
@@ -79,6 +84,8 @@ Sweep make_sweep(const TuneArgs& a) {
     s.workers = {1};
     s.chunk_sizes = {kMiB, 4 * kMiB};
     s.bytes = 16 * kMiB;
+    s.pass_seconds = 0.2;
+    s.repeats = 1;
     s.copy_bytes = 16 * kMiB;
     s.adam_numel = 1'000'000;
     s.adam_steps = 2;
@@ -88,16 +95,20 @@ Sweep make_sweep(const TuneArgs& a) {
     s.queue_depths = {2, 4, 8, 16, 32, 64, 128};
     s.workers = {1, 2, 4};
     s.chunk_sizes = {kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB};
-    s.bytes = kGiB;
+    s.bytes = 2 * kGiB;
+    s.pass_seconds = 1.0;
+    s.repeats = 3;
     s.copy_bytes = 512 * kMiB;
     s.adam_numel = 100'000'000;
     s.adam_steps = 10;
   } else {
-    s.block_sizes = {128 * kKiB, 512 * kKiB, kMiB, 4 * kMiB};
-    s.queue_depths = {4, 16, 32, 64};
+    s.block_sizes = {256 * kKiB, kMiB, 4 * kMiB};
+    s.queue_depths = {8, 32, 64};
     s.workers = {1, 2};
     s.chunk_sizes = {kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB};
-    s.bytes = 384 * kMiB;
+    s.bytes = kGiB;
+    s.pass_seconds = 0.4;
+    s.repeats = 2;
     s.copy_bytes = 256 * kMiB;
     s.adam_numel = 20'000'000;
     s.adam_steps = 5;
@@ -116,10 +127,12 @@ struct IoPoint {
 
 const char* kFileName = "strata-tune.dat";
 
-/// Writes then reads `bytes` over the striped test file with a fresh engine of `p`'s
-/// settings; fills p.read_bps / p.write_bps. With `read_only`, the file must hold the bytes.
-Status measure_point(const std::vector<std::string>& paths, uint64_t bytes, bool read_only,
-                     bool progress, IoPoint& p) {
+/// One write pass then one read pass (each at most `bytes` from offset 0, and at most
+/// `seconds` long) over the striped test file, which holds `bytes` already, with a fresh
+/// engine of `p`'s settings; sets p.write_bps / p.read_bps. With `layout`, one untimed
+/// write of the whole file instead.
+Status measure_point(const std::vector<std::string>& paths, uint64_t bytes, double seconds,
+                     bool layout, bool progress, IoPoint& p) {
   IoEngineOptions eo;  // the built-in defaults: what tune decides is its own to sweep
   eo.kind = EngineKind::kUring;
   eo.direct = true;
@@ -134,18 +147,17 @@ Status measure_point(const std::vector<std::string>& paths, uint64_t bytes, bool
   for (uint64_t i = 0; i < mem_bytes; i += 4096) std::memset(mem.data() + i, static_cast<int>(i >> 12), 4096);
   STRATA_ASSIGN_OR_RETURN(auto file, StripedFile::open(engine, paths, kFileName,
                                                        OpenMode::kReadWrite, p.stripe_unit));
-  if (!read_only) {
-    LoopResult w = run_loop(*file, true, mem.data(), bytes, shape.request, shape.slots, progress,
-                            "write");
-    STRATA_RETURN_IF_ERROR(w.status);
-    STRATA_RETURN_IF_ERROR(file->sync_async().result().status());
-    p.write_bps = static_cast<double>(bytes) / w.seconds;
-  }
+  LoopResult w = run_loop(*file, true, mem.data(), bytes, shape.request, shape.slots, progress,
+                          layout ? "layout" : "write", layout ? 0.0 : seconds);
+  STRATA_RETURN_IF_ERROR(w.status);
+  STRATA_RETURN_IF_ERROR(file->sync_async().result().status());
+  if (layout) return Status::OK();
+  p.write_bps = static_cast<double>(w.bytes) / w.seconds;
   for (const auto& f : file->files()) drop_page_cache(f->path());
   LoopResult r = run_loop(*file, false, mem.data(), bytes, shape.request, shape.slots, progress,
-                          "read");
+                          "read", seconds);
   STRATA_RETURN_IF_ERROR(r.status);
-  p.read_bps = static_cast<double>(bytes) / r.seconds;
+  p.read_bps = static_cast<double>(r.bytes) / r.seconds;
   if (!file->files()[0]->direct()) {
     return failed_precondition("tune: " + paths[0] +
                                " refuses O_DIRECT (e.g. tmpfs): the figures would be the page "
@@ -265,12 +277,24 @@ int run_tune(const TuneArgs& a) {
   const bool progress = stderr_is_tty() && !a.json;
   const size_t total = sw.block_sizes.size() * sw.queue_depths.size() * sw.workers.size();
   if (!a.json) {
-    std::printf("strata tune: %zu path(s), %s per pass, %zu configurations (io_uring, O_DIRECT, "
-                "sequential write then read)\n",
-                a.paths.size(), format_bytes(sw.bytes).c_str(), total);
-    std::printf("  %10s %5s %7s %10s %10s\n", "block", "qd", "workers", "read GB/s", "write GB/s");
+    std::printf("strata tune: %zu path(s), a %s test file, %zu configurations x %d passes of "
+                "at most %.1f s (io_uring, O_DIRECT, sequential write then read; medians)\n",
+                a.paths.size(), format_bytes(sw.bytes).c_str(), total, sw.repeats,
+                sw.pass_seconds);
     std::fflush(stdout);
   }
+  {  // the test file, untimed, with the sweep's largest transfers
+    IoPoint lay;
+    lay.block_size = *std::max_element(sw.block_sizes.begin(), sw.block_sizes.end());
+    lay.queue_depth = 16;
+    lay.workers = 1;
+    lay.stripe_unit = lay.block_size;
+    if (Status st = measure_point(a.paths, sw.bytes, 0, true, progress, lay); !st.ok()) {
+      return report_error(st.with_context("tune: laying out the test file"));
+    }
+  }
+  // Every configuration `repeats` times, the sweep order reversed each time (drifts in the
+  // machine's load hit all alike); each figure is the median of its passes.
   std::vector<IoPoint> pts;
   for (uint32_t w : sw.workers) {
     for (uint32_t qd : sw.queue_depths) {
@@ -280,24 +304,43 @@ int run_tune(const TuneArgs& a) {
         p.queue_depth = qd;
         p.workers = w;
         p.stripe_unit = bs;
-        if (progress) {
-          std::fprintf(stderr, "\r  [%zu/%zu] bs %s qd %u workers %u ...", pts.size() + 1, total,
-                       size_text(bs).c_str(), qd, w);
-          std::fflush(stderr);
-        }
-        if (Status st = measure_point(a.paths, sw.bytes, false, progress, p); !st.ok()) {
-          return report_error(st.with_context("tune: block size " + std::to_string(bs) +
-                                              ", queue depth " + std::to_string(qd) +
-                                              ", workers " + std::to_string(w)));
-        }
-        if (progress) std::fprintf(stderr, "\r%70s\r", "");
-        if (!a.json) {
-          std::printf("  %10s %5u %7u %10.2f %10.2f\n", size_text(bs).c_str(), qd, w,
-                      p.read_bps / 1e9, p.write_bps / 1e9);
-          std::fflush(stdout);
-        }
         pts.push_back(p);
       }
+    }
+  }
+  std::vector<std::vector<double>> reads(pts.size()), writes(pts.size());
+  size_t done = 0;
+  for (int rep = 0; rep < sw.repeats; ++rep) {
+    for (size_t n = 0; n < pts.size(); ++n) {
+      const size_t i = rep % 2 == 0 ? n : pts.size() - 1 - n;
+      IoPoint p = pts[i];
+      if (progress) {
+        std::fprintf(stderr, "\r  [%zu/%zu] bs %s qd %u workers %u ...", ++done,
+                     pts.size() * sw.repeats, size_text(p.block_size).c_str(), p.queue_depth,
+                     p.workers);
+        std::fflush(stderr);
+      }
+      if (Status st = measure_point(a.paths, sw.bytes, sw.pass_seconds, false, progress, p);
+          !st.ok()) {
+        return report_error(st.with_context("tune: block size " + std::to_string(p.block_size) +
+                                            ", queue depth " + std::to_string(p.queue_depth) +
+                                            ", workers " + std::to_string(p.workers)));
+      }
+      reads[i].push_back(p.read_bps);
+      writes[i].push_back(p.write_bps);
+    }
+  }
+  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  if (!a.json) {
+    std::printf("  %10s %5s %7s %10s %10s\n", "block", "qd", "workers", "read GB/s", "write GB/s");
+  }
+  for (size_t i = 0; i < pts.size(); ++i) {
+    pts[i].read_bps = median(reads[i]);
+    pts[i].write_bps = median(writes[i]);
+    if (!a.json) {
+      std::printf("  %10s %5u %7u %10.2f %10.2f\n", size_text(pts[i].block_size).c_str(),
+                  pts[i].queue_depth, pts[i].workers, pts[i].read_bps / 1e9,
+                  pts[i].write_bps / 1e9);
     }
   }
   IoPoint best = pts[choose(pts)];
@@ -306,7 +349,8 @@ int run_tune(const TuneArgs& a) {
     for (uint64_t c : sw.chunk_sizes) {
       IoPoint p = best;
       p.stripe_unit = c;
-      if (Status st = measure_point(a.paths, sw.bytes, false, progress, p); !st.ok()) {
+      if (Status st = measure_point(a.paths, sw.bytes, sw.pass_seconds, false, progress, p);
+          !st.ok()) {
         return report_error(st.with_context("tune: stripe unit " + std::to_string(c)));
       }
       chunk_pts.push_back(p);
@@ -401,9 +445,11 @@ void register_tune(Registry& r) {
                 "change)");
   auto* lng = sub->add_flag("--long", args->long_sweep,
                             "a wider sweep (8 block sizes x 7 queue depths x 3 worker counts, "
-                            "1 GiB per pass): about half an hour on a 1 GB/s disk");
+                            "3 passes of 1 s each): about 20 minutes");
   sub->add_flag("--quick", args->quick, "a tiny sweep (16 MiB per pass; for tests)")->excludes(lng);
-  sub->add_option("--bytes", args->bytes, "bytes per pass over all paths (default 384MiB)");
+  sub->add_option("--bytes", args->bytes,
+                  "test file size over all paths, the most a pass moves (default 1GiB; --long "
+                  "2GiB, --quick 16MiB)");
   sub->add_flag("--json", args->json, "print one JSON object");
 }
 

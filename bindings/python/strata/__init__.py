@@ -118,13 +118,15 @@ class Store:
     def open(cls, path: str, nvme: Optional[Sequence[str]] = None, host_budget: Optional[Size] = None,
              nvme_budget: Optional[Size] = None, device_budget: Optional[Size] = None,
              chunk_size: Optional[Size] = None, staging: Optional[Size] = None,
-             verify: Optional[bool] = None, durability: str = "put", read_only: bool = False,
-             create: bool = True, workers: Optional[int] = None,
-             numa_node: Optional[int] = None, device_id: Optional[int] = None) -> "Store":
+             verify: Optional[bool] = None, durability: Optional[str] = None,
+             read_only: bool = False, create: bool = True, workers: Optional[int] = None,
+             numa_node: Optional[int] = None, device_id: Optional[int] = None,
+             config: Optional[str] = None) -> "Store":
         """Opens (or creates) the store rooted at ``path`` and takes its write lock.
 
         Sizes are ints (bytes) or strings such as ``"1GiB"`` (powers of 1024). ``None`` keeps
-        the default, seeded from the STRATA_* environment variables.
+        the default: built-in < the configuration file < the STRATA_* environment variables
+        (docs/configuration.md); an argument given here wins over all three.
 
         :param nvme: directories (one per drive) to stripe chunks over; default ``[path]``.
         :param host_budget: pinned DRAM for host-tier objects (default 1 GiB).
@@ -133,19 +135,32 @@ class Store:
         :param chunk_size: chunk size of a new store, multiple of 4096 (default 64 MiB).
         :param staging: pinned staging bytes for unaligned buffers (default 256 MiB).
         :param verify: verify chunk checksums on reads (default True).
-        :param durability: ``"put"`` (each NVMe put durable when it returns) or ``"flush"``.
+        :param durability: ``"put"`` (each NVMe put durable when it returns; the default) or
+            ``"flush"``.
         :param workers: threads that run store operations, 1 to 1024 (default 4).
         :param numa_node: NUMA placement: ``None``/-1 automatic (each NVMe directory's
             staging memory and I/O threads on its drive's node, the host tier near the GPU),
             -2 no binding, N everything on node N (see docs/store.md).
+        :param config: a configuration file (JSON, e.g. written by ``strata tune``) whose
+            "io" and "store" sections seed the options; default ``$STRATA_CONFIG`` when
+            set. Its path is :attr:`config_file`, where the strata.torch optimizers read
+            their "optimizer" section.
         :raises FailedPreconditionError: another process holds the store's lock.
         :raises NotFoundError: no store at ``path`` and ``create`` is False.
-        :raises InvalidArgumentError: a bad option.
+        :raises InvalidArgumentError: a bad option, or an unknown key or bad value in the
+            configuration file (naming the key and the file).
+        :raises NotFoundError: (also) the configuration file does not exist.
         :raises OSError: (IoError, PermissionDeniedError) the directory cannot be used.
         """
         return cls(_strata._Store.open(
             path, list(nvme or []), host_budget, nvme_budget, device_budget, chunk_size,
-            staging, verify, durability, read_only, create, workers, numa_node, device_id))
+            staging, verify, durability, read_only, create, workers, numa_node, device_id,
+            config))
+
+    @property
+    def config_file(self) -> str:
+        """The configuration file the store's options came from ("" when none)."""
+        return self._s.config_file
 
     # ---- lifetime ------------------------------------------------------------------------
 
