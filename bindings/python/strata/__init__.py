@@ -39,11 +39,26 @@ parse_size = _strata.parse_size
 format_bytes = _strata.format_bytes
 built_with_cuda: bool = _strata.built_with_cuda
 
+
+def load_config(path: Optional[str] = None) -> Dict[str, Any]:
+    """The configuration file ``path`` (default ``$STRATA_CONFIG``; ``{}`` when neither is
+    set), checked as every strata entry point checks it, as a dict: only the keys it sets,
+    sizes as int bytes (docs/configuration.md).
+
+    :raises InvalidArgumentError: malformed JSON, an unknown key or a bad value (the message
+        names the key path, the value and the file).
+    :raises NotFoundError: (or another OSError subclass) the file cannot be read.
+    """
+    import json
+    import os
+    path = path or os.environ.get("STRATA_CONFIG", "")
+    return json.loads(_strata.load_config(path)) if path else {}
+
 Size = Union[int, str]
 
 __all__ = [
     "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "parse_size", "format_bytes",
-    "default_data_dir",
+    "default_data_dir", "load_config",
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
     "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",

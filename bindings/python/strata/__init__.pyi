@@ -47,6 +47,8 @@ class ObjectInfo:
     num_chunks: int
     damage: str
 
+def load_config(path: Optional[str] = ...) -> Dict[str, Any]: ...
+
 class Store:
     @classmethod
     def open(cls, path: str, nvme: Optional[Sequence[str]] = ..., host_budget: Optional[Size] = ...,
