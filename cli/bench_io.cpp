@@ -42,6 +42,7 @@
 #include "command.hpp"
 #include "config_option.hpp"
 #include "io_pass.hpp"
+#include "progress.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/config.hpp"
@@ -165,7 +166,7 @@ int run_bench_io(const BenchIoArgs& a) {
 
   auto file = StripedFile::open(*engine, a.paths, a.file_name, OpenMode::kReadWrite, unit);
   if (!file.ok()) return report_error(file.status());
-  const bool progress = stderr_is_tty() && !a.json;
+  const bool progress = progress_wanted();
 
   if (!write) {
     bool short_file = false;

@@ -31,6 +31,7 @@
 #include "bench_limits.hpp"
 #include "command.hpp"
 #include "config_option.hpp"
+#include "progress.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/offload.hpp"
@@ -150,7 +151,7 @@ int run_bench_step(const BenchStepArgs& a) {
                                          " is too small (>= 56 MiB)"));
   }
   const uint64_t pinned_budget = host_budget - store_host - store_staging;
-  const bool progress = stderr_is_tty() && !a.json;
+  const bool progress = progress_wanted();
 
   std::vector<std::string> dirs;
   for (const auto& p : a.paths) dirs.push_back(p + "/strata-bench-step");
@@ -214,6 +215,7 @@ int run_bench_step(const BenchStepArgs& a) {
   for (uint64_t i = 0; i < grad_numel; ++i) {
     grad[i] = 1e-3f * static_cast<float>(static_cast<int64_t>(i % 2001) - 1000) / 1000.0f;
   }
+  Progress creating("creating tensors", ntensors);
   for (uint64_t t = 0; t < ntensors; ++t) {
     const uint64_t n = std::min(a.tensor_numel, a.params - t * a.tensor_numel);
     auto h = optimizer->add_param("w" + std::to_string(t), n, nullptr, 0, opt::Placement::kNvme);
@@ -221,12 +223,9 @@ int run_bench_step(const BenchStepArgs& a) {
     if (Status st = optimizer->set_grad(*h, grad.data(), DType::kFloat32); !st.ok()) {
       return report_error(st);
     }
-    if (progress) {
-      std::fprintf(stderr, "\rcreating tensors: %llu/%llu", static_cast<unsigned long long>(t + 1),
-                   static_cast<unsigned long long>(ntensors));
-    }
+    creating.update(t + 1);
   }
-  if (progress) std::fprintf(stderr, "\n");
+  creating.finish();
   const double setup_seconds = seconds_since(t_setup);
 
   // Limits: the I/O engine alone (probe file over the same directories) and the kernel

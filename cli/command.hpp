@@ -122,9 +122,6 @@ CLI::Option* add_defaulted(CLI::App* app, const std::string& name, T& value,
   return opt->capture_default_str();
 }
 
-/// True when stdout/stderr is a terminal (progress lines are shown only then).
-bool stderr_is_tty();
-
 }  // namespace strata::cli
 
 #define STRATA_CLI_COMMAND(fn) \

@@ -11,6 +11,7 @@
 #include <deque>
 #include <mutex>
 
+#include "progress.hpp"
 #include "strata/base/units.hpp"
 
 namespace strata::cli {
@@ -62,7 +63,7 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
   };
   LoopResult res;
   const auto t0 = std::chrono::steady_clock::now();
-  auto last_report = t0;
+  Progress bar(std::string("  ") + label, size, Progress::Unit::kBytes);
   for (uint32_t s = 0; s < slots && next < nreq; ++s) submit(s);
   bool stopped = false;  // max_seconds passed: no further submissions
   while (completed < next) {
@@ -80,21 +81,11 @@ LoopResult run_loop(StripedFile& file, bool write, char* mem, uint64_t size, uin
       stopped = true;
     }
     if (res.status.ok() && !stopped && next < nreq) submit(c.first);
-    if (progress) {
-      auto now = std::chrono::steady_clock::now();
-      if (now - last_report > std::chrono::milliseconds(500)) {
-        last_report = now;
-        const double secs = std::chrono::duration<double>(now - t0).count();
-        const uint64_t bytes = std::min(size, completed * bs);
-        std::fprintf(stderr, "\r  %s %5.1f%%  %.2f GB/s   ", label, 100.0 * bytes / size,
-                     gbps(bytes, secs));
-        std::fflush(stderr);
-      }
-    }
+    if (progress) bar.update(std::min(size, completed * bs));
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.bytes = std::min(size, next * bs);
-  if (progress) std::fprintf(stderr, "\r%60s\r", "");
+  bar.finish();
   return res;
 }
 

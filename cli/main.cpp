@@ -1,7 +1,5 @@
 // strata — command-line tool: benchmarks (io, store, adam, step, allgather, ...), topology
 // info, store inspection and a local launcher. Subcommands live in cli/*.cpp.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -71,7 +69,6 @@ CLI::Option* non_negative(CLI::Option* opt) {
   return opt;
 }
 
-bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
 
 Status unknown_arguments_error(CLI::App& root) {
   // The command as given ("strata bench io") and what each level left unparsed.

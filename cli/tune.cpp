@@ -43,6 +43,7 @@
 #include "bench_limits.hpp"
 #include "command.hpp"
 #include "io_pass.hpp"
+#include "progress.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/optimizer/kernel_pool.hpp"
@@ -274,7 +275,8 @@ int run_tune(const TuneArgs& a) {
       return report_error(st);
     }
   }
-  const bool progress = stderr_is_tty() && !a.json;
+  // One progress line for the sweep (a terminal only); the passes draw none of their own.
+  const bool progress = false;
   const size_t total = sw.block_sizes.size() * sw.queue_depths.size() * sw.workers.size();
   if (!a.json) {
     std::printf("strata tune: %zu path(s), a %s test file, %zu configurations x %d passes of "
@@ -310,16 +312,14 @@ int run_tune(const TuneArgs& a) {
   }
   std::vector<std::vector<double>> reads(pts.size()), writes(pts.size());
   size_t done = 0;
+  Progress bar("  tune", pts.size() * sw.repeats, Progress::Unit::kItems);
   for (int rep = 0; rep < sw.repeats; ++rep) {
     for (size_t n = 0; n < pts.size(); ++n) {
       const size_t i = rep % 2 == 0 ? n : pts.size() - 1 - n;
       IoPoint p = pts[i];
-      if (progress) {
-        std::fprintf(stderr, "\r  [%zu/%zu] bs %s qd %u workers %u ...", ++done,
-                     pts.size() * sw.repeats, size_text(p.block_size).c_str(), p.queue_depth,
-                     p.workers);
-        std::fflush(stderr);
-      }
+      bar.set_label("  tune: bs " + size_text(p.block_size) + " qd " +
+                    std::to_string(p.queue_depth) + " workers " + std::to_string(p.workers));
+      bar.update(done++);
       if (Status st = measure_point(a.paths, sw.bytes, sw.pass_seconds, false, progress, p);
           !st.ok()) {
         return report_error(st.with_context("tune: block size " + std::to_string(p.block_size) +
@@ -330,7 +330,7 @@ int run_tune(const TuneArgs& a) {
       writes[i].push_back(p.write_bps);
     }
   }
-  if (progress) std::fprintf(stderr, "\r%70s\r", "");
+  bar.finish();
   if (!a.json) {
     std::printf("  %10s %5s %7s %10s %10s\n", "block", "qd", "workers", "read GB/s", "write GB/s");
   }

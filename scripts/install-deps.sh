@@ -11,6 +11,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev libhwy-dev nlohmann-json3-dev libcli11-dev libsqlite3-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  python3-matplotlib  # scripts/plot_bench.py: the charts in docs/img
   fio procps util-linux
   # torch's matrix products: Debian's python3-torch links libblas.so.3, whose default is
   # the reference BLAS (1.2 GFLOPS here); OpenBLAS takes over that alternative (~15 GFLOPS)

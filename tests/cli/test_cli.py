@@ -692,3 +692,55 @@ def test_gloo_timeout_names_the_rank_that_never_joined():
     assert lines[0].startswith(head), p.stderr
     assert "still connected" not in p.stderr
     assert lines[1:] == ["strata launch: rank 0 exited with status 1; the other ranks were stopped"]
+
+
+def _bench_io_stderr(disk_dir, stderr_tty, env_progress=None):
+    """stderr of a small `strata bench io` write, to a pseudo-terminal or a pipe."""
+    import pty
+    env = dict(os.environ)
+    env.pop("STRATA_PROGRESS", None)
+    if env_progress is not None:
+        env["STRATA_PROGRESS"] = env_progress
+    args = [STRATA, "bench", "io", "--path", disk_dir, "--size", "8MiB", "--block-size", "1MiB",
+            "--queue-depth", "4", "--op", "write", "--json"]
+    if not stderr_tty:
+        p = subprocess.run(args, capture_output=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        return p.stderr.decode()  # bytes as written: text mode would turn "\r" into "\n"
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120, env=env)
+        os.close(slave)
+        slave = -1
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not b:
+                break
+            chunks.append(b)
+        assert p.returncode == 0
+        json.loads(p.stdout)  # stdout holds only the JSON object
+        return b"".join(chunks).decode()
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+def test_progress_is_drawn_on_a_terminal_and_erased(disk_dir):
+    err = _bench_io_stderr(disk_dir, stderr_tty=True)
+    # the first update draws at once: "<label>: <done> / 8.00 MiB, <rate> MB/s (<pct>%)"
+    m = re.search(r"\r  write: [0-9.]+ [KMG]?i?B / 8\.00 MiB, [0-9]+ MB/s \([0-9]+%", err)
+    assert m, repr(err)
+    # and the line is erased at the end (blanks then carriage return), leaving no text behind
+    assert re.search(r"\r +\r$", err), repr(err)
+
+
+def test_progress_is_quiet_when_piped_or_disabled(disk_dir):
+    assert "\r" not in _bench_io_stderr(disk_dir, stderr_tty=False)
+    assert "\r" not in _bench_io_stderr(disk_dir, stderr_tty=True, env_progress="0")
+    # STRATA_PROGRESS=1 draws even into a pipe
+    assert "\r  write: " in _bench_io_stderr(disk_dir, stderr_tty=False, env_progress="1")
