@@ -101,69 +101,52 @@ Result<std::vector<std::string>> read_dirs(const Json& v, const std::string& whe
   return out;
 }
 
-// Key makers: a name, the member it sets, and the value's checks.
-template <class S, class T>
-Key<S> int_key(const char* name, std::optional<T> S::*m, int64_t lo, int64_t hi) {
+// Key makers: a name, the member it sets, and the reader that checks the value.
+template <class S, class T, class Read>
+Key<S> typed_key(const char* name, std::optional<T> S::*m, Read read) {
   return {name,
           [=](const Json& v, const std::string& w, S& s) -> Status {
-            STRATA_ASSIGN_OR_RETURN(int64_t x, read_int(v, w, lo, hi));
-            s.*m = static_cast<T>(x);
+            auto x = read(v, w);
+            if (!x.ok()) return x.status();
+            s.*m = static_cast<T>(*x);
             return Status::OK();
           },
           [=](const S& s, Json& j) {
             if (s.*m) j[name] = *(s.*m);
           }};
+}
+
+Result<bool> read_bool(const Json& v, const std::string& w) {
+  if (!v.is_boolean()) return bad_value(w, "true or false", v);
+  return v.get<bool>();
+}
+
+template <class S, class T>
+Key<S> int_key(const char* name, std::optional<T> S::*m, int64_t lo, int64_t hi) {
+  return typed_key(name, m, [=](const Json& v, const std::string& w) { return read_int(v, w, lo, hi); });
 }
 
 template <class S>
 Key<S> size_key(const char* name, std::optional<uint64_t> S::*m, uint64_t lo = 0,
                 uint64_t hi = UINT64_MAX) {
-  return {name,
-          [=](const Json& v, const std::string& w, S& s) -> Status {
-            STRATA_ASSIGN_OR_RETURN(s.*m, read_size(v, w, lo, hi));
-            return Status::OK();
-          },
-          [=](const S& s, Json& j) {
-            if (s.*m) j[name] = *(s.*m);
-          }};
+  return typed_key(name, m, [=](const Json& v, const std::string& w) { return read_size(v, w, lo, hi); });
 }
 
 template <class S>
 Key<S> bool_key(const char* name, std::optional<bool> S::*m) {
-  return {name,
-          [=](const Json& v, const std::string& w, S& s) -> Status {
-            if (!v.is_boolean()) return bad_value(w, "true or false", v);
-            s.*m = v.get<bool>();
-            return Status::OK();
-          },
-          [=](const S& s, Json& j) {
-            if (s.*m) j[name] = *(s.*m);
-          }};
+  return typed_key(name, m, &read_bool);
 }
 
 template <class S>
 Key<S> choice_key(const char* name, std::optional<std::string> S::*m,
                   std::vector<std::string> choices) {
-  return {name,
-          [=](const Json& v, const std::string& w, S& s) -> Status {
-            STRATA_ASSIGN_OR_RETURN(s.*m, read_choice(v, w, choices));
-            return Status::OK();
-          },
-          [=](const S& s, Json& j) {
-            if (s.*m) j[name] = *(s.*m);
-          }};
+  return typed_key(name, m,
+                   [=](const Json& v, const std::string& w) { return read_choice(v, w, choices); });
 }
 
 template <class S>
 Key<S> rate_key(const char* name, std::optional<double> S::*m) {
-  return {name,
-          [=](const Json& v, const std::string& w, S& s) -> Status {
-            STRATA_ASSIGN_OR_RETURN(s.*m, read_rate(v, w));
-            return Status::OK();
-          },
-          [=](const S& s, Json& j) {
-            if (s.*m) j[name] = *(s.*m);
-          }};
+  return typed_key(name, m, &read_rate);
 }
 
 const std::vector<Key<IoConfig>>& io_keys() {
