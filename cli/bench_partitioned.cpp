@@ -1,9 +1,16 @@
 // `strata bench partitioned-read --nproc N --bytes S --path DIR [--piece-bytes P]
-//  [--iters K] [--json]`
+//  [--iters K] [--emulated-drive-bw B [--emulated-drive-size Z]] [--json]`
 //
 // Bandwidth-centric partitioned read (ZeRO-Infinity): an object of S bytes is stored over
 // N ranks, rank r keeping its ceil(S/N)-byte slice in its own store DIR/rank<r>; every rank
 // then reads its slice and the slices are all-gathered so every rank holds all S bytes.
+//
+// With --emulated-drive-bw B, every rank gets its own drive (cli/emulated_drives.hpp): N
+// sparse files of Z bytes under DIR (default Z: max(1 GiB, 2 x ceil(S/N) + 256 MiB)) on loop
+// devices with direct I/O, ext4, throttled to B bytes/s each (reads and writes) by one blkio
+// cgroup the ranks run in; rank r's store is <drive r>/rank<r>. Root only: elsewhere the run
+// fails with "emulated drives refused: <what>". The same happens inside `strata
+// emulate-drives` (the ranks take STRATA_EMULATED_DRIVES / STRATA_EMULATED_DRIVE_BW).
 // In the same run, alternating, it measures:
 //   read_seconds       every rank reads its whole slice from its store (concurrently);
 //                      the slowest rank's time, median over iterations
@@ -11,7 +18,19 @@
 //   pipelined_seconds  fetch_partitioned with reads overlapping the all-gather
 //   sequential_seconds fetch_partitioned reading the whole slice first, then gathering
 //                      (same pieces), i.e. no overlap
-// seconds = pipelined_seconds; gbps = S / seconds. The model (docs/partitioned.md,
+// seconds = pipelined_seconds; gbps = S / seconds.
+//
+// JSON fields for the drives' scaling (stable names; strata plan's accuracy check reads them):
+//   aggregate_gbps         S / read_seconds: all ranks' slices over the slowest rank's read
+//                          time (median over iterations), 1e9 bytes/s; = read_gbps
+//   per_drive_gbps         ceil(S/N) / read_seconds: what each drive delivered while all read
+//   per_rank_read_gbps     [r]: rank r's slice / rank r's own median read time
+//   read_seconds_all       the slowest rank's read time of each iteration
+//   emulated               whether the stores were on emulated drives
+//   emulated_drive_bw      B in bytes/s (0 when not emulated)
+//   emulated_drives        the drives' mount points ([] when not emulated)
+//   aggregate_target_gbps  N x B / 1e9 (0 when not emulated)
+//   aggregate_efficiency   aggregate_gbps / aggregate_target_gbps (0 when not emulated) The model (docs/partitioned.md,
 // DESIGN.md): pipelined ~= max(read, allgather), sequential ~= read + allgather.
 // verified is true only when every rank's gathered bytes equal the known pattern after every
 // fetch.
@@ -41,6 +60,7 @@
 #include "bench_limits.hpp"
 #include "command.hpp"
 #include "config_option.hpp"
+#include "emulated_drives.hpp"
 #include "launch_ranks.hpp"
 #include "strata/base/units.hpp"
 #include "strata/collectives/communicator.hpp"
@@ -60,6 +80,8 @@ struct PartArgs {
   int iters = 5;
   bool keep = false;
   std::string config;  // --config FILE: exported to the ranks as STRATA_CONFIG
+  std::string drive_bw_text;    // --emulated-drive-bw ("" = real disk)
+  std::string drive_size_text;  // --emulated-drive-size ("" = default)
   RankOptions ranks;  // --master-port, --json, --from-env, --result-file
 };
 
@@ -109,7 +131,14 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   const int n = c.size(), r = c.rank();
   StoreOptions so;
   STRATA_ASSIGN_OR_RETURN(so, StoreOptions::from_env());
-  so.path = (std::filesystem::path(a.path) / ("rank" + std::to_string(r))).string();
+  const std::vector<std::string> drives = emulated_drive_dirs_from_env();
+  if (!drives.empty() && drives.size() < static_cast<size_t>(n)) {
+    return invalid_argument(std::string(kEmulatedDrivesEnv) + " names " +
+                            std::to_string(drives.size()) + " drive(s), fewer than the " +
+                            std::to_string(n) + " ranks");
+  }
+  const std::string base = drives.empty() ? a.path : drives[static_cast<size_t>(r)];
+  so.path = (std::filesystem::path(base) / ("rank" + std::to_string(r))).string();
   so.staging_bytes = std::min<uint64_t>(so.staging_bytes, 64ull << 20);
   // Pieces are whole store chunks (read_range verifies whole chunks): a new store gets
   // chunks of one piece; an existing one keeps its chunk size and the piece is rounded up.
@@ -148,6 +177,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
       for (uint64_t i = 0; i < total; ++i) mismatched += dst.p[i] != want.p[i];
     std::memset(dst.p, 0, total);
   };
+  std::vector<double> t_pipe, t_seq, t_read, t_gather, t_read_own;
   PartitionOptions pipe, seq;
   pipe.piece_bytes = seq.piece_bytes = piece;
   seq.pipelined = false;
@@ -163,7 +193,8 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
     STRATA_RETURN_IF_ERROR(c.barrier());
     auto t0 = Clock::now();
     if (own) STRATA_RETURN_IF_ERROR(store->read_range(key + kPartitionDataSuffix, 0, own, rbuf.p));
-    return max_over_ranks(c, seconds_since(t0));
+    t_read_own.push_back(seconds_since(t0));
+    return max_over_ranks(c, t_read_own.back());
   };
   auto gather_only = [&]() -> Result<double> {
     STRATA_RETURN_IF_ERROR(c.barrier());
@@ -176,7 +207,7 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   STRATA_RETURN_IF_ERROR(fetch(pipe).status());
   STRATA_RETURN_IF_ERROR(gather_only().status());
 
-  std::vector<double> t_pipe, t_seq, t_read, t_gather;
+
   for (int it = 0; it < a.iters; ++it) {
     // Alternate the order (ABBA...) so drift does not favour one variant.
     const bool pipe_first = it % 2 == 0;
@@ -189,6 +220,10 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
     STRATA_ASSIGN_OR_RETURN(double tg, gather_only());
     t_gather.push_back(tg);
   }
+  // Each rank's own median read time, gathered (rank order).
+  std::vector<double> own_read(static_cast<size_t>(n));
+  double my_read = median(t_read_own);
+  STRATA_RETURN_IF_ERROR(c.all_gather(&my_read, own_read.data(), 1, DType::kFloat64));
   double bad = static_cast<double>(mismatched);
   STRATA_RETURN_IF_ERROR(c.all_reduce(&bad, &bad, 1, DType::kFloat64, ReduceOp::kSum));
   if (!a.keep) (void)remove_partitioned(*store, key);
@@ -220,6 +255,19 @@ Result<nlohmann::json> run_rank(const PartArgs& a, uint64_t total, uint64_t piec
   j["overlap_efficiency"] = tp > 0 ? std::max(tr, tg) / tp : 0.0;
   j["pipelined_seconds_all"] = t_pipe;
   j["sequential_seconds_all"] = t_seq;
+  j["aggregate_gbps"] = gbps(total, tr);
+  j["per_drive_gbps"] = gbps(cbytes, tr);
+  std::vector<double> per_rank;
+  for (int q = 0; q < n; ++q) per_rank.push_back(gbps(l.owned_numel(q), own_read[q]));
+  j["per_rank_read_gbps"] = per_rank;
+  j["read_seconds_all"] = t_read;
+  const uint64_t bw = drives.empty() ? 0 : emulated_drive_bw_from_env();
+  j["emulated"] = !drives.empty();
+  j["emulated_drive_bw"] = bw;
+  j["emulated_drives"] = drives.empty() ? drives : std::vector<std::string>(drives.begin(), drives.begin() + n);
+  const double target = static_cast<double>(bw) * n / 1e9;
+  j["aggregate_target_gbps"] = target;
+  j["aggregate_efficiency"] = target > 0 ? gbps(total, tr) / target : 0.0;
   j["verified"] = bad == 0;
   j["mismatched_bytes"] = static_cast<int64_t>(bad);
   return j;
@@ -245,7 +293,52 @@ void print_human(const nlohmann::json& j) {
               "max / pipelined = %.3f\n",
               ms("model_overlap_seconds"), ms("model_sum_seconds"),
               j["overlap_efficiency"].get<double>());
+  if (j["emulated"].get<bool>()) {
+    std::printf("  emulated drives: %d x %.3f GB/s; aggregate read %.3f GB/s = %.3f x N x B "
+                "(%.3f GB/s per drive)\n",
+                j["nproc"].get<int>(), j["emulated_drive_bw"].get<double>() / 1e9,
+                j["aggregate_gbps"].get<double>(), j["aggregate_efficiency"].get<double>(),
+                j["per_drive_gbps"].get<double>());
+  }
   std::printf("  verified: %s\n", j["verified"].get<bool>() ? "yes" : "NO");
+}
+
+// The drives of --emulated-drive-bw for an object of `total` bytes over a.nproc ranks.
+// \error InvalidArgument for a bad bandwidth or size, too many ranks, a drive too small for
+//     its slice; ResourceExhausted when the real disk cannot hold the drives' data.
+Result<EmulatedDriveOptions> emulated_drive_options(const PartArgs& a, uint64_t total) {
+  EmulatedDriveOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.bytes_per_s,
+                          parse_bandwidth_arg(a.drive_bw_text, "--emulated-drive-bw"));
+  if (a.nproc > kMaxEmulatedDrives) {
+    return invalid_argument("--nproc " + std::to_string(a.nproc) + " with --emulated-drive-bw: " +
+                            "at most " + std::to_string(kMaxEmulatedDrives) +
+                            " emulated drives (one per rank)");
+  }
+  const uint64_t n = static_cast<uint64_t>(a.nproc), slice = (total + n - 1) / n;
+  const uint64_t need = 2 * slice + (256ull << 20);  // the slice, a rewrite, ext4's metadata
+  if (a.drive_size_text.empty()) {
+    o.size_bytes = align_up(std::max<uint64_t>(need, 1ull << 30), 1ull << 20);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.size_bytes,
+                            parse_size_arg(a.drive_size_text, "--emulated-drive-size"));
+    if (o.size_bytes < kMinEmulatedDriveBytes || o.size_bytes % 4096 != 0 ||
+        o.size_bytes < slice + (64ull << 20)) {
+      return invalid_argument("--emulated-drive-size '" + a.drive_size_text + "' (" +
+                              std::to_string(o.size_bytes) + " bytes) must be a multiple of " +
+                              "4096 and hold a rank's slice of " + format_bytes(slice) +
+                              " plus 64 MiB for ext4 (at least " +
+                              format_bytes(std::max<uint64_t>(kMinEmulatedDriveBytes, slice + (64ull << 20))) +
+                              ")");
+    }
+  }
+  o.count = a.nproc;
+  o.base_dir = a.path;
+  // The sparse files take what is written: the slice and ext4's tables and journal (~1/16).
+  STRATA_RETURN_IF_ERROR(check_free_space(
+      {{"--path", a.path, n * (slice + o.size_bytes / 16)}},
+      "bench partitioned-read --emulated-drive-bw (" + std::to_string(n) + " drives)"));
+  return o;
 }
 
 int run_partitioned(const PartArgs& a) {
@@ -279,6 +372,14 @@ int run_partitioned(const PartArgs& a) {
     return (*j)["verified"].get<bool>() ? 0 : 1;
   }
   if (*total == 0) return report_error(invalid_argument("--bytes must be > 0"));
+  std::optional<EmulatedDriveOptions> drives;
+  if (!a.drive_bw_text.empty()) {
+    auto o = emulated_drive_options(a, *total);
+    if (!o.ok()) return report_error(o.status());
+    drives = *o;
+  } else if (!a.drive_size_text.empty()) {
+    return report_error(invalid_argument("--emulated-drive-size needs --emulated-drive-bw"));
+  }
   {
     const uint64_t n = static_cast<uint64_t>(a.nproc);
     auto per_rank = partitioned_rank_memory(*total, n, *piece);
@@ -296,14 +397,23 @@ int run_partitioned(const PartArgs& a) {
                                    a.bytes_text, "--path", a.path, "--piece-bytes", a.piece_text,
                                    "--iters", std::to_string(a.iters)};
   if (a.keep) args.push_back("--keep");
-  auto run = run_self_as_ranks(a.nproc, a.ranks.master_port, std::move(args));
-  if (!run.ok()) return report_error(run.status());
-  // A rank that found a mismatch exits non-zero after rank 0 wrote its (unverified) result.
-  if (!run->ranks_status.ok() && run->result.empty())
-    return report_error(run->ranks_status.with_context("bench partitioned-read"));
-  auto j = print_ranks_result(a.ranks, *run, print_human);
-  if (!j.ok()) return report_error(j.status());
-  return (*j)["verified"].get<bool>() && run->ranks_status.ok() ? 0 : 1;
+  auto launch = [&, args] {
+    auto run = run_self_as_ranks(a.nproc, a.ranks.master_port, args);
+    if (!run.ok()) return report_error(run.status());
+    // A rank that found a mismatch exits non-zero after rank 0 wrote its (unverified) result.
+    if (!run->ranks_status.ok() && run->result.empty())
+      return report_error(run->ranks_status.with_context("bench partitioned-read"));
+    auto j = print_ranks_result(a.ranks, *run, print_human);
+    if (!j.ok()) return report_error(j.status());
+    return (*j)["verified"].get<bool>() && run->ranks_status.ok() ? 0 : 1;
+  };
+  if (!drives) return launch();
+  std::error_code ec;
+  const bool made_path = std::filesystem::create_directories(a.path, ec);
+  if (ec) return report_error(errno_status(ec.value(), "create --path '" + a.path + "'"));
+  const int rc = with_emulated_drives(*drives, [&](const EmulatedDrives&) { return launch(); });
+  if (made_path) std::filesystem::remove(a.path, ec);
+  return rc;
 }
 
 void register_bench_partitioned(Registry& r) {
@@ -325,6 +435,11 @@ void register_bench_partitioned(Registry& r) {
   add_rank_options(cmd, a->ranks);
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
   add_config_option(cmd, a->config);
+  cmd->add_option("--emulated-drive-bw", a->drive_bw_text,
+                  "Give each rank its own emulated drive of this many bytes/s (e.g. 200MiB; "
+                  "loop device over a file under --path, ext4, blkio throttle; root only)");
+  cmd->add_option("--emulated-drive-size", a->drive_size_text,
+                  "Size of each emulated drive (sparse; default max(1GiB, 2 x S/N + 256MiB))");
 }
 
 STRATA_CLI_COMMAND(register_bench_partitioned);

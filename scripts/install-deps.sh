@@ -13,6 +13,7 @@ PKGS=(
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
   python3-matplotlib  # scripts/plot_bench.py: the charts in docs/img
   fio procps util-linux
+  e2fsprogs  # mkfs.ext4 for the emulated drives (cli/emulated_drives.hpp)
   # torch's matrix products: Debian's python3-torch links libblas.so.3, whose default is
   # the reference BLAS (1.2 GFLOPS here); OpenBLAS takes over that alternative (~15 GFLOPS)
   libopenblas0-pthread

@@ -242,8 +242,9 @@ def drive_gbps(path, i, row, doc):
     for src in (row, doc):
         if "emulated_drive_gbps" in src:
             return field(path, i, src, "emulated_drive_gbps")
-        if "emulated_drive_bw_bytes_per_s" in src:
-            return field(path, i, src, "emulated_drive_bw_bytes_per_s") / 1e9
+        for name in ("emulated_drive_bw_bytes_per_s", "emulated_drive_bw"):
+            if name in src:
+                return field(path, i, src, name) / 1e9
     return None
 
 
@@ -261,7 +262,17 @@ def plot_emulated_scaling(plt, path, doc):
     ns = sorted(by_n)
     agg = [statistics.median(by_n[n][0]) for n in ns]
     per = [statistics.median(by_n[n][1]) for n in ns]
-    fig, (ax,) = new_figure(plt)
+    # Speedups over one rank of what else the rows measured (bench/store/emulated_scaling.py:
+    # the offloaded step and the ZeRO-3 parameter fetch): a second panel when present.
+    speedups = {}
+    for name, label in (("step_speedup", "offloaded Adam step"),
+                        ("param_fetch_speedup", "ZeRO-3 parameter fetch")):
+        if all(name in row for row in doc["results"]):
+            by = {field(path, i, row, "nproc", int): field(path, i, row, name)
+                  for i, row in enumerate(doc["results"])}
+            speedups[label] = [by[n] for n in ns]
+    fig, axes = new_figure(plt, ncols=2 if speedups else 1)
+    ax = axes[0]
     ax.plot(ns, agg, marker="o", label="aggregate read (all ranks)")
     ax.plot(ns, per, marker="^", label="per drive")
     if len(ideal) == len(ns):
@@ -271,9 +282,24 @@ def plot_emulated_scaling(plt, path, doc):
     ax.set_ylim(0, max(agg + per + list(ideal.values())) * 1.15)
     ax.set_xlabel("ranks = emulated drives (nproc)")
     ax.set_ylabel("read bandwidth (GB/s, 1e9 B/s)")
-    ax.set_title("Partitioned read over emulated drives (throttled loop devices)")
+    ax.set_title("Partitioned read over emulated drives\n(throttled loop devices, medians)",
+                 fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    if speedups:
+        ax = axes[1]
+        ax.plot(ns, ns, linestyle="--", color="gray", label="ideal (N)")
+        for (label, ys), marker in zip(speedups.items(), ("s", "D")):
+            ax.plot(ns, ys, marker=marker, label=label)
+        ax.set_xticks(ns)
+        ax.set_ylim(0, max(ns + [y for ys in speedups.values() for y in ys]) * 1.15)
+        ax.set_xlabel("ranks = emulated drives (nproc)")
+        ax.set_ylabel("speedup over 1 rank (x)")
+        ax.set_title("Same drives: step time and parameter fetch\n(speedup over N = 1)",
+                     fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 
 #include "strata/base/units.hpp"
@@ -40,6 +41,20 @@ Result<bool> env_bool(const char* name, bool fallback) {
   if (s == "0" || s == "false" || s == "no" || s == "off") return false;
   return invalid_argument(std::string("environment variable ") + name + "='" + *v +
                           "' is not a boolean (1/0, true/false, yes/no, on/off)");
+}
+
+Result<std::chrono::milliseconds> env_seconds(const char* name,
+                                              std::chrono::milliseconds fallback) {
+  auto v = env_string(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  const double sec = v->empty() ? -1.0 : std::strtod(v->c_str(), &end);
+  if (v->empty() || end != v->c_str() + v->size() || !std::isfinite(sec) || sec < 0.0 ||
+      sec > 1e9) {
+    return invalid_argument(std::string("environment variable ") + name + "='" + *v +
+                            "' is not a number of seconds >= 0 (e.g. 10 or 0.5)");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(sec * 1000.0)));
 }
 
 }  // namespace strata

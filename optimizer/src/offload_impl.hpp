@@ -214,7 +214,15 @@ struct OffloadedOptimizer::Impl {
 
   // ---- offload_pipeline.cpp -------------------------------------------------------------
 
-  Result<StepStats> step(const StepOptions& o) { return step_impl(o, nullptr, nullptr); }
+  Result<StepStats> step(const StepOptions& o) {
+    Result<StepStats> r = step_impl(o, nullptr, nullptr);
+    if (r.ok()) record(*r);
+    return r;
+  }
+  /// Adds a completed step to `totals` (OffloadedOptimizer::stats()).
+  void record(const StepStats& s);
+  mutable std::mutex stats_mu;  // guards totals only (stats() reads them during a step)
+  OptimizerStats totals;
 
   /// One pipeline work item: elements [begin, begin + count) of tensor t, at element
   /// offset slot_off of its batch's slot streams. `grad` / `copy` override the tensor's

@@ -421,6 +421,33 @@ Result<StepStats> OffloadedOptimizer::step(const StepOptions& options) {
   return impl_->step(options);
 }
 
+void OffloadedOptimizer::Impl::record(const StepStats& s) {
+  std::lock_guard<std::mutex> lk(stats_mu);
+  OptimizerStats& t = totals;
+  t.steps += 1;
+  t.steps_skipped += s.skipped ? 1 : 0;
+  t.steps_rolled_back += s.rolled_back ? 1 : 0;
+  t.sub_groups += s.sub_groups;
+  t.tensors_updated += s.tensors_updated;
+  t.numel_updated += s.numel_updated;
+  t.bytes_read += s.bytes_read;
+  t.bytes_written += s.bytes_written;
+  t.step_seconds += s.seconds;
+  t.update_seconds += s.compute_seconds;
+  t.io_wait_seconds += s.io_wait_seconds;
+  t.early_seconds += s.early_seconds;
+}
+
+OptimizerStats OffloadedOptimizer::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  return impl_->totals;
+}
+
+void OffloadedOptimizer::reset_stats() {
+  std::lock_guard<std::mutex> lk(impl_->stats_mu);
+  impl_->totals = OptimizerStats{};
+}
+
 Future<StepStats> OffloadedOptimizer::step_async(const StepOptions& options) {
   Impl* impl = impl_.get();
   {

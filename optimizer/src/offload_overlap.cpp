@@ -302,7 +302,9 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
   s.bytes_written += e->stats.bytes_written;
   s.compute_seconds += e->stats.compute_seconds;
   s.io_wait_seconds += e->stats.io_wait_seconds;
+  s.sub_groups += e->stats.sub_groups;
   s.seconds = seconds_since(t0);  // the exposed part: from finish_step() to its end
+  impl->record(s);
   return r;
 }
 

@@ -118,6 +118,7 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
     }
     if (!st.ok()) break;
+    stats.sub_groups += 1;
     // Write back; a chunk shared with the previous batch's writes waits for them.
     const Item& first = items[batches[i]];
     if (i > 0 && items[batches[i] - 1].t == first.t && (first.begin * 4) % chunk_bytes != 0) {

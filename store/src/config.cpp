@@ -215,6 +215,7 @@ const std::vector<Key<StoreConfig>>& store_keys() {
        }},
       int_key<C>("worker_threads", &C::worker_threads, 1, StoreOptions::kMaxWorkerThreads),
       int_key<C>("numa_node", &C::numa_node, kNumaNone, 4095),
+      rate_key<C>("stats_interval_seconds", &C::stats_interval_seconds),
   };
   return keys;
 }
@@ -438,6 +439,9 @@ void Config::apply(StoreOptions& o) const {
   if (store.durability) o.durability = *store.durability;
   if (store.worker_threads) o.worker_threads = *store.worker_threads;
   if (store.numa_node) o.numa_node = *store.numa_node;
+  if (store.stats_interval_seconds) {
+    o.stats_interval = std::chrono::milliseconds(std::llround(*store.stats_interval_seconds * 1000));
+  }
   apply(o.engine_options);
   o.config_file = file;
 }

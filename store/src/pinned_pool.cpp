@@ -178,6 +178,14 @@ class PinnedPoolImpl final : public PinnedPool {
     std::lock_guard<std::mutex> lk(mu_);
     return used_;
   }
+  uint64_t peak_used_bytes() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return peak_;
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    peak_ = used_;
+  }
   bool huge_pages() const override { return kind_ != HugePageKind::kNone; }
   int numa_node() const override { return numa_node_; }
   HugePageKind huge_page_kind() const override { return kind_; }
@@ -243,6 +251,7 @@ class PinnedPoolImpl final : public PinnedPool {
       by_offset_.insert(std::move(onode));
     }
     used_ += n;
+    peak_ = std::max(peak_, used_);
     *off = start;
     return true;
   }
@@ -305,6 +314,7 @@ class PinnedPoolImpl final : public PinnedPool {
   std::map<uint64_t, uint64_t> by_offset_;           // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (size, offset)
   uint64_t used_ = 0;
+  uint64_t peak_ = 0;  // most of used_ since creation or reset_peak()
 };
 
 Status PinnedPoolImpl::init(const PinnedPoolOptions& options, std::shared_ptr<IoEngine> engine) {

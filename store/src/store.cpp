@@ -57,6 +57,7 @@ Result<StoreOptions> StoreOptions::from_config(const std::string& config_file) {
   STRATA_ASSIGN_OR_RETURN(o.staging_bytes, env_size("STRATA_STAGING_BYTES", o.staging_bytes));
   STRATA_ASSIGN_OR_RETURN(o.verify_checksums, env_bool("STRATA_VERIFY", o.verify_checksums));
   STRATA_RETURN_IF_ERROR(io::apply_env(o.engine_options));
+  STRATA_ASSIGN_OR_RETURN(o.stats_interval, env_seconds("STRATA_STATS_INTERVAL", o.stats_interval));
   return o;
 }
 

@@ -33,6 +33,7 @@ Status StoreImpl::copy_mem(void* dst, const void* src, uint64_t n, bool any_dev)
 
 Status StoreImpl::checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,
                                  const ChunkRef& c, uint64_t got) const {
+  counters_.checksum_failures.add(1);
   return data_loss("object '" + key + "': checksum mismatch in chunk " + std::to_string(j) +
                    " at object offset " + std::to_string(chunk_start) + " (" +
                    files_[c.ext->dir]->path() + " offset " + std::to_string(c.ext->offset) +
@@ -49,6 +50,7 @@ Future<uint64_t> StoreImpl::staged_write_async(const Extent& ext, uint64_t len, 
   s->bufs[0] = buf;
   s->bufs[1] = buf + piece;
   mark_dir_dirty(ext.dir);
+  counters_.nvme().write(align_up(len, kAlign));
   const std::shared_ptr<IoFile>* file = &files_[ext.dir];
   IoEngine* engine = &io(ext.dir);
   const uint64_t offset = ext.offset;
@@ -90,6 +92,7 @@ void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
   const uint64_t body = align_down(len, kAlign);
   const auto& file = files_[dir];
   IoEngine& engine = io(dir);
+  counters_.nvme().write(align_up(len, kAlign));
   if (body > 0) futs.push_back(engine.write_async(file, s, body, offset));
   if (len > body) {
     AlignedBlock t = aligned_block(kAlign);
@@ -142,6 +145,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
   // Other chunks stream through staging buffers (hashed as they are filled).
   std::vector<uint64_t> hash_later;
   Status st;
+  const auto t_io = StatsClock::now();
   for (uint64_t j = 0; j < nchunks && st.ok(); ++j) {
     const uint64_t cs = j * chunk_bytes_;
     ChunkRef& c = (*layout)[j];
@@ -172,6 +176,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
     const auto& r = f.result();
     if (st.ok() && !r.ok()) st = r.status();
   }
+  counters_.nvme_write_wait_ns.add(ns_since(t_io));
   if (!st.ok()) return st.with_context("put '" + key + "'");
   return LayoutPtr(layout);
 }
@@ -204,6 +209,7 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
   const uint64_t offset = c.ext->offset;
   auto plen = [a, b, piece](uint64_t i) { return std::min(piece, b - (a + i * piece)); };
   const std::string context = "object '" + key + "' chunk " + std::to_string(j);
+  counters_.nvme().read(align_up(b - a, kAlign));
   PieceSteps steps;
   steps.count = (b - a + piece - 1) / piece;
   steps.window = 2;
@@ -227,10 +233,13 @@ Status StoreImpl::staged_read_chunk(const std::string& key, uint32_t j, const Ch
                                     uint64_t lo, uint64_t hi, bool verify, PieceSink sink) {
   const uint64_t piece = staged_piece(c.nbytes);
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(c.ext->dir, 2 * piece));
-  return staged_read_async(key, j, c, lo, hi, verify, static_cast<uint8_t*>(buf.data()), piece,
-                           std::move(sink))
-      .result()
-      .status();
+  const auto t_io = StatsClock::now();
+  Status st = staged_read_async(key, j, c, lo, hi, verify, static_cast<uint8_t*>(buf.data()),
+                                piece, std::move(sink))
+                  .result()
+                  .status();
+  counters_.nvme_read_wait_ns.add(ns_since(t_io));
+  return st;
 }
 
 Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
@@ -250,6 +259,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
   IoEngine* engine = &io(c.ext->dir);
   const uint64_t offset = c.ext->offset;
   const std::string context = "object '" + key + "' chunk " + std::to_string(j);
+  counters_.nvme().read(align_up(nbytes, kAlign));
   PieceSteps steps;
   steps.count = nbody + (nbytes > body ? 1 : 0);
   steps.load = [s, file, engine, offset, d, body, nbody, context](uint64_t i) {
@@ -276,6 +286,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
 Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, uint64_t off,
                                           uint64_t n, uint8_t* dst, bool dst_dev, bool verify) {
   if (n == 0) return make_ready_future();
+  const auto t_io = StatsClock::now();
   const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
   const Layout& lay = *l;
   // Whole chunks into aligned host memory go straight from the disk (O_DIRECT), all chunks
@@ -352,7 +363,8 @@ Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, u
   }
   // Every part completes before the buffers go (after an error too): the error is the one
   // of the lowest chunk.
-  return when_all(parts).then([job](const Result<void>&) -> Status {
+  return when_all(parts).then([this, job, t_io](const Result<void>&) -> Status {
+    counters_.nvme_read_wait_ns.add(ns_since(t_io));
     job->bufs.clear();
     job->layout.reset();
     return job->error.status();

@@ -52,6 +52,7 @@
 #include "extent_allocator.hpp"
 #include "gpu_detail.hpp"
 #include "io_lock.hpp"
+#include "store_stats.hpp"
 #include "strata/base/thread_pool.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/pinned_pool.hpp"
@@ -138,6 +139,8 @@ struct Obj {
   std::shared_ptr<DeviceMem> dev;
   bool dirty = false;       // memory copy newer than `current`
   int pins = 0;
+  /// A prefetch() brought the memory copy up and no read has used it yet (prefetch_hits).
+  std::atomic<bool> prefetched{false};
   bool in_lru = false;
   std::list<std::shared_ptr<Obj>>::iterator lru_it;
 
@@ -199,6 +202,8 @@ class StoreImpl final : public Store {
   bool contains(const std::string& key) const override;
   Result<VerifyReport> verify() override;
   StoreUsage usage() const override;
+  StoreStats stats() const override;
+  void reset_stats() override;
   Result<std::vector<NvmeDirSpace>> nvme_space() const override;
   uint64_t chunk_bytes() const override { return chunk_bytes_; }
   const StoreOptions& options() const override { return opts_; }
@@ -446,6 +451,8 @@ class StoreImpl final : public Store {
   Result<bool> evict_one(bool device, const Obj* self);
   Status demote_locked(const ObjPtr& o);  // o exclusively locked
   Status promote_locked(const ObjPtr& o, Tier tier);
+  /// Counts a tier change of `o` (promotion or eviction) done by promote_locked().
+  void count_move_locked(const Obj& o, Tier from, Tier to);
   Status move_impl(const std::string& key, Tier tier, bool prefetch_only);
   void lru_add_locked(const ObjPtr& o);
   void lru_remove_locked(const ObjPtr& o);
@@ -506,6 +513,11 @@ class StoreImpl final : public Store {
   std::shared_ptr<ExtentAllocator> alloc_;
   std::shared_ptr<PinnedPool> host_pool_;
   std::unique_ptr<catalog::Catalog> catalog_;
+
+  /// The counters (Store::stats()): relaxed atomics, bumped on the data path without a lock;
+  /// mutable because const paths (checksum checks) count too.
+  mutable StoreCounters counters_;
+  std::unique_ptr<StatsLogger> stats_logger_;  // StoreOptions::stats_interval > 0
 
   mutable std::mutex mu_;
   /// key -> live version. In a read-only open, the cached view of the writer's committed

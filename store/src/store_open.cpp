@@ -67,6 +67,10 @@ Status StoreImpl::init(StoreOptions options) {
   if (!read_only_) committer_ = std::thread([this] { committer_loop(); });
   STRATA_ASSIGN_OR_RETURN(pool_, ThreadPool::create(static_cast<int>(opts_.worker_threads)));
   started_ = true;
+  if (opts_.stats_interval.count() > 0) {
+    stats_logger_ = std::make_unique<StatsLogger>(opts_.path, opts_.stats_interval,
+                                                  [this] { return stats(); });
+  }
   return Status::OK();
 }
 
@@ -92,6 +96,10 @@ Status StoreImpl::check_options() const {
                             " is below 8 KiB");
   }
   if (opts_.worker_threads == 0) return invalid_argument("StoreOptions.worker_threads is 0");
+  if (opts_.stats_interval.count() < 0) {
+    return invalid_argument("StoreOptions.stats_interval is negative (" +
+                            std::to_string(opts_.stats_interval.count()) + " ms)");
+  }
   if (opts_.worker_threads > StoreOptions::kMaxWorkerThreads) {
     return invalid_argument("StoreOptions.worker_threads " + std::to_string(opts_.worker_threads) +
                             " is above " + std::to_string(StoreOptions::kMaxWorkerThreads));
@@ -397,6 +405,7 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
     std::unique_lock<std::mutex> lk(ops_mu_);
     ops_cv_.wait(lk, [&] { return ops_in_flight_ == 0; });
   }
+  if (stats_logger_) stats_logger_->stop();
   if (pool_) pool_->shutdown();  // runs what is queued, then joins
   if (committer_.joinable()) {
     {

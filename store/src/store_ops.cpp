@@ -94,12 +94,14 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
       o->host = std::move(*b);
       if (Status st = copy_mem(o->host.data(), s, o->nbytes, src_dev); !st.ok()) return fail(st);
       o->on_host = true;
+      counters_.of(Tier::kHost).write(o->nbytes);
     } else {
       auto m = alloc_device(o->nbytes, o.get());
       if (!m.ok()) return fail(m.status());
       o->dev = *m;
       if (Status st = copy_mem(o->dev->ptr, s, o->nbytes, true); !st.ok()) return fail(st);
       o->on_device = true;
+      counters_.of(Tier::kDevice).write(o->nbytes);
     }
     o->dirty = true;
     o->pins = opts.pin ? 1 : 0;
@@ -119,10 +121,15 @@ Future<void> StoreImpl::read_async(const ObjPtr& o, uint64_t off, uint64_t n, ui
   Copies c = copies(*o);
   if (c.mem_tier) {
     f = make_ready_future(Result<void>(copy_mem(dst, c.mem + off, n, dst_dev || c.mem_dev)));
+    counters_.of(c.mem_dev ? Tier::kDevice : Tier::kHost).read(n);
+    if (o->prefetched.load(std::memory_order_relaxed) && o->prefetched.exchange(false)) {
+      counters_.prefetch_hits.add(1);
+    }
   } else if (!c.nvme) {
     f = make_ready_future(
         Result<void>(internal_error("object '" + o->key + "' has no copy in any tier")));
   } else {
+    counters_.prefetch_misses.add(1);
     f = read_layout_async(o->key, std::move(c.nvme), off, n, dst, dst_dev, opts_.verify_checksums);
   }
   return f.then([this, o](const Result<void>& r) -> Status {
@@ -200,6 +207,7 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   // straight from `src` (a partial last 4 KiB block through a copy), all at once (hashed
   // here, while they are in flight); the others are read-modify-written through staging
   // memory, one chunk after another per staging pool.
+  const auto t_io = StatsClock::now();
   const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
   struct Job {
     LayoutPtr cur;
@@ -276,6 +284,7 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
         if (partial && opts_.verify_checksums) vh->emplace();
         PieceLoad load;
         if (partial) {
+          counters_.nvme().read(align_up(old.nbytes, kAlign));
           const std::shared_ptr<IoFile>* ofile = &files_[old.ext->dir];
           IoEngine* engine = &io(old.ext->dir);
           const uint64_t ooff = old.ext->offset;
@@ -308,7 +317,8 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
     }
     parts.push_back(run_in_sequence(std::move(chain)));
   }
-  return when_all(parts).then([this, o, job](const Result<void>&) -> Status {
+  return when_all(parts).then([this, o, job, t_io](const Result<void>&) -> Status {
+    counters_.nvme_write_wait_ns.add(ns_since(t_io));
     Status st = job->error.status();
     if (st.ok()) {
       // Concurrent write_range calls on this object touch other chunks: start from the
@@ -344,6 +354,7 @@ Future<void> StoreImpl::write_range_async(const std::string& key, uint64_t off, 
     Copies c = copies(*o);
     if (c.mem_tier) {
       Status st = copy_mem(c.mem + off, s, n, src_dev || c.mem_dev);
+      counters_.of(c.mem_dev ? Tier::kDevice : Tier::kHost).write(n);
       if (st.ok()) {
         std::lock_guard<std::mutex> lk(mu_);
         o->dirty = true;
@@ -486,6 +497,8 @@ Status StoreImpl::flush_impl(const std::vector<std::string>* only) {
       if (first_error.ok()) first_error = l.status();
       continue;
     }
+    counters_.writebacks.add(1);
+    counters_.writeback_bytes.add(o->nbytes);
     std::lock_guard<std::mutex> lk(mu_);
     o->current = *l;
     o->dirty = false;

@@ -77,6 +77,33 @@ StoreUsage StoreImpl::usage() const {
   return u;
 }
 
+StoreStats StoreImpl::stats() const {
+  StoreStats s = counters_.snapshot();
+  CallScope call(this);
+  if (!call.status.ok()) return s;  // closed or closing: the pools are gone
+  if (host_pool_) {
+    s.host_pool = {host_pool_->used_bytes(), host_pool_->budget_bytes(),
+                   host_pool_->peak_used_bytes()};
+  }
+  for (const auto& g : groups_) {
+    if (!g.staging) continue;
+    s.staging_pool.in_use_bytes += g.staging->used_bytes();
+    s.staging_pool.capacity_bytes += g.staging->budget_bytes();
+    s.staging_pool.peak_bytes += g.staging->peak_used_bytes();
+  }
+  return s;
+}
+
+void StoreImpl::reset_stats() {
+  counters_.reset();
+  CallScope call(this);
+  if (!call.status.ok()) return;
+  if (host_pool_) host_pool_->reset_peak();
+  for (const auto& g : groups_) {
+    if (g.staging) g.staging->reset_peak();
+  }
+}
+
 Result<std::vector<NvmeDirSpace>> StoreImpl::nvme_space() const {
   CallScope call(this);
   STRATA_RETURN_IF_ERROR(call.status);

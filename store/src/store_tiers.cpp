@@ -103,6 +103,7 @@ Result<bool> StoreImpl::evict_one(bool device, const Obj* self) {
   if (!v) return false;
   Status st = demote_locked(v);
   v->io.unlock();
+  if (st.ok()) counters_.lru_evictions.add(1);
   if (!st.ok()) {
     return st.with_context("evicting '" + v->key + "' from " + (device ? "device" : "host"));
   }
@@ -121,6 +122,8 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
   }
   if (dirty) {
     STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev));
+    counters_.writebacks.add(1);
+    counters_.writeback_bytes.add(o->nbytes);
     std::lock_guard<std::mutex> lk(mu_);
     o->current = l;
     o->dirty = false;
@@ -153,7 +156,20 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
   o->on_device = false;
   o->host = PinnedBuffer();
   o->dev.reset();
+  o->prefetched.store(false, std::memory_order_relaxed);
+  counters_.evictions.add(1);
+  counters_.eviction_bytes.add(o->nbytes);
   return Status::OK();
+}
+
+void StoreImpl::count_move_locked(const Obj& o, Tier from, Tier to) {
+  if (static_cast<int>(to) < static_cast<int>(from)) {
+    counters_.promotions.add(1);
+    counters_.promotion_bytes.add(o.nbytes);
+  } else {
+    counters_.evictions.add(1);  // device -> host
+    counters_.eviction_bytes.add(o.nbytes);
+  }
 }
 
 Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
@@ -180,6 +196,7 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
     o->host = std::move(buf);
     o->on_host = true;
     lru_add_locked(o);
+    count_move_locked(*o, from, tier);
     return Status::OK();
   }
   // tier == kDevice
@@ -199,6 +216,7 @@ Status StoreImpl::promote_locked(const ObjPtr& o, Tier tier) {
   o->dev = std::move(mem);
   o->on_device = true;
   lru_add_locked(o);
+  count_move_locked(*o, from, tier);
   return Status::OK();
 }
 
@@ -226,7 +244,12 @@ Status StoreImpl::move_impl(const std::string& key, Tier tier, bool prefetch_onl
     }
     return demote_locked(o);
   }
-  return promote_locked(o, tier);
+  STRATA_RETURN_IF_ERROR(promote_locked(o, tier));
+  if (prefetch_only) {
+    counters_.prefetches.add(1);
+    o->prefetched.store(true, std::memory_order_relaxed);
+  }
+  return Status::OK();
 }
 
 }  // namespace strata::store_detail

@@ -39,7 +39,7 @@ const char* kFull = R"({
   "store": {"nvme_dirs": ["/a", "/b"], "chunk_bytes": "8MiB", "host_budget_bytes": 123,
             "nvme_budget_bytes": "1GiB", "device_budget_bytes": 0, "device_id": 1,
             "staging_bytes": 65536, "verify_checksums": false, "durability": "flush",
-            "worker_threads": 7, "numa_node": -2},
+            "worker_threads": 7, "numa_node": -2, "stats_interval_seconds": 0.5},
   "optimizer": {"sub_group_numel": 1048576, "num_buffers": 3, "pinned_budget_bytes": "64MiB",
                 "host_budget_bytes": 0, "num_threads": 5, "numa_node": 0,
                 "default_placement": "host", "verify_on_open": true, "arithmetic": "torch",
@@ -82,6 +82,7 @@ TEST(Config, EveryKeyIsParsedAndApplied) {
   EXPECT_EQ(o.durability, Durability::kOnFlush);
   EXPECT_EQ(o.worker_threads, 7u);
   EXPECT_EQ(o.numa_node, -2);
+  EXPECT_EQ(o.stats_interval, std::chrono::milliseconds(500));
   EXPECT_EQ(o.config_file, f);
   const OptimizerConfig& p = c->optimizer;
   EXPECT_EQ(p.sub_group_numel, 1048576u);
@@ -140,6 +141,10 @@ TEST(Config, UnknownKeysAreErrorsNamingThePathAndTheFile) {
             "'io.queue_depth'?); known keys of 'io': engine, block_size, queue_depth, workers, "
             "direct, submit_batch, numa_node, allow_buffered_fallback, allow_threads_fallback, "
             "register_files, register_buffers, sqpoll, iopoll");
+  EXPECT_NE(error_of(R"({"store": {"stats_interval": 1}})")
+                .find("unknown key 'store.stats_interval' (did you mean "
+                      "'store.stats_interval_seconds'?)"),
+            std::string::npos);
   EXPECT_EQ(error_of(R"({"stor": {}})"),
             "config file '/etc/s.json': unknown key 'stor' (did you mean 'store'?); known "
             "keys: strata_config, io, store, optimizer, measured");

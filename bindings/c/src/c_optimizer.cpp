@@ -1,7 +1,9 @@
 // C API: the offloaded optimizer and the communicator (strata.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +39,26 @@ Status check_comm(const strata_comm_t* c) {
 }  // namespace
 
 extern "C" {
+
+strata_status_t strata_optimizer_stats(strata_optimizer_t* o, strata_optimizer_stats_t* out,
+                                       int reset) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_opt(o); !st.ok()) return set_error(st);
+    if (out == nullptr || out->struct_size < sizeof(size_t))
+      return invalid("stats is NULL or not initialized with STRATA_OPTIMIZER_STATS_INIT");
+    const so::OptimizerStats t = o->opt->stats();
+    if (reset) o->opt->reset_stats();
+    strata_optimizer_stats_t full{sizeof(full), t.steps, t.steps_skipped, t.steps_rolled_back,
+                                  t.sub_groups, t.tensors_updated, t.numel_updated,
+                                  t.bytes_read, t.bytes_written, t.step_seconds,
+                                  t.update_seconds, t.io_wait_seconds, t.early_seconds,
+                                  t.overlap()};
+    const size_t n = std::min(out->struct_size, sizeof(full)) - sizeof(size_t);
+    std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
+                reinterpret_cast<unsigned char*>(&full) + sizeof(size_t), n);
+    return STRATA_OK;
+  });
+}
 
 strata_status_t strata_optimizer_create(strata_store_t* store, const strata_optimizer_options_t* o,
                                         int resume, strata_optimizer_t** out) {

@@ -357,4 +357,38 @@ const char* strata_key_list_get(const strata_key_list_t* list, size_t i) {
 
 void strata_key_list_free(strata_key_list_t* list) { delete list; }
 
+strata_status_t strata_store_stats(strata_store_t* s, strata_store_stats_t* out) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_store(s); !st.ok()) return set_error(st);
+    if (out == nullptr || out->struct_size < sizeof(size_t))
+      return invalid("stats is NULL or not initialized with STRATA_STORE_STATS_INIT");
+    // Every field after struct_size is 8 bytes, in stat_fields() order.
+    const std::vector<StatField> fields = stat_fields(s->store->stats());
+    static_assert(sizeof(uint64_t) == sizeof(double));
+    STRATA_CHECK(sizeof(strata_store_stats_t) == sizeof(size_t) + 8 * fields.size());
+    strata_store_stats_t full{};
+    auto* p = reinterpret_cast<unsigned char*>(&full) + sizeof(size_t);
+    for (const StatField& f : fields) {
+      if (f.is_seconds) {
+        std::memcpy(p, &f.seconds, 8);
+      } else {
+        std::memcpy(p, &f.value, 8);
+      }
+      p += 8;
+    }
+    const size_t n = std::min(out->struct_size, sizeof(full)) - sizeof(size_t);
+    std::memcpy(reinterpret_cast<unsigned char*>(out) + sizeof(size_t),
+                reinterpret_cast<unsigned char*>(&full) + sizeof(size_t), n);
+    return STRATA_OK;
+  });
+}
+
+strata_status_t strata_store_reset_stats(strata_store_t* s) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_store(s); !st.ok()) return set_error(st);
+    s->store->reset_stats();
+    return STRATA_OK;
+  });
+}
+
 }  // extern "C"

@@ -84,7 +84,8 @@ py::dict stats_dict(const optimizer::StepStats &s) {
       "skipped"_a = s.skipped, "grad_norm"_a = s.grad_norm,
       "clip_coef"_a = s.clip_coef, "tensors_updated"_a = s.tensors_updated,
       "numel_updated"_a = s.numel_updated, "bytes_read"_a = s.bytes_read,
-      "bytes_written"_a = s.bytes_written, "seconds"_a = s.seconds,
+      "bytes_written"_a = s.bytes_written, "sub_groups"_a = s.sub_groups,
+      "seconds"_a = s.seconds,
       "compute_seconds"_a = s.compute_seconds,
       "io_wait_seconds"_a = s.io_wait_seconds,
       "tensors_started_early"_a = s.tensors_started_early,
@@ -475,6 +476,17 @@ void register_optimizer(py::module_& m) {
         check(o.o().set_step_count(h, s));
       })
       .def("checkpoint", &PyOptimizer::checkpoint)
+      .def("stats", [](PyOptimizer& o) {
+        const optimizer::OptimizerStats t = o.o().stats();
+        return py::dict("steps"_a = t.steps, "steps_skipped"_a = t.steps_skipped,
+                        "steps_rolled_back"_a = t.steps_rolled_back, "sub_groups"_a = t.sub_groups,
+                        "tensors_updated"_a = t.tensors_updated, "numel_updated"_a = t.numel_updated,
+                        "bytes_read"_a = t.bytes_read, "bytes_written"_a = t.bytes_written,
+                        "step_seconds"_a = t.step_seconds, "update_seconds"_a = t.update_seconds,
+                        "io_wait_seconds"_a = t.io_wait_seconds, "early_seconds"_a = t.early_seconds,
+                        "overlap"_a = t.overlap());
+      })
+      .def("reset_stats", [](PyOptimizer& o) { o.o().reset_stats(); })
       .def("num_states", [](PyOptimizer& o) { return o.o().num_states(); })
       .def("state_name", [](PyOptimizer& o, int i) { return o.o().state_name(i); })
       .def("rule_name", [](PyOptimizer& o) { return o.o().rule_name(); })

@@ -327,6 +327,18 @@ void register_store(py::module_& m) {
       .def("keys", &PyStore::keys, "prefix"_a = "")
       .def("contains", [](PyStore& s, py::handle k) { return s.s().contains(to_text(k, "key")); })
       .def("usage", &PyStore::usage)
+      .def("stats", [](PyStore& s) {
+        py::dict d;
+        for (const StatField& f : stat_fields(s.s().stats())) {
+          if (f.is_seconds) {
+            d[f.name] = f.seconds;
+          } else {
+            d[f.name] = f.value;
+          }
+        }
+        return d;
+      })
+      .def("reset_stats", [](PyStore& s) { s.s().reset_stats(); })
       .def("chunk_bytes", [](PyStore& s) { return s.s().chunk_bytes(); })
       .def("has_device", [](PyStore& s) { return s.s().has_device(); })
       .def("delete", [](PyStore& s, py::handle k) { s.wait(key_call(&Store::remove_async, k)); },

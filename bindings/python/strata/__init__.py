@@ -367,6 +367,22 @@ class Store:
         """Bytes used and budgeted per tier, and the object count."""
         return self._s.usage()
 
+    def stats(self) -> Dict[str, Union[int, float]]:
+        """The store's counters since open or :meth:`reset_stats` (a new dict; C++
+        ``Store::stats()``, docs/store.md "Stats" defines each): ``{tier}_{read,write}_
+        {bytes,ops}`` for device, host and nvme; ``promotions``, ``promotion_bytes``,
+        ``evictions``, ``eviction_bytes``, ``lru_evictions``, ``writebacks``,
+        ``writeback_bytes``; ``checksum_failures``; ``prefetches``, ``prefetch_hits``,
+        ``prefetch_misses``; ``nvme_read_wait_seconds``, ``nvme_write_wait_seconds``;
+        ``{host,staging}_pool_{in_use,capacity,peak}_bytes``; ``elapsed_seconds``. Ints,
+        seconds as floats. Counters are per process: another process's reads of the same
+        store are not in them."""
+        return self._s.stats()
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters of :meth:`stats` (the pools' peaks restart at their use)."""
+        self._s.reset_stats()
+
     @property
     def chunk_bytes(self) -> int:
         return self._s.chunk_bytes()
@@ -462,7 +478,12 @@ class OffloadedOptimizer:
     grad_scale=1.0, skip_if_nonfinite=True)``, ``start_update([(handle, grad, param_copy or
     None), ...])`` (the arrays stay referenced until the step ends), ``wait_started()``,
     ``finish_step(...) -> dict`` (step()'s dict plus ``tensors_started_early``,
-    ``early_seconds``, ``rolled_back``), ``abort_step()``, ``step_open()``.
+    ``early_seconds``, ``rolled_back``), ``abort_step()``, ``step_open()``; ``stats()`` (the
+    totals of the steps since create/resume or ``reset_stats()``: ``steps``,
+    ``steps_skipped``, ``steps_rolled_back``, ``sub_groups``, ``tensors_updated``,
+    ``numel_updated``, ``bytes_read``, ``bytes_written``, ``step_seconds``,
+    ``update_seconds``, ``io_wait_seconds``, ``early_seconds``, ``overlap`` = update /
+    (update + io_wait); C++ ``OptimizerStats``) and ``reset_stats()``.
     Each releases the GIL while it works. Arrays given to set_grad / set_param_copy stay
     referenced (and must stay unmodified during a step) until replaced. ``numel`` may be 0
     (torch.optim accepts zero-size parameters): such a tensor has empty objects, and its step

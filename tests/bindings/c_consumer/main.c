@@ -249,6 +249,45 @@ static void adamw_torch_ref(float* p, float* m, float* v, const float* g, int n,
   }
 }
 
+/* The store's counters: exact after a put and a get, a struct from an older header filled
+ * only as far as its struct_size, reset. */
+static void test_stats(const char* dir) {
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  strata_store_stats_t st = STRATA_STORE_STATS_INIT;
+  strata_store_stats_t old;
+  int32_t buf[1000];
+  int64_t shape[1] = {1000};
+  int i;
+  set_store_options(&o, dir, 8, 4, 2);
+  EXPECT_RC(strata_store_open(&o, &store), STRATA_OK);
+  if (store == NULL) return;
+  for (i = 0; i < 1000; ++i) buf[i] = i;
+  EXPECT_RC(strata_store_put(store, "s", buf, STRATA_INT32, 1, shape, STRATA_TIER_NVME, 0),
+            STRATA_OK);
+  EXPECT_RC(strata_store_get(store, "s", buf, sizeof buf), STRATA_OK);
+  EXPECT_RC(strata_store_stats(store, &st), STRATA_OK);
+  /* 4000 bytes: one chunk, 4096 bytes on disk each way. */
+  EXPECT(st.nvme_write_ops == 1 && st.nvme_write_bytes == 4096);
+  EXPECT(st.nvme_read_ops == 1 && st.nvme_read_bytes == 4096);
+  EXPECT(st.prefetch_misses == 1 && st.prefetch_hits == 0 && st.checksum_failures == 0);
+  EXPECT(st.host_write_ops == 0 && st.evictions == 0);
+  EXPECT(st.host_pool_capacity_bytes == 8u << 20 && st.staging_pool_capacity_bytes == 4u << 20);
+  EXPECT(st.nvme_read_wait_seconds > 0.0 && st.elapsed_seconds > 0.0);
+  /* An older, shorter struct: only the fields it has are written. */
+  memset(&old, 0xAB, sizeof old);
+  old.struct_size = offsetof(strata_store_stats_t, host_read_bytes);
+  EXPECT_RC(strata_store_stats(store, &old), STRATA_OK);
+  EXPECT(old.device_write_ops == 0 && old.host_read_bytes == 0xABABABABABABABABull);
+  EXPECT_RC(strata_store_reset_stats(store), STRATA_OK);
+  EXPECT_RC(strata_store_stats(store, &st), STRATA_OK);
+  EXPECT(st.nvme_write_ops == 0 && st.nvme_read_bytes == 0);
+  st.struct_size = 0;
+  EXPECT_RC(strata_store_stats(store, &st), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_store_stats(NULL, &st), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
 /* arithmetic = "torch" (optimizers under "torch/" and "v2/" in `store`): bit-identical to
  * torch's sequence; bad values refused; a struct from a version-2 header (no arithmetic
  * field) gets the default. */
@@ -297,6 +336,18 @@ static void test_optimizer_torch_arithmetic(strata_store_t* store) {
   EXPECT_RC(strata_optimizer_read_param(opt, h, out, 0, N), STRATA_OK);
   for (i = 0; i < N; ++i) same &= memcmp(&out[i], &p[i], sizeof(float)) == 0;
   EXPECT(same);
+  {
+    /* 4 steps of 3 sub-groups of 1000 elements, master + 2 states of fp32 each. */
+    strata_optimizer_stats_t os = STRATA_OPTIMIZER_STATS_INIT;
+    EXPECT_RC(strata_optimizer_stats(opt, &os, 1), STRATA_OK);
+    EXPECT(os.steps == 4 && os.steps_skipped == 0 && os.sub_groups == 12);
+    EXPECT(os.bytes_read == 4u * 3u * N * 4u && os.bytes_written == os.bytes_read);
+    EXPECT(os.numel_updated == 4u * N);
+    EXPECT(os.update_seconds > 0.0 && os.overlap > 0.0 && os.overlap <= 1.0);
+    EXPECT_RC(strata_optimizer_stats(opt, &os, 0), STRATA_OK);
+    EXPECT(os.steps == 0 && os.bytes_read == 0);
+    EXPECT_RC(strata_optimizer_stats(opt, NULL, 0), STRATA_ERR_INVALID_ARGUMENT);
+  }
   strata_optimizer_free(opt);
 }
 
@@ -648,6 +699,8 @@ int main(int argc, char** argv) {
   EXPECT(strata_dtype_size(STRATA_BFLOAT16) == 2 && strata_dtype_size(STRATA_INT64) == 8);
   snprintf(sub, sizeof sub, "%s/store", tmpl);
   test_store(sub);
+  snprintf(sub, sizeof sub, "%s/stats", tmpl);
+  test_stats(sub);
   snprintf(sub, sizeof sub, "%s/damage", tmpl);
   test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);

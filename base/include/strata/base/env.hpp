@@ -2,6 +2,7 @@
 // structs; an explicitly set option always wins. A malformed value is an error, not ignored.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,11 @@ Result<uint64_t> env_uint(const char* name, uint64_t fallback);
 
 /// Unset -> `fallback`. Set -> parse_size() (suffixes allowed: "64MiB").
 Result<uint64_t> env_size(const char* name, uint64_t fallback);
+
+/// Unset -> `fallback`. Set -> a decimal number of seconds >= 0 ("10", "0.5"), rounded to
+/// the millisecond. \error InvalidArgument naming the variable when the value is malformed.
+Result<std::chrono::milliseconds> env_seconds(const char* name,
+                                              std::chrono::milliseconds fallback);
 
 /// Unset -> `fallback`. Accepts 1/0, true/false, yes/no, on/off (case-insensitive).
 Result<bool> env_bool(const char* name, bool fallback);

@@ -49,8 +49,9 @@ extern "C" {
  *  2: strata_object_info_t.damaged and strata_store_object_damage().
  *  3: strata_optimizer_options_t.arithmetic.
  *  4: strata_optimizer_close() (free returning the final checkpoint's status),
- *     strata_optimizer_set_hyperparams() and strata_optimizer_hyperparam(). */
-#define STRATA_C_API_VERSION 4
+ *     strata_optimizer_set_hyperparams() and strata_optimizer_hyperparam().
+ *  5: strata_store_stats(), strata_store_reset_stats(), strata_optimizer_stats(). */
+#define STRATA_C_API_VERSION 5
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -308,6 +309,39 @@ STRATA_C_API size_t strata_key_list_size(const strata_key_list_t* list);
 STRATA_C_API const char* strata_key_list_get(const strata_key_list_t* list, size_t i);
 STRATA_C_API void strata_key_list_free(strata_key_list_t* list);
 
+/** The store's counters since open or the last strata_store_reset_stats(): strata::StoreStats
+ *  with flat names, the same as Python's Store.stats() keys (docs/store.md "Stats" defines
+ *  each). Initialize with STRATA_STORE_STATS_INIT. Fields are only ever appended: the
+ *  library fills the fields that `struct_size` covers. Since STRATA_C_API_VERSION 5. */
+typedef struct strata_store_stats {
+  size_t struct_size; /**< sizeof(strata_store_stats_t) */
+  /* bytes and operations per tier and direction (nvme: chunk transfers of any cause) */
+  uint64_t device_read_bytes, device_read_ops, device_write_bytes, device_write_ops;
+  uint64_t host_read_bytes, host_read_ops, host_write_bytes, host_write_ops;
+  uint64_t nvme_read_bytes, nvme_read_ops, nvme_write_bytes, nvme_write_ops;
+  /* tier moves */
+  uint64_t promotions, promotion_bytes, evictions, eviction_bytes, lru_evictions;
+  uint64_t writebacks, writeback_bytes;
+  uint64_t checksum_failures;
+  uint64_t prefetches, prefetch_hits, prefetch_misses;
+  double nvme_read_wait_seconds, nvme_write_wait_seconds; /**< summed over operations */
+  /* pinned pools: bytes in use now, budget, peak since open / reset */
+  uint64_t host_pool_in_use_bytes, host_pool_capacity_bytes, host_pool_peak_bytes;
+  uint64_t staging_pool_in_use_bytes, staging_pool_capacity_bytes, staging_pool_peak_bytes;
+  double elapsed_seconds; /**< the interval the counters cover */
+} strata_store_stats_t;
+#define STRATA_STORE_STATS_INIT                                                           \
+  {                                                                                       \
+    sizeof(strata_store_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+  }
+
+/** Fills *stats (the fields up to stats->struct_size). Thread-safe, cheap.
+ *  \error INVALID_ARGUMENT (NULL store, NULL or uninitialized stats). */
+STRATA_C_API strata_status_t strata_store_stats(strata_store_t* store, strata_store_stats_t* stats);
+/** Zeroes the counters (the pools' peaks restart at their use now). \error INVALID_ARGUMENT. */
+STRATA_C_API strata_status_t strata_store_reset_stats(strata_store_t* store);
+
 /* ---- offloaded optimizer ---------------------------------------------------------------- */
 
 typedef struct strata_optimizer strata_optimizer_t;
@@ -432,6 +466,23 @@ typedef struct strata_step_stats {
   uint64_t bytes_written;  /**< NVMe bytes written by the pipeline */
   double seconds;          /**< wall time of the step */
 } strata_step_stats_t;
+
+/** Totals of the optimizer's completed steps (strata::optimizer::OptimizerStats; Python's
+ *  optimizer.stats() keys). Initialize with STRATA_OPTIMIZER_STATS_INIT; fields are only
+ *  ever appended. Since STRATA_C_API_VERSION 5. */
+typedef struct strata_optimizer_stats {
+  size_t struct_size; /**< sizeof(strata_optimizer_stats_t) */
+  uint64_t steps, steps_skipped, steps_rolled_back, sub_groups;
+  uint64_t tensors_updated, numel_updated, bytes_read, bytes_written;
+  double step_seconds, update_seconds, io_wait_seconds, early_seconds;
+  double overlap; /**< update / (update + io_wait), 0 when both are 0 */
+} strata_optimizer_stats_t;
+#define STRATA_OPTIMIZER_STATS_INIT {sizeof(strata_optimizer_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/** Fills *stats (the fields up to stats->struct_size); `reset` 1 then zeroes the totals.
+ *  \error INVALID_ARGUMENT (NULL optimizer, NULL or uninitialized stats). */
+STRATA_C_API strata_status_t strata_optimizer_stats(strata_optimizer_t* optimizer,
+                                                    strata_optimizer_stats_t* stats, int reset);
 
 /** One step of every parameter with a gradient. `max_grad_norm` > 0 clips by global L2
  *  norm (torch.nn.utils.clip_grad_norm_); `grad_scale` multiplies every gradient (1 = none).

@@ -515,6 +515,19 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
             torch.cuda.synchronize()
         return loss
 
+    def stats(self) -> Dict[str, Any]:
+        """The offloaded optimizer's totals since creation or :meth:`reset_stats` (a new
+        dict: ``steps``, ``sub_groups``, ``bytes_read``, ``bytes_written``,
+        ``update_seconds``, ``io_wait_seconds``, ``overlap``, ... as
+        ``strata.OffloadedOptimizer.stats()``). The store's counters: ``self.store.stats()``."""
+        self._check_open()
+        return self._opt.stats()
+
+    def reset_stats(self) -> None:
+        """Zeroes the totals of :meth:`stats`."""
+        self._check_open()
+        self._opt.reset_stats()
+
     def zero_grad(self, set_to_none: bool = False) -> None:
         """As torch.optim.Optimizer.zero_grad; also forgets the stored gradients of
         offloaded parameters (strata.torch.offload_parameters)."""

@@ -244,6 +244,9 @@ struct StepStats {
   uint64_t numel_updated = 0;     ///< their elements
   uint64_t bytes_read = 0;        ///< NVMe bytes read by the pipeline (masters + states)
   uint64_t bytes_written = 0;     ///< NVMe bytes written by the pipeline
+  /// Pipeline sub-groups (batches of one pinned slot: at most sub_group_numel elements
+  /// per stream) read, updated and written back.
+  uint32_t sub_groups = 0;
   double seconds = 0.0;           ///< wall time of the step
   double compute_seconds = 0.0;   ///< time inside apply_update()
   double io_wait_seconds = 0.0;   ///< time the update stage waited for reads / free slots
@@ -254,6 +257,30 @@ struct StepStats {
   /// Overlapped steps: the speculation failed (skip, clipping, changed hyperparameters or
   /// options) and the early updates were rolled back and redone by finish_step().
   bool rolled_back = false;
+};
+
+/// Totals of the steps since create()/open() or reset_stats() (OffloadedOptimizer::stats()):
+/// the StepStats of each completed step, summed. docs/offload.md "Stats" defines each.
+struct OptimizerStats {
+  uint64_t steps = 0;              ///< steps completed (step(), step_async(), finish_step())
+  uint64_t steps_skipped = 0;      ///< of which skipped for a non-finite gradient
+  uint64_t steps_rolled_back = 0;  ///< overlapped steps whose early updates were redone
+  uint64_t sub_groups = 0;         ///< pipeline sub-groups updated (StepStats::sub_groups)
+  uint64_t tensors_updated = 0;
+  uint64_t numel_updated = 0;
+  uint64_t bytes_read = 0;         ///< NVMe bytes read by the pipeline (masters + states)
+  uint64_t bytes_written = 0;      ///< NVMe bytes written by the pipeline
+  double step_seconds = 0.0;       ///< wall time of the steps (overlapped: the exposed part)
+  double update_seconds = 0.0;     ///< time in apply_update() (StepStats::compute_seconds)
+  double io_wait_seconds = 0.0;    ///< time the update stage waited for reads / free slots
+  double early_seconds = 0.0;      ///< overlapped steps: wall time of the early updates
+  /// update_seconds / (update_seconds + io_wait_seconds), 0 when both are 0: the share of
+  /// the update stage's time spent computing rather than waiting for I/O. 1: the I/O was
+  /// hidden behind the updates (compute-bound); near 0: the updates waited (I/O-bound).
+  double overlap() const {
+    const double t = update_seconds + io_wait_seconds;
+    return t > 0.0 ? update_seconds / t : 0.0;
+  }
 };
 
 /// One gradient handed to start_update(): `grad` holds the tensor's numel elements of
@@ -434,6 +461,12 @@ class OffloadedOptimizer {
   ///     advanced, so checkpoint() and close() refuse: resume from the last checkpoint.
   ///     FailedPrecondition once closed.
   Result<StepStats> step(const StepOptions& options = {});
+  /// The totals of the completed steps (OptimizerStats). Any thread, also while a step
+  /// runs (that step is counted once it completes). The store's own counters (every NVMe
+  /// transfer, waits, pools): store()->stats().
+  OptimizerStats stats() const;
+  /// Zeroes the totals.
+  void reset_stats();
   // ---- the step overlapped with backward ------------------------------------------------
   //
   // OVERLAPPED STEP. begin_step(o) opens a step whose tensors are updated as their

@@ -66,6 +66,7 @@ struct StoreConfig {
   std::optional<Durability> durability;
   std::optional<uint32_t> worker_threads;              ///< 1..StoreOptions::kMaxWorkerThreads
   std::optional<int> numa_node;                        ///< >= -2 (kNumaNone .. a node)
+  std::optional<double> stats_interval_seconds;        ///< >= 0, 0 = off (stats_interval)
 
   bool operator==(const StoreConfig&) const = default;
 };

@@ -116,6 +116,10 @@ class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
                                         std::chrono::milliseconds timeout = std::chrono::hours(24)) = 0;
   virtual uint64_t budget_bytes() const = 0;
   virtual uint64_t used_bytes() const = 0;
+  /// The most used_bytes() has been since creation or the last reset_peak().
+  virtual uint64_t peak_used_bytes() const = 0;
+  /// Sets peak_used_bytes() to used_bytes() now.
+  virtual void reset_peak() = 0;
   virtual bool huge_pages() const = 0;  ///< backed by hugetlb or THP
   virtual int numa_node() const = 0;
 

@@ -37,6 +37,7 @@
 #include "strata/base/dtype.hpp"
 #include "strata/store/io_engine.hpp"
 #include "strata/store/placement.hpp"
+#include "strata/store/stats.hpp"
 
 namespace strata {
 
@@ -119,6 +120,11 @@ struct StoreOptions {
   IoEngineOptions engine_options;
   /// An engine to share (e.g. with the optimizer); null = the store creates its own.
   std::shared_ptr<IoEngine> engine;
+  /// > 0: every interval, one line of the counters' deltas (Store::stats(),
+  /// format_stats_line()) to stderr, "strata [stats] ROOT interval=...", from a thread of
+  /// the store's, until close(). Default 0 = off (STRATA_STATS_INTERVAL, in seconds, e.g.
+  /// "10" or "0.5").
+  std::chrono::milliseconds stats_interval{0};
 
   /// The configuration file these options were read from (from_env(), from_config()), ""
   /// when none: what the optimizer bindings read their "optimizer" section from. Only
@@ -385,6 +391,15 @@ class Store {
 
   /// Bytes used and budgeted per tier, and the object count (all 0 once closed).
   virtual StoreUsage usage() const = 0;
+  /// The store's counters since open() or the last reset_stats() (stats.hpp; docs/store.md
+  /// "Stats" defines each): bytes and operations per tier and direction, tier moves, waits
+  /// on NVMe, checksum failures, prefetch hits, pinned-pool occupancy. Cheap (relaxed loads
+  /// and the pools' gauges); any thread, also after close() (the counters then stay as
+  /// they were).
+  virtual StoreStats stats() const = 0;
+  /// Zeroes every counter and starts a new interval (elapsed_seconds); the pools' peaks
+  /// restart at their use now. Operations in flight may count partly before, partly after.
+  virtual void reset_stats() = 0;
   /// The space of each NVMe directory (same order as options().nvme_dirs). Space is
   /// given back after each commit: extents no version names any more (e.g. the originals
   /// of copy-on-write chunks) are punched out of the data files, so free_bytes grows again.
