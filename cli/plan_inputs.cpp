@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "strata/store/config.hpp"
+
 namespace strata::cli::planner {
 namespace {
 
@@ -46,25 +48,22 @@ void put(Measurements& m, const char* key, double v, const std::string& source) 
 }  // namespace
 
 Status read_config_measured(const std::string& path, Measurements& m) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, parse(path, text));
-  if (!j.is_object()) return invalid_argument(path + ": a configuration file is a JSON object");
-  auto it = j.find("measured");
-  if (it == j.end()) return Status::OK();
-  if (!it->is_object()) return invalid_argument(path + ": 'measured' must be an object");
-  static const char* const kNumeric[] = {kNvmeRead, kNvmeWrite, kMemoryCopy,
-                                         kAdam,     kAllgather, kPcie};
+  // The shared parser checks the whole file (unknown keys, types, ranges) as every other
+  // command that takes --config does.
+  STRATA_ASSIGN_OR_RETURN(Config c, Config::load(path));
+  const MeasuredConfig& mc = c.measured;
+  const std::pair<const char*, const std::optional<double>*> fields[] = {
+      {kNvmeRead, &mc.nvme_read_bytes_per_s},     {kNvmeWrite, &mc.nvme_write_bytes_per_s},
+      {kMemoryCopy, &mc.memory_copy_bytes_per_s}, {kAdam, &mc.adam_params_per_s},
+      {kAllgather, &mc.allgather_bytes_per_s},    {kPcie, &mc.pcie_bytes_per_s}};
   const std::string source = "config " + path;
-  for (const auto& [key, value] : it->items()) {
-    if (key == "paths") {
-      if (!value.is_array()) return invalid_argument(path + ": 'measured.paths' must be a list");
-      continue;
+  for (const auto& [key, value] : fields) {
+    if (!value->has_value()) continue;
+    if (!(**value > 0)) {
+      return invalid_argument(path + ": 'measured." + key + "' must be a positive number, got " +
+                              nlohmann::json(**value).dump());
     }
-    bool known = false;
-    for (const char* k : kNumeric) known = known || key == k;
-    if (!known) return invalid_argument(path + ": unknown key 'measured." + key + "'");
-    STRATA_ASSIGN_OR_RETURN(double v, positive(*it, key, path, "measured."));
-    m[key] = Measurement{v, source};
+    m[key] = Measurement{**value, source};
   }
   return Status::OK();
 }

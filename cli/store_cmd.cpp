@@ -151,8 +151,10 @@ Result<VerifyReport> verify_with_progress(Store& store) {
   const uint64_t base = store.stats().nvme.read_bytes;
   std::atomic<bool> done{false};
   std::thread poll([&] {
-    while (!done.load()) {
+    // The first update draws at once, however quickly verify() returns.
+    for (;;) {
       line.update(std::min(total, store.stats().nvme.read_bytes - base));
+      if (done.load()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
