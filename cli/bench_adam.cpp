@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_adam.hpp"
 #include "bench_limits.hpp"
 #include "command.hpp"
 #include "strata/base/dtype.hpp"
@@ -33,17 +34,6 @@ namespace {
 
 namespace opt = strata::optimizer;
 
-struct BenchAdamArgs {
-  uint64_t numel = 100'000'000;
-  int threads = 0;
-  int numa_node = -1;
-  std::string grad_dtype = "fp32";
-  std::string optimizer = "adam";
-  std::string simd;
-  int steps = 10;
-  int warmup = 2;
-  bool json = false;
-};
 
 // Anonymous memory on transparent huge pages when the kernel allows (fewer TLB misses).
 class HostBuffer {
@@ -97,18 +87,20 @@ uint16_t bits16_of(float x, DType t) {
   return h;
 }
 
-int run_bench_adam(const BenchAdamArgs& a) {
+}  // namespace
+
+Result<AdamMeasurement> measure_adam(const BenchAdamArgs& a) {
   auto gt = parse_dtype(a.grad_dtype);
-  if (!gt.ok()) return report_error(gt.status());
+  if (!gt.ok()) return gt.status();
   if (*gt != DType::kFloat32 && *gt != DType::kFloat16 && *gt != DType::kBFloat16) {
-    return report_error(invalid_argument("--grad-dtype must be fp32, fp16 or bf16"));
+    return invalid_argument("--grad-dtype must be fp32, fp16 or bf16");
   }
-  if (a.steps < 1) return report_error(invalid_argument("--steps must be >= 1"));
+  if (a.steps < 1) return invalid_argument("--steps must be >= 1");
   if (!a.simd.empty()) {
-    if (auto s = opt::force_simd_target(a.simd); !s.ok()) return report_error(s);
+    if (auto s = opt::force_simd_target(a.simd); !s.ok()) return s;
   }
   auto rule_r = make_rule(a.optimizer);
-  if (!rule_r.ok()) return report_error(rule_r.status());
+  if (!rule_r.ok()) return rule_r.status();
   const auto& rule = **rule_r;
   auto probe = opt::make_streaming_probe(rule.num_states());
 
@@ -116,10 +108,10 @@ int run_bench_adam(const BenchAdamArgs& a) {
   po.num_threads = a.threads;
   po.numa_node = a.numa_node;
   auto pool_r = opt::make_kernel_pool(po);
-  if (!pool_r.ok()) return report_error(pool_r.status());
+  if (!pool_r.ok()) return pool_r.status();
   auto& pool = **pool_r;
 
-  if (a.numel == 0) return report_error(invalid_argument("--numel must be >= 1, got 0"));
+  if (a.numel == 0) return invalid_argument("--numel must be >= 1, got 0");
   const size_t n = a.numel;
   const size_t gsize = dtype_size(*gt);
   {
@@ -127,11 +119,11 @@ int run_bench_adam(const BenchAdamArgs& a) {
     auto need = checked_mul(n, per_param,
                             "--numel " + std::to_string(n) + " needs " +
                                 std::to_string(per_param) + " bytes per parameter");
-    if (!need.ok()) return report_error(need.status());
+    if (!need.ok()) return need.status();
     if (Status st = check_memory(*need, "bench adam --numel " + std::to_string(n) + " (" +
                                             std::to_string(per_param) + " B/param)");
         !st.ok()) {
-      return report_error(st);
+      return st;
     }
   }
   HostBuffer pbuf(n * 4), gbuf(n * gsize);
@@ -140,8 +132,8 @@ int run_bench_adam(const BenchAdamArgs& a) {
   bool ok = pbuf.data() != nullptr && gbuf.data() != nullptr;
   for (auto& b : sbufs) ok = ok && b->data() != nullptr;
   if (!ok) {
-    return report_error(resource_exhausted("cannot map " + std::to_string(n) +
-                                           " parameters of optimizer state", errno));
+    return resource_exhausted("cannot map " + std::to_string(n) +
+                                           " parameters of optimizer state", errno);
   }
   opt::UpdateSpans spans;
   spans.param = static_cast<float*>(pbuf.data());
@@ -167,17 +159,17 @@ int run_bench_adam(const BenchAdamArgs& a) {
       }
     }
   });
-  if (auto s = opt::init_states(rule, spans, &pool); !s.ok()) return report_error(s);
+  if (auto s = opt::init_states(rule, spans, &pool); !s.ok()) return s;
 
   using clock = std::chrono::steady_clock;
   std::vector<double> t_kernel, t_probe;
   opt::ParamState state;
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     auto t0 = clock::now();
-    if (auto s = opt::step(rule, spans, state, &pool); !s.ok()) return report_error(s);
+    if (auto s = opt::step(rule, spans, state, &pool); !s.ok()) return s;
     auto t1 = clock::now();
     if (auto s = opt::apply_update(*probe, spans, {1, 1.0f}, &pool); !s.ok()) {
-      return report_error(s);
+      return s;
     }
     auto t2 = clock::now();
     if (i >= a.warmup) {
@@ -187,12 +179,34 @@ int run_bench_adam(const BenchAdamArgs& a) {
   }
   // Keep the result observable (and check it is finite).
   if (n > 0 && !std::isfinite(spans.param[n / 2])) {
-    return report_error(internal_error("parameter " + std::to_string(n / 2) + " is not finite"));
+    return internal_error("parameter " + std::to_string(n / 2) + " is not finite");
   }
 
+  AdamMeasurement m;
+  m.numel = n;
+  m.threads = pool.num_threads();
+  m.numa_node = po.numa_node >= 0 ? po.numa_node : -1;
+  m.grad_dtype = *gt;
+  m.bytes_per_param = opt::bytes_per_element(rule, *gt, false);
+  m.seconds_all = std::move(t_kernel);
+  m.probe_seconds_all = std::move(t_probe);
+  return m;
+}
+
+namespace {
+
+int run_bench_adam(const BenchAdamArgs& a) {
+  auto m_r = measure_adam(a);
+  if (!m_r.ok()) return report_error(m_r.status());
+  const AdamMeasurement& m = *m_r;
+  const size_t n = m.numel;
+  const auto& t_kernel = m.seconds_all;
+  const auto& t_probe = m.probe_seconds_all;
+  const int threads = m.threads;
+  const DType grad_type = m.grad_dtype;
   const double sec = median(t_kernel);
   const double sec_probe = median(t_probe);
-  const size_t bpe = opt::bytes_per_element(rule, *gt, false);
+  const size_t bpe = m.bytes_per_param;
   const double bytes = static_cast<double>(bpe) * static_cast<double>(n);
   const double gbps = sec > 0 ? bytes / sec / 1e9 : 0.0;
   const double limit = sec_probe > 0 ? bytes / sec_probe / 1e9 : 0.0;
@@ -204,9 +218,9 @@ int run_bench_adam(const BenchAdamArgs& a) {
     j["benchmark"] = "adam";
     j["optimizer"] = a.optimizer;
     j["numel"] = n;
-    j["threads"] = pool.num_threads();
-    j["numa_node"] = po.numa_node >= 0 ? po.numa_node : -1;
-    j["grad_dtype"] = dtype_name(*gt);
+    j["threads"] = threads;
+    j["numa_node"] = m.numa_node;
+    j["grad_dtype"] = dtype_name(grad_type);
     j["simd"] = opt::active_simd_target();
     j["steps"] = a.steps;
     j["bytes_per_param"] = bpe;
@@ -221,7 +235,7 @@ int run_bench_adam(const BenchAdamArgs& a) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("optimizer %s, %zu params, grad %s, %d threads, SIMD %s, %d steps\n",
-                a.optimizer.c_str(), n, std::string(dtype_name(*gt)).c_str(), pool.num_threads(),
+                a.optimizer.c_str(), n, std::string(dtype_name(grad_type)).c_str(), threads,
                 opt::active_simd_target().c_str(), a.steps);
     std::printf("  step (median):        %10.3f ms  %7.3f ns/param  %7.2f GB/s (%zu B/param)\n",
                 sec * 1e3, ns_per_param, gbps, bpe);

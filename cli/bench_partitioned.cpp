@@ -59,11 +59,13 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "config_option.hpp"
 #include "emulated_drives.hpp"
 #include "launch_ranks.hpp"
 #include "strata/base/units.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/collectives/launcher.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/partitioned.hpp"
 #include "strata/store/store.hpp"
 
@@ -77,6 +79,7 @@ struct PartArgs {
   std::string piece_text = "8MiB";
   int iters = 5;
   bool keep = false;
+  std::string config;  // --config FILE: exported to the ranks as STRATA_CONFIG
   std::string drive_bw_text;    // --emulated-drive-bw ("" = real disk)
   std::string drive_size_text;  // --emulated-drive-size ("" = default)
   RankOptions ranks;  // --master-port, --json, --from-env, --result-file
@@ -339,6 +342,10 @@ Result<EmulatedDriveOptions> emulated_drive_options(const PartArgs& a, uint64_t 
 }
 
 int run_partitioned(const PartArgs& a) {
+  if (!a.config.empty()) {  // checked here; every rank reads it through StoreOptions::from_env()
+    if (auto c = Config::load(a.config); !c.ok()) return report_error(c.status());
+    ::setenv("STRATA_CONFIG", a.config.c_str(), 1);
+  }
   auto total = parse_size(a.bytes_text);
   if (!total.ok()) return report_error(total.status().with_context("--bytes"));
   auto piece = parse_size(a.piece_text);
@@ -427,6 +434,7 @@ void register_bench_partitioned(Registry& r) {
       ->check(CLI::Range(1, 1000000));
   add_rank_options(cmd, a->ranks);
   cmd->add_flag("--keep", a->keep, "Keep the object in the stores afterwards");
+  add_config_option(cmd, a->config);
   cmd->add_option("--emulated-drive-bw", a->drive_bw_text,
                   "Give each rank its own emulated drive of this many bytes/s (e.g. 200MiB; "
                   "loop device over a file under --path, ext4, blkio throttle; root only)");

@@ -30,6 +30,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "config_option.hpp"
 #include "progress.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
@@ -59,6 +60,7 @@ struct BenchStepArgs {
   uint32_t store_workers = 0;  // 0: the StoreOptions default
   bool keep = false;
   bool json = false;
+  std::string config;  // --config FILE
 };
 
 uint64_t peak_rss_bytes() {
@@ -180,7 +182,7 @@ int run_bench_step(const BenchStepArgs& a) {
   }
   RemoveDirsOnExit cleanup{dirs, a.keep};
 
-  auto so_r = StoreOptions::from_env();
+  auto so_r = StoreOptions::from_config(a.config);
   if (!so_r.ok()) return report_error(so_r.status());
   StoreOptions so = *so_r;
   so.path = dirs[0];
@@ -400,6 +402,7 @@ void register_bench_step(Registry& r) {
                 "store worker threads (0 = the store default, 4)");
   sub->add_flag("--keep", args->keep, "keep the store directories");
   sub->add_flag("--json", args->json, "print one JSON object");
+  add_config_option(sub, args->config);
 }
 
 STRATA_CLI_COMMAND(register_bench_step);

@@ -22,6 +22,7 @@
 
 #include "bench_limits.hpp"
 #include "command.hpp"
+#include "config_option.hpp"
 #include "striped_file.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/gpu.hpp"
@@ -42,6 +43,7 @@ struct BenchStoreArgs {
   std::string chunk_size = "64MiB";
   bool keep = false;
   bool json = false;
+  std::string config;  // --config FILE
 };
 
 /// Benchmark memory: a PinnedPool buffer (huge pages, registered with the engine).
@@ -149,10 +151,12 @@ int run_bench_store(const BenchStoreArgs& a) {
   }
   if (Status st = check_memory(size, "bench store (one --object-size buffer)"); !st.ok())
     return report_error(st);
-  auto eo = IoEngineOptions::from_env();
+  auto eo = IoEngineOptions::from_config(a.config);
   if (!eo.ok()) return report_error(eo.status());
   auto engine = IoEngine::create(*eo);
   if (!engine.ok()) return report_error(engine.status());
+  auto so_r = StoreOptions::from_config(a.config);
+  if (!so_r.ok()) return report_error(so_r.status());
 
   // Fresh store under <path0>/strata-bench-store, data striped over every --path.
   std::vector<std::string> dirs;
@@ -189,7 +193,7 @@ int run_bench_store(const BenchStoreArgs& a) {
   // `discard`, the freed blocks are discarded at the next journal commit, which would
   // otherwise land inside the first timed put.
   ::sync();
-  StoreOptions so;
+  StoreOptions so = *so_r;
   so.path = dirs[0];
   so.nvme_dirs = dirs;
   so.chunk_bytes = chunk;
@@ -490,6 +494,7 @@ void register_bench_store(Registry& r) {
   add_defaulted(bs, "--chunk-size", ba->chunk_size, "store chunk size");
   bs->add_flag("--keep", ba->keep, "keep the store and the raw file afterwards");
   bs->add_flag("--json", ba->json, "print one JSON object");
+  add_config_option(bs, ba->config);
 
   auto da = std::make_shared<BenchDeviceArgs>();
   auto* bd = add_command(

@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "command.hpp"
+#include "config_option.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/gpu.hpp"
 #include "strata/store/placement.hpp"
+#include "strata/store/store.hpp"
 #include "strata/store/topology.hpp"
 
 namespace strata::cli {
@@ -24,7 +26,32 @@ struct InfoArgs {
   bool json = false;
   std::string xml;
   std::string synthetic;
+  std::string config;  // --config FILE
 };
+
+/// The settings a store opened now would start from (defaults < configuration file <
+/// STRATA_* variables), as JSON.
+nlohmann::json settings_json(const StoreOptions& o) {
+  const IoEngineOptions& e = o.engine_options;
+  return {{"config_file", o.config_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.config_file)},
+          {"io", {{"engine", std::string(engine_kind_name(e.kind))},
+                  {"block_size", e.block_size},
+                  {"queue_depth", e.queue_depth},
+                  {"workers", e.workers},
+                  {"direct", e.direct},
+                  {"submit_batch", e.submit_batch},
+                  {"numa_node", e.numa_node}}},
+          {"store", {{"nvme_dirs", o.nvme_dirs},
+                     {"chunk_bytes", o.chunk_bytes},
+                     {"host_budget_bytes", o.host_budget_bytes},
+                     {"nvme_budget_bytes", o.nvme_budget_bytes},
+                     {"device_budget_bytes", o.device_budget_bytes},
+                     {"staging_bytes", o.staging_bytes},
+                     {"worker_threads", o.worker_threads},
+                     {"verify_checksums", o.verify_checksums},
+                     {"durability", o.durability == Durability::kOnPut ? "put" : "flush"},
+                     {"numa_node", o.numa_node}}}};
+}
 
 const char* source_name(TopologySource s) {
   if (s == TopologySource::kSynthetic) return "synthetic";
@@ -56,6 +83,8 @@ int run_info(const InfoArgs& args) {
                                                        : Topology::load();
   if (!loaded.ok()) return report_error(loaded.status());
   const Topology& topo = **loaded;
+  auto settings = StoreOptions::from_config(args.config);
+  if (!settings.ok()) return report_error(settings.status());
 
   std::vector<PathInfo> paths;
   for (const auto& p : args.paths) {
@@ -133,6 +162,7 @@ int run_info(const InfoArgs& args) {
                               {"host_tier_numa_node", node_json(placement->host_node)},
                               {"gpu_numa_node", node_json(placement->gpu_node)}};
     }
+    j["settings"] = settings_json(*settings);
     j["io_uring"] = {{"available", host.io_uring}, {"errno", host.io_uring_errno}};
     j["huge_pages"] = {{"thp", host.thp_mode},
                        {"hugetlb_page_bytes", host.hugetlb_page_bytes},
@@ -201,6 +231,20 @@ int run_info(const InfoArgs& args) {
               static_cast<unsigned long long>(host.hugetlb_pages_free));
   std::printf("mlock: limit %s, CAP_IPC_LOCK %s\n", limit_str(host.memlock_limit_bytes).c_str(),
               host.cap_ipc_lock ? "yes" : "no");
+  const StoreOptions& so = *settings;
+  const IoEngineOptions& eo = so.engine_options;
+  std::printf("\nSettings (defaults < %s < STRATA_* variables)\n",
+              so.config_file.empty() ? "no configuration file"
+                                     : ("configuration file " + so.config_file).c_str());
+  std::printf("  io:    engine %s, block_size %s, queue_depth %u, workers %u, direct %s\n",
+              std::string(engine_kind_name(eo.kind)).c_str(), format_bytes(eo.block_size).c_str(),
+              eo.queue_depth, eo.workers, eo.direct ? "yes" : "no");
+  std::printf("  store: chunk_bytes %s, host_budget %s, staging %s, worker_threads %u, "
+              "verify %s, durability %s\n",
+              format_bytes(so.chunk_bytes).c_str(), format_bytes(so.host_budget_bytes).c_str(),
+              format_bytes(so.staging_bytes).c_str(), so.worker_threads,
+              so.verify_checksums ? "yes" : "no",
+              so.durability == Durability::kOnPut ? "put" : "flush");
   return 0;
 }
 
@@ -217,6 +261,7 @@ void register_info(Registry& r) {
   sub->add_option("--synthetic", args->synthetic,
                   "load an hwloc synthetic topology instead, e.g. \"pack:2 numa:1 core:4 pu:1\"")
       ->excludes(xml);
+  add_config_option(sub, args->config);
   sub->callback([args] { Registry::set_exit_code(run_info(*args)); });
 }
 

@@ -6,6 +6,7 @@
 
 #include "command.hpp"
 #include "key_text.hpp"
+#include "strata/base/text.hpp"
 #include "strata/base/units.hpp"
 
 namespace strata::cli {
@@ -68,38 +69,6 @@ CLI::Option* non_negative(CLI::Option* opt) {
   return opt;
 }
 
-namespace {
-
-/// Levenshtein distance of `a` and `b` (short strings: option and subcommand names).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-/// The name among `names` closest to `word` when it is within 2 edits (or `word` is a prefix
-/// of it); empty when none is.
-std::string closest(const std::string& word, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_d = 3;
-  for (const auto& n : names) {
-    size_t d = edit_distance(word, n);
-    if (d > 2 && n.size() > word.size() && n.compare(0, word.size(), word) == 0) d = 2;
-    if (d < best_d) best_d = d, best = n;
-  }
-  return best;
-}
-
-}  // namespace
 
 Status unknown_arguments_error(CLI::App& root) {
   // The command as given ("strata bench io") and what each level left unparsed.
@@ -135,7 +104,7 @@ Status unknown_arguments_error(CLI::App& root) {
     if (i > 0) msg += ", ";
     msg += (is_option ? "option '" : "argument '") + u + "'";
     const std::string guess =
-        closest(is_option ? u.substr(0, u.find('=')) : u, is_option ? options : subcommands);
+        closest_name(is_option ? u.substr(0, u.find('=')) : u, is_option ? options : subcommands);
     if (!guess.empty()) msg += " (did you mean '" + guess + "'?)";
   }
   return invalid_argument(msg + "; see '" + command + " --help'");

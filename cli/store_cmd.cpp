@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "command.hpp"
+#include "config_option.hpp"
 #include "key_text.hpp"
 #include "progress.hpp"
 #include "strata/base/units.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::cli {
@@ -43,8 +45,11 @@ std::string resolve_key(Store& s, const std::string& arg) {
   return k && s.contains(*k) ? *k : arg;
 }
 
-StoreOptions inspect_options(const std::string& dir, bool read_only) {
-  StoreOptions o;
+/// The options of an inspecting open: the configuration's (--config, $STRATA_CONFIG) and
+/// STRATA_* variables' engine and store settings, with small memory budgets.
+Result<StoreOptions> inspect_options(const std::string& dir, bool read_only,
+                                     const std::string& config) {
+  STRATA_ASSIGN_OR_RETURN(StoreOptions o, StoreOptions::from_config(config));
   o.path = dir;
   o.read_only = read_only;
   o.create = false;
@@ -61,10 +66,12 @@ struct StoreArgs {
   std::vector<std::string> keys;
   std::string prefix;
   bool json = false;
+  std::string config;  // --config FILE
   bool verify = false;  // stat: re-read every chunk, show the counters of that read
 };
 
 int run_ls(const StoreArgs& a) {
+  if (auto c = load_config_to_use(a.config); !c.ok()) return report_error(c.status());
   auto l = list_store(a.dir, a.prefix);
   if (!l.ok()) return report_error(l.status());
   if (a.json) {
@@ -148,8 +155,10 @@ Result<VerifyReport> verify_with_progress(Store& store) {
   line.update(0);  // drawn before the poller starts: a verify faster than its start shows one
   std::atomic<bool> done{false};
   std::thread poll([&] {
-    while (!done.load()) {
+    // The first update draws at once, however quickly verify() returns.
+    for (;;) {
       line.update(std::min(total, store.stats().nvme.read_bytes - base));
+      if (done.load()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
@@ -161,7 +170,9 @@ Result<VerifyReport> verify_with_progress(Store& store) {
 }
 
 int run_stat(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, true));
+  auto o = inspect_options(a.dir, true, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   Store& store = **s;
   nlohmann::json j = nlohmann::json::object();
@@ -261,7 +272,9 @@ int run_stat(const StoreArgs& a) {
 }
 
 int run_verify(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, true));
+  auto o = inspect_options(a.dir, true, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   auto t0 = Clock::now();
   auto r = verify_with_progress(**s);
@@ -275,7 +288,9 @@ int run_verify(const StoreArgs& a) {
 }
 
 int run_rm(const StoreArgs& a) {
-  auto s = Store::open(inspect_options(a.dir, false));
+  auto o = inspect_options(a.dir, false, a.config);
+  if (!o.ok()) return report_error(o.status());
+  auto s = Store::open(*o);
   if (!s.ok()) return report_error(s.status());
   int rc = for_each_key(**s, a.keys,
                         [&](const std::string& key) { return (*s)->remove(key); });
@@ -304,6 +319,7 @@ void register_store_commands(Registry& r) {
     auto args = std::make_shared<StoreArgs>();
     auto* sub = add_command(store, s.name, s.help, args, s.fn);
     sub->add_option("DIR", args->dir, "store directory")->required();
+    add_config_option(sub, args->config);
     if (s.keys) {
       auto* k = sub->add_option("KEY", args->keys,
                                 "object keys; a key `ls` prints escaped (e.g. a\\x00b for one "

@@ -31,7 +31,8 @@ Every file is one JSON object with a "results" list (the rows) and optional "com
                       bandwidth as emulated_drive_gbps (1e9 B/s) or
                       emulated_drive_bw_bytes_per_s (the row's or the file's top level).
   planner_accuracy    rows: label, predicted, measured (the same unit), unit ("s", "GB/s");
-                      or predicted_step_seconds / measured_step_seconds (unit "s").
+                      or predicted_seconds / measured_seconds (bench/planner_accuracy.py;
+                      label or config) or predicted_step_seconds / measured_step_seconds.
 
 Thread-safety: a script, one process. Formulae: medians (statistics.median); the Adam
 throughput is numel / seconds_per_step (parameters per second).
@@ -309,13 +310,20 @@ def plot_planner_accuracy(plt, path, doc):
         if "predicted" in row or "measured" in row:
             p, m = field(path, i, row, "predicted"), field(path, i, row, "measured")
             unit = field(path, i, row, "unit", str)
+        elif "predicted_seconds" in row:  # bench/planner_accuracy.py's rows
+            p = field(path, i, row, "predicted_seconds")
+            m = field(path, i, row, "measured_seconds")
+            unit = "s"
         else:
             p = field(path, i, row, "predicted_step_seconds")
             m = field(path, i, row, "measured_step_seconds")
             unit = "s"
         if m <= 0:
             raise DataError(f"{path}: results[{i}]: the measured value must be > 0")
-        rows.append((field(path, i, row, "label", str), p, m, unit))
+        label = row["label"] if "label" in row else field(path, i, row, "config", str)
+        if not isinstance(label, str):
+            raise DataError(f"{path}: results[{i}].label is not a string: {label!r}")
+        rows.append((label, p, m, unit))
     fig, (ax,) = new_figure(plt, width=7.2, height=max(3.0, 0.45 * len(rows) + 1.8))
     ys = list(range(len(rows)))[::-1]
     ratios = [p / m for _, p, m, _ in rows]

@@ -2,6 +2,7 @@
 // shared by the io_uring and thread-pool engines. See io_common.hpp.
 #include "io_common.hpp"
 #include "io_fault.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/topology.hpp"
 
 #include <fcntl.h>
@@ -26,8 +27,19 @@ std::string_view engine_kind_name(EngineKind k) {
   return k == EngineKind::kUring ? "uring" : "threads";
 }
 
-Result<IoEngineOptions> IoEngineOptions::from_env() {
+Result<IoEngineOptions> IoEngineOptions::from_env() { return from_config(""); }
+
+Result<IoEngineOptions> IoEngineOptions::from_config(const std::string& config_file) {
   IoEngineOptions o;
+  STRATA_ASSIGN_OR_RETURN(auto cfg, load_config_to_use(config_file));
+  if (cfg) cfg->apply(o);
+  STRATA_RETURN_IF_ERROR(io::apply_env(o));
+  return o;
+}
+
+namespace io {
+
+Status apply_env(IoEngineOptions& o) {
   if (auto v = env_string("STRATA_IO_ENGINE")) {
     if (*v == "uring") {
       o.kind = EngineKind::kUring;
@@ -60,10 +72,8 @@ Result<IoEngineOptions> IoEngineOptions::from_env() {
   o.block_size = bs;
   o.workers = static_cast<uint32_t>(w);
   o.direct = direct;
-  return o;
+  return Status::OK();
 }
-
-namespace io {
 
 Result<std::vector<int>> numa_node_cpus(int node) {
   if (node < 0) return std::vector<int>{};

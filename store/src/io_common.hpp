@@ -182,6 +182,11 @@ class EngineBase : public IoEngine {
   InflightCounter inflight_;
 };
 
+/// Overrides the fields of `o` that STRATA_IO_ENGINE, STRATA_QUEUE_DEPTH, STRATA_BLOCK_SIZE,
+/// STRATA_IO_WORKERS, STRATA_DIRECT and STRATA_IO_SUBMIT_BATCH set (IoEngineOptions).
+/// \error InvalidArgument naming the variable on a malformed value.
+Status apply_env(IoEngineOptions& o);
+
 /// The CPUs of NUMA node `node` of the running machine (empty when node < 0).
 /// \error InvalidArgument when the machine has no such node (or it has no CPUs); as
 ///     Topology::system().

@@ -5,6 +5,8 @@
 #include "store_impl.hpp"
 #include "store_validate.hpp"
 #include "strata/base/env.hpp"
+#include "io_common.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata {
@@ -41,8 +43,12 @@ std::string to_string(const TensorDesc& d) {
   return s + ']';
 }
 
-Result<StoreOptions> StoreOptions::from_env() {
+Result<StoreOptions> StoreOptions::from_env() { return from_config(""); }
+
+Result<StoreOptions> StoreOptions::from_config(const std::string& config_file) {
   StoreOptions o;
+  STRATA_ASSIGN_OR_RETURN(auto cfg, load_config_to_use(config_file));
+  if (cfg) cfg->apply(o);
   STRATA_ASSIGN_OR_RETURN(o.host_budget_bytes, env_size("STRATA_HOST_BUDGET", o.host_budget_bytes));
   STRATA_ASSIGN_OR_RETURN(o.nvme_budget_bytes, env_size("STRATA_NVME_BUDGET", o.nvme_budget_bytes));
   STRATA_ASSIGN_OR_RETURN(o.device_budget_bytes,
@@ -50,7 +56,7 @@ Result<StoreOptions> StoreOptions::from_env() {
   STRATA_ASSIGN_OR_RETURN(o.chunk_bytes, env_size("STRATA_CHUNK_SIZE", o.chunk_bytes));
   STRATA_ASSIGN_OR_RETURN(o.staging_bytes, env_size("STRATA_STAGING_BYTES", o.staging_bytes));
   STRATA_ASSIGN_OR_RETURN(o.verify_checksums, env_bool("STRATA_VERIFY", o.verify_checksums));
-  STRATA_ASSIGN_OR_RETURN(o.engine_options, IoEngineOptions::from_env());
+  STRATA_RETURN_IF_ERROR(io::apply_env(o.engine_options));
   STRATA_ASSIGN_OR_RETURN(o.stats_interval, env_seconds("STRATA_STATS_INTERVAL", o.stats_interval));
   return o;
 }

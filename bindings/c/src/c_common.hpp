@@ -7,6 +7,7 @@
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
 #include "strata/strata.h"
+#include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
 
 struct strata_store {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "c_common.hpp"
@@ -70,10 +71,19 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
         o->version < 1)
       return invalid("options not initialized with STRATA_OPTIMIZER_OPTIONS_INIT");
     const std::string name = o->optimizer ? o->optimizer : "adamw";
+    // defaults < the "optimizer" section of the store's configuration file < the options
+    std::optional<Config> cfg;
+    if (const std::string& f = store->store->options().config_file; !f.empty()) {
+      auto c = Config::load(f);
+      if (!c.ok()) return set_error(c.status());
+      cfg = std::move(*c);
+    }
     const bool has_arithmetic =
         o->struct_size >= offsetof(strata_optimizer_options_t, arithmetic) + sizeof(const char*);
     const std::string arithmetic =
-        has_arithmetic && o->arithmetic != nullptr ? o->arithmetic : "simd";
+        has_arithmetic && o->arithmetic != nullptr ? o->arithmetic
+        : cfg && cfg->optimizer.arithmetic          ? *cfg->optimizer.arithmetic
+                                                    : "simd";
     if (arithmetic != "simd" && arithmetic != "torch")
       return invalid("arithmetic must be \"simd\" or \"torch\", got \"" + arithmetic + "\"");
     auto factory = arithmetic == "torch" ? so::torch_exact_rule_factory(name)
@@ -88,7 +98,7 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
     for (const auto& [k, v] : doubles)
       if (v != STRATA_UNDEF_DOUBLE) hp[k] = v;
     if (o->amsgrad != STRATA_UNDEF_INT) hp["amsgrad"] = o->amsgrad ? 1.0 : 0.0;
-    so::OffloadOptions oo;
+    so::OffloadOptions oo = cfg ? so::offload_options_from_config(*cfg) : so::OffloadOptions{};
     if (o->key_prefix) oo.key_prefix = o->key_prefix;
     if (o->sub_group_numel != STRATA_UNDEF_U64) oo.sub_group_numel = o->sub_group_numel;
     if (o->num_buffers != STRATA_UNDEF_INT) oo.num_buffers = o->num_buffers;

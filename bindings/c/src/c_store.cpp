@@ -122,6 +122,11 @@ void strata_future_free(strata_future_t* f) { delete f; }
 // ---- store ------------------------------------------------------------------------------
 
 strata_status_t strata_store_open(const strata_store_options_t* o, strata_store_t** out) {
+  return strata_store_open_config(nullptr, o, out);
+}
+
+strata_status_t strata_store_open_config(const char* config_file, const strata_store_options_t* o,
+                                         strata_store_t** out) {
   return guard([&]() -> strata_status_t {
     if (out == nullptr) return invalid("store output pointer is NULL");
     *out = nullptr;
@@ -132,12 +137,13 @@ strata_status_t strata_store_open(const strata_store_options_t* o, strata_store_
                      std::to_string(o->struct_size) + ", version " +
                      std::to_string(o->version) + ")");
     if (o->path == nullptr || o->path[0] == '\0') return invalid("options.path is empty");
-    auto env = StoreOptions::from_env();
+    auto env = StoreOptions::from_config(config_file != nullptr ? config_file : "");
     if (!env.ok()) return set_error(env.status());
     StoreOptions so = std::move(*env);
     so.path = o->path;
     if (o->num_nvme_dirs > 0 && o->nvme_dirs == nullptr)
       return invalid("options.nvme_dirs is NULL with num_nvme_dirs > 0");
+    if (o->num_nvme_dirs > 0) so.nvme_dirs.clear();  // the file's, unless given here
     for (size_t i = 0; i < o->num_nvme_dirs; ++i) {
       if (o->nvme_dirs[i] == nullptr) return invalid("options.nvme_dirs[" + std::to_string(i) + "] is NULL");
       so.nvme_dirs.emplace_back(o->nvme_dirs[i]);

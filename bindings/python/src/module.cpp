@@ -16,6 +16,7 @@
 #include "py_optimizer.hpp"
 #include "py_store.hpp"
 #include "strata/base/units.hpp"
+#include "strata/store/config.hpp"
 
 using namespace strata;
 using namespace strata::py_bindings;
@@ -29,6 +30,10 @@ PYBIND11_MODULE(_strata, m) {
         "Bytes in a size string such as '1GiB' or '64M' (powers of 1024). ValueError if "
         "malformed.");
   m.def("format_bytes", &format_bytes, "nbytes"_a);
+  // The configuration file `path`, checked (errors raise, naming the key and the file),
+  // as canonical JSON text: only the keys it sets, sizes as integer bytes.
+  m.def("load_config", [](const std::string& path) { return check(Config::load(path)).to_json(); },
+        "path"_a);
 #ifdef STRATA_HAVE_CUDA
   m.attr("built_with_cuda") = true;
 #else

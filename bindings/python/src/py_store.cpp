@@ -137,16 +137,19 @@ std::unique_ptr<PyStore> PyStore::open(py::handle path_arg, py::handle nvme,
                                        py::object host_budget, py::object nvme_budget,
                                        py::object device_budget, py::object chunk_size,
                                        py::object staging, std::optional<bool> verify,
-                                       const std::string& durability, bool read_only,
+                                       std::optional<std::string> durability, bool read_only,
                                        bool create, std::optional<int> workers,
                                        std::optional<int> numa_node,
-                                       std::optional<int> device_id) {
+                                       std::optional<int> device_id, py::handle config) {
   const std::string path = to_path(path_arg, "path");
-  StoreOptions o = check(StoreOptions::from_env());
+  // defaults < configuration file (config=, else $STRATA_CONFIG) < STRATA_* < arguments
+  StoreOptions o = check(StoreOptions::from_config(
+      config.is_none() ? std::string() : to_path(config, "config")));
   o.path = path;
   if (!py::isinstance<py::list>(nvme) && !py::isinstance<py::tuple>(nvme))
     throw StatusError(invalid_argument("nvme must be a list of directories, got " +
                                        type_name(nvme)));
+  if (py::len(nvme) > 0) o.nvme_dirs.clear();
   for (auto d : nvme) o.nvme_dirs.push_back(to_path(d, "nvme directory"));
   if (!host_budget.is_none()) o.host_budget_bytes = to_size(host_budget, "host_budget");
   if (!nvme_budget.is_none()) o.nvme_budget_bytes = to_size(nvme_budget, "nvme_budget");
@@ -154,13 +157,14 @@ std::unique_ptr<PyStore> PyStore::open(py::handle path_arg, py::handle nvme,
   if (!chunk_size.is_none()) o.chunk_bytes = to_size(chunk_size, "chunk_size");
   if (!staging.is_none()) o.staging_bytes = to_size(staging, "staging");
   if (verify) o.verify_checksums = *verify;
-  if (durability == "put") {
+  if (!durability) {
+  } else if (*durability == "put") {
     o.durability = Durability::kOnPut;
-  } else if (durability == "flush") {
+  } else if (*durability == "flush") {
     o.durability = Durability::kOnFlush;
   } else {
     throw StatusError(invalid_argument("durability must be 'put' or 'flush', got '" +
-                                       durability + "'"));
+                                       *durability + "'"));
   }
   o.read_only = read_only;
   o.create = create;
@@ -301,10 +305,12 @@ void register_store(py::module_& m) {
       .def_static("open", &PyStore::open, "path"_a, "nvme"_a = py::list(),
                   "host_budget"_a = py::none(), "nvme_budget"_a = py::none(),
                   "device_budget"_a = py::none(), "chunk_size"_a = py::none(),
-                  "staging"_a = py::none(), "verify"_a = py::none(), "durability"_a = "put",
+                  "staging"_a = py::none(), "verify"_a = py::none(), "durability"_a = py::none(),
                   "read_only"_a = false, "create"_a = true, "workers"_a = py::none(),
-                  "numa_node"_a = py::none(), "device_id"_a = py::none())
+                  "numa_node"_a = py::none(), "device_id"_a = py::none(), "config"_a = py::none())
       .def("close", &PyStore::close)
+      .def_property_readonly("config_file",
+                             [](PyStore& s) { return s.s().options().config_file; })
       .def_property_readonly("closed", &PyStore::closed)
       .def("put", &PyStore::put, "key"_a, "array"_a, "tier"_a = "nvme", "overwrite"_a = false,
            "pin"_a = false, "dtype"_a = py::none())

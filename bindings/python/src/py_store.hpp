@@ -31,10 +31,11 @@ class PyStore {
   static std::unique_ptr<PyStore> open(py::handle path, py::handle nvme, py::object host_budget,
                                        py::object nvme_budget, py::object device_budget,
                                        py::object chunk_size, py::object staging,
-                                       std::optional<bool> verify, const std::string& durability,
-                                       bool read_only, bool create, std::optional<int> workers,
-                                       std::optional<int> numa_node,
-                                       std::optional<int> device_id);
+                                       std::optional<bool> verify,
+                                       std::optional<std::string> durability, bool read_only,
+                                       bool create, std::optional<int> workers,
+                                       std::optional<int> numa_node, std::optional<int> device_id,
+                                       py::handle config);
 
   /// The store; a closed one stays allocated (its calls fail with FailedPrecondition), so
   /// that a call another thread is making while this one closes never sees it freed.

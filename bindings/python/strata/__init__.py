@@ -39,11 +39,26 @@ parse_size = _strata.parse_size
 format_bytes = _strata.format_bytes
 built_with_cuda: bool = _strata.built_with_cuda
 
+
+def load_config(path: Optional[str] = None) -> Dict[str, Any]:
+    """The configuration file ``path`` (default ``$STRATA_CONFIG``; ``{}`` when neither is
+    set), checked as every strata entry point checks it, as a dict: only the keys it sets,
+    sizes as int bytes (docs/configuration.md).
+
+    :raises InvalidArgumentError: malformed JSON, an unknown key or a bad value (the message
+        names the key path, the value and the file).
+    :raises NotFoundError: (or another OSError subclass) the file cannot be read.
+    """
+    import json
+    import os
+    path = path or os.environ.get("STRATA_CONFIG", "")
+    return json.loads(_strata.load_config(path)) if path else {}
+
 Size = Union[int, str]
 
 __all__ = [
     "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "parse_size", "format_bytes",
-    "default_data_dir",
+    "default_data_dir", "load_config",
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",
     "IoError", "DeadlineExceededError", "CancelledError", "UnimplementedError",
@@ -118,13 +133,15 @@ class Store:
     def open(cls, path: str, nvme: Optional[Sequence[str]] = None, host_budget: Optional[Size] = None,
              nvme_budget: Optional[Size] = None, device_budget: Optional[Size] = None,
              chunk_size: Optional[Size] = None, staging: Optional[Size] = None,
-             verify: Optional[bool] = None, durability: str = "put", read_only: bool = False,
-             create: bool = True, workers: Optional[int] = None,
-             numa_node: Optional[int] = None, device_id: Optional[int] = None) -> "Store":
+             verify: Optional[bool] = None, durability: Optional[str] = None,
+             read_only: bool = False, create: bool = True, workers: Optional[int] = None,
+             numa_node: Optional[int] = None, device_id: Optional[int] = None,
+             config: Optional[str] = None) -> "Store":
         """Opens (or creates) the store rooted at ``path`` and takes its write lock.
 
         Sizes are ints (bytes) or strings such as ``"1GiB"`` (powers of 1024). ``None`` keeps
-        the default, seeded from the STRATA_* environment variables.
+        the default: built-in < the configuration file < the STRATA_* environment variables
+        (docs/configuration.md); an argument given here wins over all three.
 
         :param nvme: directories (one per drive) to stripe chunks over; default ``[path]``.
         :param host_budget: pinned DRAM for host-tier objects (default 1 GiB).
@@ -133,19 +150,32 @@ class Store:
         :param chunk_size: chunk size of a new store, multiple of 4096 (default 64 MiB).
         :param staging: pinned staging bytes for unaligned buffers (default 256 MiB).
         :param verify: verify chunk checksums on reads (default True).
-        :param durability: ``"put"`` (each NVMe put durable when it returns) or ``"flush"``.
+        :param durability: ``"put"`` (each NVMe put durable when it returns; the default) or
+            ``"flush"``.
         :param workers: threads that run store operations, 1 to 1024 (default 4).
         :param numa_node: NUMA placement: ``None``/-1 automatic (each NVMe directory's
             staging memory and I/O threads on its drive's node, the host tier near the GPU),
             -2 no binding, N everything on node N (see docs/store.md).
+        :param config: a configuration file (JSON, e.g. written by ``strata tune``) whose
+            "io" and "store" sections seed the options; default ``$STRATA_CONFIG`` when
+            set. Its path is :attr:`config_file`, where the strata.torch optimizers read
+            their "optimizer" section.
         :raises FailedPreconditionError: another process holds the store's lock.
         :raises NotFoundError: no store at ``path`` and ``create`` is False.
-        :raises InvalidArgumentError: a bad option.
+        :raises InvalidArgumentError: a bad option, or an unknown key or bad value in the
+            configuration file (naming the key and the file).
+        :raises NotFoundError: (also) the configuration file does not exist.
         :raises OSError: (IoError, PermissionDeniedError) the directory cannot be used.
         """
         return cls(_strata._Store.open(
             path, list(nvme or []), host_budget, nvme_budget, device_budget, chunk_size,
-            staging, verify, durability, read_only, create, workers, numa_node, device_id))
+            staging, verify, durability, read_only, create, workers, numa_node, device_id,
+            config))
+
+    @property
+    def config_file(self) -> str:
+        """The configuration file the store's options came from ("" when none)."""
+        return self._s.config_file
 
     # ---- lifetime ------------------------------------------------------------------------
 

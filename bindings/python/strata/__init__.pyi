@@ -47,14 +47,18 @@ class ObjectInfo:
     num_chunks: int
     damage: str
 
+def load_config(path: Optional[str] = ...) -> Dict[str, Any]: ...
+
 class Store:
     @classmethod
     def open(cls, path: str, nvme: Optional[Sequence[str]] = ..., host_budget: Optional[Size] = ...,
              nvme_budget: Optional[Size] = ..., device_budget: Optional[Size] = ...,
              chunk_size: Optional[Size] = ..., staging: Optional[Size] = ...,
-             verify: Optional[bool] = ..., durability: str = ..., read_only: bool = ...,
+             verify: Optional[bool] = ..., durability: Optional[str] = ..., read_only: bool = ...,
              create: bool = ..., workers: Optional[int] = ..., numa_node: Optional[int] = ...,
-             device_id: Optional[int] = ...) -> Store: ...
+             device_id: Optional[int] = ..., config: Optional[str] = ...) -> Store: ...
+    @property
+    def config_file(self) -> str: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -650,6 +650,45 @@ static void test_comm(void) {
   strata_comm_free(comm);
 }
 
+/* strata_store_open_config(): the file's values (a 4 KiB host budget: a 64 KiB host-tier put
+ * is refused), an explicit field over them, and an unknown key refused naming it. */
+static void test_config(const char* dir) {
+  char file[300], root[300];
+  FILE* f;
+  strata_store_options_t o = STRATA_STORE_OPTIONS_INIT;
+  strata_store_t* store = NULL;
+  static uint8_t buf[65536];
+  int64_t shape[1] = {65536};
+  snprintf(file, sizeof file, "%s.json", dir);
+  snprintf(root, sizeof root, "%s/a", dir);
+  f = fopen(file, "w");
+  EXPECT(f != NULL);
+  if (f == NULL) return;
+  fputs("{\"strata_config\": 1, \"store\": {\"host_budget_bytes\": 4096, "
+        "\"staging_bytes\": \"1MiB\"}}\n", f);
+  fclose(f);
+  o.path = root;
+  EXPECT_RC(strata_store_open_config(file, &o, &store), STRATA_OK);
+  EXPECT_RC(strata_store_put(store, "h", buf, STRATA_UINT8, 1, shape, STRATA_TIER_HOST, 0),
+            STRATA_ERR_RESOURCE_EXHAUSTED);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+  o.host_budget_bytes = 1u << 20; /* the argument wins over the file */
+  EXPECT_RC(strata_store_open_config(file, &o, &store), STRATA_OK);
+  EXPECT_RC(strata_store_put(store, "h", buf, STRATA_UINT8, 1, shape, STRATA_TIER_HOST, 0),
+            STRATA_OK);
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+  f = fopen(file, "w");
+  if (f == NULL) return;
+  fputs("{\"store\": {\"host_budget\": 4096}}\n", f);
+  fclose(f);
+  store = NULL;
+  EXPECT_RC(strata_store_open_config(file, &o, &store), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(store == NULL);
+  EXPECT(strstr(strata_last_error(), "unknown key 'store.host_budget'") != NULL);
+  EXPECT(strstr(strata_last_error(), file) != NULL);
+  remove(file);
+}
+
 int main(int argc, char** argv) {
   char tmpl[] = "/tmp/strata-c-consumer-XXXXXX";
   char sub[256];
@@ -666,6 +705,8 @@ int main(int argc, char** argv) {
   test_damage(sub);
   snprintf(sub, sizeof sub, "%s/optim", tmpl);
   test_optimizer(sub);
+  snprintf(sub, sizeof sub, "%s/config", tmpl);
+  test_config(sub);
   test_resume_rule(argv[0], tmpl);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);

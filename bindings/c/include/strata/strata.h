@@ -202,6 +202,17 @@ typedef struct strata_store_options {
  *      (locked by another process), NOT_FOUND (absent and !create), DATA_LOSS, IO. */
 STRATA_C_API strata_status_t strata_store_open(const strata_store_options_t* options,
                                                strata_store_t** store);
+/** As strata_store_open(), with the options seeded from the configuration file
+ *  `config_file` (JSON, docs/configuration.md; NULL or "" = $STRATA_CONFIG, which
+ *  strata_store_open() reads too): built-in defaults < the file < STRATA_* variables < the
+ *  fields of `options` that are set. strata_optimizer_create() on the store takes its
+ *  defaults from the file's "optimizer" section.
+ *  \error as strata_store_open(); INVALID_ARGUMENT naming the key path and the file for an
+ *      unknown key or a bad value, or the line and column of malformed JSON; NOT_FOUND
+ *      (IO, PERMISSION_DENIED) naming the file when it cannot be read. */
+STRATA_C_API strata_status_t strata_store_open_config(const char* config_file,
+                                                      const strata_store_options_t* options,
+                                                      strata_store_t** store);
 /** Flushes, releases the lock and frees the handle (NULL is a no-op returning OK). The
  *  handle is freed even when the flush fails (the error is returned, and dirty host/device
  *  objects that could not be written back are dropped): call strata_store_flush() first to

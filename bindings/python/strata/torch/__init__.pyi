@@ -10,16 +10,19 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     max_grad_norm: float
     bytes_moved: Dict[str, int]
     last_step: Dict[str, Any]
+    settings: Dict[str, Any]
     def __init__(self, params: Iterable[Any], lr: float = ..., betas: Tuple[float, float] = ...,
                  eps: float = ..., weight_decay: Optional[float] = ..., amsgrad: bool = ..., *,
                  maximize: bool = ..., store: Optional[strata.Store] = ...,
-                 path: Optional[str] = ..., tier: str = ...,
-                 host_budget: Union[int, str] = ...,
+                 path: Optional[str] = ..., tier: Optional[str] = ...,
+                 host_budget: Optional[Union[int, str]] = ...,
                  pinned_budget: Optional[Union[int, str]] = ...,
-                 chunk_size: Union[int, str] = ..., key_prefix: str = ...,
-                 max_grad_norm: float = ..., sub_group_numel: int = ..., num_buffers: int = ...,
-                 num_threads: int = ..., resume: bool = ..., arithmetic: str = ...,
-                 overwrite: bool = ...,
+                 chunk_size: Optional[Union[int, str]] = ..., key_prefix: str = ...,
+                 max_grad_norm: float = ..., sub_group_numel: Optional[int] = ...,
+                 num_buffers: Optional[int] = ..., num_threads: Optional[int] = ...,
+                 resume: bool = ..., arithmetic: Optional[str] = ...,
+                 overwrite: bool = ..., overlap_backward: Optional[bool] = ...,
+                 overlap_bucket_numel: Optional[int] = ..., config: Optional[str] = ...,
                  foreach: Optional[bool] = ..., capturable: bool = ...,
                  differentiable: bool = ..., fused: bool = ...) -> None: ...
     def add_param_group(self, param_group: Dict[str, Any]) -> None: ...

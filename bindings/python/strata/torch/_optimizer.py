@@ -52,14 +52,15 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: Optional[float] = None, amsgrad: bool = False, *,
                  maximize: bool = False, store: Optional[strata.Store] = None,
-                 path: Optional[str] = None, tier: str = "nvme",
-                 host_budget: Union[int, str] = "1GiB",
+                 path: Optional[str] = None, tier: Optional[str] = None,
+                 host_budget: Optional[Union[int, str]] = None,
                  pinned_budget: Optional[Union[int, str]] = None,
-                 chunk_size: Union[int, str] = "4MiB", key_prefix: str = "optim/",
-                 max_grad_norm: float = 0.0, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, resume: bool = False, arithmetic: str = "simd",
-                 overwrite: bool = False, overlap_backward: bool = False,
-                 overlap_bucket_numel: int = 1,
+                 chunk_size: Optional[Union[int, str]] = None, key_prefix: str = "optim/",
+                 max_grad_norm: float = 0.0, sub_group_numel: Optional[int] = None,
+                 num_buffers: Optional[int] = None, num_threads: Optional[int] = None,
+                 resume: bool = False, arithmetic: Optional[str] = None,
+                 overwrite: bool = False, overlap_backward: Optional[bool] = None,
+                 overlap_bucket_numel: Optional[int] = None, config: Optional[str] = None,
                  **torch_kwargs: Any):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim), or
@@ -100,7 +101,15 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         :param max_grad_norm: > 0 clips gradients by their global L2 norm first, like
             ``torch.nn.utils.clip_grad_norm_(params, max_grad_norm)``; 0 = no clipping.
         :param sub_group_numel, num_buffers, num_threads: pipeline settings, ints >= 0
-            (0 = auto).
+            (0 = auto; defaults 0, 4, 0).
+        :param config: a configuration file (docs/configuration.md; default: the one
+            ``store`` was opened with, else ``$STRATA_CONFIG``). Its "optimizer" section
+            gives the defaults of ``tier`` (default_placement), ``host_budget``
+            (host_budget_bytes), ``pinned_budget`` (pinned_budget_bytes),
+            ``sub_group_numel``, ``num_buffers``, ``num_threads``, ``arithmetic``,
+            ``overlap_backward`` and ``overlap_bucket_numel``; an argument given here (not
+            None) wins. A store this optimizer opens is opened with it (its "io" and
+            "store" sections; ``chunk_size`` default: store.chunk_bytes, else 4 MiB).
         :param overlap_backward: start each parameter's update during backward, as soon as
             its gradient is final (strata.torch._overlap: speculative early updates of the
             nvme-tier state, checked at ``step()`` and redone after backward when the step
@@ -163,6 +172,32 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
         self._names_by_id: Dict[int, str] = {}  # id(param) -> name given with it
         if weight_decay is None:
             weight_decay = self._DEFAULT_WEIGHT_DECAY
+        # defaults < the configuration file's "optimizer" section < the arguments
+        if config is None and store is not None:
+            config = store.config_file or None
+        conf = strata.load_config(config)
+        oconf = conf.get("optimizer", {})
+
+        def pick(value: Any, key: str, default: Any) -> Any:
+            return value if value is not None else oconf.get(key, default)
+
+        tier = pick(tier, "default_placement", "nvme")
+        host_budget = pick(host_budget, "host_budget_bytes", "1GiB")
+        pinned_budget = pick(pinned_budget, "pinned_budget_bytes", None)
+        sub_group_numel = pick(sub_group_numel, "sub_group_numel", 0)
+        num_buffers = pick(num_buffers, "num_buffers", 4)
+        num_threads = pick(num_threads, "num_threads", 0)
+        arithmetic = pick(arithmetic, "arithmetic", "simd")
+        overlap_backward = pick(overlap_backward, "overlap_backward", False)
+        overlap_bucket_numel = pick(overlap_bucket_numel, "overlap_bucket_numel", 1)
+        if chunk_size is None:
+            chunk_size = conf.get("store", {}).get("chunk_bytes", "4MiB")
+        #: the pipeline settings in effect (after the configuration file)
+        self.settings: Dict[str, Any] = dict(
+            tier=tier, host_budget=host_budget, pinned_budget=pinned_budget,
+            sub_group_numel=sub_group_numel, num_buffers=num_buffers, num_threads=num_threads,
+            arithmetic=arithmetic, overlap_backward=overlap_backward,
+            overlap_bucket_numel=overlap_bucket_numel, config=config)
         _hyperparams.check(self._RULE, dict(lr=lr, eps=eps, betas=betas,
                                              weight_decay=weight_decay, amsgrad=amsgrad,
                                              maximize=maximize))
@@ -222,7 +257,8 @@ class _OffloadAdamBase(TorchKwargsMixin, StateDictMixin, torch.optim.Optimizer):
                     path = self._owned_dir = make_temp_dir("optim-")
                 # resume: never create a store (a missing one is NotFound, nothing is made)
                 store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
-                                           chunk_size=chunk_size, create=not resume)
+                                           chunk_size=chunk_size, create=not resume,
+                                           config=config)
             self.store = store
             common = dict(key_prefix=key_prefix, sub_group_numel=sub_group_numel,
                           num_buffers=num_buffers, pinned_budget=pinned_budget,

@@ -89,6 +89,7 @@
 #include "strata/base/status.hpp"
 #include "strata/base/dtype.hpp"
 #include "strata/optimizer/update.hpp"
+#include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::optimizer {
@@ -177,6 +178,15 @@ struct OffloadOptions {
   /// Default false (reads verify chunks as they go when the store's verify_checksums is on).
   bool verify_on_open = false;
 };
+
+/// `base` with the fields that the configuration file's "optimizer" section sets
+/// (config.hpp; the section is checked when the file is loaded): sub_group_numel,
+/// num_buffers, pinned_budget_bytes, host_budget_bytes, num_threads, numa_node,
+/// default_placement and verify_on_open. Its other keys (arithmetic, overlap_backward,
+/// overlap_bucket_numel) are the bindings'. Precedence: pass what the file may override as
+/// `base`, then set the explicit arguments on the result.
+/// \threadsafety pure.
+OffloadOptions offload_options_from_config(const Config& config, OffloadOptions base = {});
 
 /// Index of a parameter tensor in its optimizer, 0.. in add_param() order (preserved by
 /// open()).

@@ -47,9 +47,13 @@ struct IoEngineOptions {
   bool sqpoll = false;                   ///< IORING_SETUP_SQPOLL (opt-in)
   bool iopoll = false;                   ///< IORING_SETUP_IOPOLL (opt-in; O_DIRECT only)
 
-  /// Defaults overridden by the STRATA_* variables above.
-  /// \error InvalidArgument naming the variable on a malformed value.
+  /// Defaults overridden by the configuration file's "io" section ($STRATA_CONFIG; see
+  /// config.hpp), then by the STRATA_* variables above.
+  /// \error InvalidArgument naming the variable on a malformed value; what Config::load()
+  ///     returns for the file.
   static Result<IoEngineOptions> from_env();
+  /// As from_env(), with `config_file` instead of $STRATA_CONFIG when non-empty.
+  static Result<IoEngineOptions> from_config(const std::string& config_file);
 };
 
 enum class OpenMode {

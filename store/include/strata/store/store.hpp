@@ -126,9 +126,19 @@ struct StoreOptions {
   /// "10" or "0.5").
   std::chrono::milliseconds stats_interval{0};
 
-  /// Defaults overridden by the STRATA_* variables above (and IoEngineOptions::from_env()).
-  /// \error InvalidArgument naming the variable on a malformed value.
+  /// The configuration file these options were read from (from_env(), from_config()), ""
+  /// when none: what the optimizer bindings read their "optimizer" section from. Only
+  /// informational for the store.
+  std::string config_file;
+
+  /// Defaults overridden by the configuration file's "store" and "io" sections
+  /// ($STRATA_CONFIG; see config.hpp), then by the STRATA_* variables above (and
+  /// IoEngineOptions::from_env()'s).
+  /// \error InvalidArgument naming the variable on a malformed value; what Config::load()
+  ///     returns for the file.
   static Result<StoreOptions> from_env();
+  /// As from_env(), with `config_file` instead of $STRATA_CONFIG when non-empty.
+  static Result<StoreOptions> from_config(const std::string& config_file);
 };
 
 /// Shape and dtype of a tensor: nbytes = numel * dtype_size(dtype); a 0-d shape {} is a
