@@ -152,7 +152,6 @@ Result<VerifyReport> verify_with_progress(Store& store) {
   }
   Progress line("verify", total, Progress::Unit::kBytes);
   const uint64_t base = store.stats().nvme.read_bytes;
-  line.update(0);  // drawn before the poller starts: a verify faster than its start shows one
   std::atomic<bool> done{false};
   std::thread poll([&] {
     // The first update draws at once, however quickly verify() returns.

@@ -66,24 +66,29 @@ struct StoreCounters {
 };
 
 /// Logs one line of counter deltas (format_stats_line) to stderr every `interval`, from a
-/// thread of its own, until stopped (also by the destructor), and a last line then for the
-/// part of an interval since the previous line. `read` takes a snapshot.
+/// thread of its own, until stopped (also by the destructor). `read` takes a snapshot.
 class StatsLogger {
  public:
   StatsLogger(std::string name, std::chrono::milliseconds interval,
               std::function<StoreStats()> read);
-  ~StatsLogger() { stop(); }
+  /// Ends the thread without a last line (the counters `read` reads may be gone by then).
+  ~StatsLogger() { end_thread(); }
   StatsLogger(const StatsLogger&) = delete;
   StatsLogger& operator=(const StatsLogger&) = delete;
-  /// Logs the last line and ends the thread. Idempotent.
+  /// Logs the last, partial interval (what happened since the last line, so every counted
+  /// operation appears in some line) and ends the thread. Idempotent.
   void stop();
 
  private:
-  /// Logs the deltas from `last` on, every interval_.
-  void loop(StoreStats last);
+  void loop();
+  /// Stops and joins the thread; false when it was already stopped.
+  bool end_thread();
+  /// Writes one line of the deltas since `last_` and makes `now` the new `last_`.
+  void log_since_last(const StoreStats& now);
   std::string name_;
   std::chrono::milliseconds interval_;
   std::function<StoreStats()> read_;
+  StoreStats last_;  // the counters at the previous line (at construction for the first)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
