@@ -300,8 +300,9 @@ Status parse_into(std::string_view text, Config& c) {
   Json top;
   try {
     top = Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+  } catch (const Json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: ..."; also
+    // out_of_range.406 for a number no double holds (1e400)
     std::string what = e.what();
     const size_t p = what.find("] ");
     if (p != std::string::npos) what = what.substr(p + 2);

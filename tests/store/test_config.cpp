@@ -195,6 +195,9 @@ TEST(Config, BadValuesNameKeyValueAndFile) {
 TEST(Config, MalformedAndUnreadableFilesNameThePath) {
   const std::string m = error_of("{\n  \"io\": {\"queue_depth\": 8,}\n}");
   EXPECT_EQ(m.rfind("config file '/etc/s.json': parse error at line 2, column 27: ", 0), 0u) << m;
+  // a number no double holds: nlohmann's out_of_range, an error naming the file, not an abort
+  const std::string big = error_of(R"({"strata_config": 1, "io": {"queue_depth": 1e400}})");
+  EXPECT_EQ(big.rfind("config file '/etc/s.json': number overflow parsing '1e400'", 0), 0u) << big;
   TempDir d;
   auto missing = Config::load(d.sub("none.json"));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
