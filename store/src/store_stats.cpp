@@ -148,29 +148,40 @@ void StoreCounters::reset() {
 StatsLogger::StatsLogger(std::string name, std::chrono::milliseconds interval,
                          std::function<StoreStats()> read)
     : name_(std::move(name)), interval_(interval), read_(std::move(read)) {
+  // The baseline is taken here, not by the thread: operations that run before the thread
+  // gets a CPU are counted in its first line.
+  last_ = read_();
   thread_ = std::thread([this] { loop(); });
 }
 
-void StatsLogger::stop() {
+bool StatsLogger::end_thread() {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return false;
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+void StatsLogger::stop() {
+  if (end_thread()) log_since_last(read_());
+}
+
+void StatsLogger::log_since_last(const StoreStats& now) {
+  const std::string line = "strata [stats] " + log_text(name_) + " " +
+                           format_stats_line(stats_delta(last_, now)) + "\n";
+  last_ = now;
+  std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines never interleave
 }
 
 void StatsLogger::loop() {
-  StoreStats last = read_();
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     if (cv_.wait_for(lk, interval_, [this] { return stop_; })) return;
     lk.unlock();
-    StoreStats now = read_();
-    const std::string line = "strata [stats] " + log_text(name_) + " " +
-                             format_stats_line(stats_delta(last, now)) + "\n";
-    last = now;
-    std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines never interleave
+    log_since_last(read_());
     lk.lock();
   }
 }

@@ -71,17 +71,24 @@ class StatsLogger {
  public:
   StatsLogger(std::string name, std::chrono::milliseconds interval,
               std::function<StoreStats()> read);
-  ~StatsLogger() { stop(); }
+  /// Ends the thread without a last line (the counters `read` reads may be gone by then).
+  ~StatsLogger() { end_thread(); }
   StatsLogger(const StatsLogger&) = delete;
   StatsLogger& operator=(const StatsLogger&) = delete;
-  /// Ends the thread (it logs nothing more). Idempotent.
+  /// Logs the last, partial interval (what happened since the last line, so every counted
+  /// operation appears in some line) and ends the thread. Idempotent.
   void stop();
 
  private:
   void loop();
+  /// Stops and joins the thread; false when it was already stopped.
+  bool end_thread();
+  /// Writes one line of the deltas since `last_` and makes `now` the new `last_`.
+  void log_since_last(const StoreStats& now);
   std::string name_;
   std::chrono::milliseconds interval_;
   std::function<StoreStats()> read_;
+  StoreStats last_;  // the counters at the previous line (at construction for the first)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
