@@ -506,8 +506,8 @@ void register_tune(Registry& r) {
   CLI::App* sub = add_command(
       r.root(), "tune",
       "Sweep block size x queue depth x I/O workers (and the stripe unit over several paths) on "
-      "the given drives, measure host memory copy and the CPU Adam step, and write a "
-      "configuration file",
+      "the given drives, then with the chosen settings put/get through the store (checksums on), "
+      "measure host memory copy and the CPU Adam step, and write a configuration file",
       args, run_tune);
   sub->add_option("--path", args->paths,
                   "directory on a drive to tune (repeat for several drives: striped, and the "
