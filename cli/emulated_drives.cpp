@@ -274,6 +274,10 @@ Status EmulatedDrives::setup(const EmulatedDriveOptions& o) {
   }
   std::error_code ec;
   if (!fs::is_directory(o.base_dir, ec)) {
+    if (fs::exists(o.base_dir, ec)) {
+      return invalid_argument("emulated drives: base directory '" + o.base_dir +
+                              "' is not a directory");
+    }
     return not_found("emulated drives: base directory '" + o.base_dir + "' does not exist");
   }
 

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "command.hpp"
@@ -38,6 +40,14 @@ Result<RanksRun> run_self_as_ranks(int nproc, uint32_t master_port, std::vector<
   }
   unlink(tmpl);
   if (!rep.ok()) return rep.status();
+  if (const int sig = rep->forwarded_signal; sig != 0) {
+    // Ctrl-C / SIGTERM stopped the ranks: deliver it here too, now that they are gone. Under
+    // the default disposition that ends this process by the signal; under the emulated
+    // drives' handler (with_emulated_drives) it is re-raised after their teardown.
+    ::raise(sig);
+    return cancelled("interrupted by signal " + std::to_string(sig) + " (" + strsignal(sig) +
+                     ")");
+  }
   run.ranks_status = rep->status();
   return run;
 }

@@ -40,6 +40,8 @@ struct RanksRun {
 /// (0 = a free port), waits for all of them, and returns rank 0's result line.
 /// \error IoError when the executable or the temporary file cannot be set up; the launcher's
 ///     own errors (e.g. fork failure). A rank's failure is reported in ranks_status instead.
+///     A SIGINT/SIGTERM/SIGHUP this process got meanwhile (forwarded to the ranks) is raised
+///     again here once they are gone, then Cancelled (when a handler let it return).
 Result<RanksRun> run_self_as_ranks(int nproc, uint32_t master_port, std::vector<std::string> args);
 
 /// Prints rank 0's result line of `run` (a run_self_as_ranks() result): one JSON object

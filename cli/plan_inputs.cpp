@@ -25,7 +25,7 @@ Result<std::string> read_text(const std::string& path) {
 Result<nlohmann::json> parse(const std::string& path, const std::string& text) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range for 1e400
     return invalid_argument(path + ": not valid JSON (" + e.what() + ")");
   }
 }

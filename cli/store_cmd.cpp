@@ -142,11 +142,14 @@ nlohmann::json stats_json(const StoreStats& st) {
 
 /// Store::verify() with a progress line (progress.hpp) on a terminal: verify() takes no
 /// callback, so a thread of its own polls the store's counters (nvme_read_bytes) every
-/// 100 ms against the catalog's bytes.
+/// 100 ms against the bytes the disk will move: each chunk rounded up to 4 KiB (chunk sizes
+/// are multiples of 4096, so an object's chunks cover roundup(nbytes, 4096)).
 Result<VerifyReport> verify_with_progress(Store& store) {
   if (!progress_wanted()) return store.verify();
   uint64_t total = 0;
-  for (const ObjectInfo& i : store.list()) total += i.damage.empty() ? i.nbytes : 0;
+  for (const ObjectInfo& i : store.list()) {
+    total += i.damage.empty() ? align_up(i.nbytes, 4096) : 0;
+  }
   Progress line("verify", total, Progress::Unit::kBytes);
   const uint64_t base = store.stats().nvme.read_bytes;
   std::atomic<bool> done{false};

@@ -49,10 +49,11 @@ Result<std::chrono::milliseconds> env_seconds(const char* name,
   if (!v) return fallback;
   char* end = nullptr;
   const double sec = v->empty() ? -1.0 : std::strtod(v->c_str(), &end);
+  // A positive value under a millisecond would round to 0 (off): refused, not silently off.
   if (v->empty() || end != v->c_str() + v->size() || !std::isfinite(sec) || sec < 0.0 ||
-      sec > 1e9) {
+      sec > 1e9 || (sec > 0.0 && sec < 0.001)) {
     return invalid_argument(std::string("environment variable ") + name + "='" + *v +
-                            "' is not a number of seconds >= 0 (e.g. 10 or 0.5)");
+                            "' is not a number of seconds: 0, or 0.001 to 1e9 (e.g. 10 or 0.5)");
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(sec * 1000.0)));
 }

@@ -260,6 +260,7 @@ Result<LaunchReport> launch_local(const LaunchOptions& opt) {
     if (g_forwarded_signal != 0 && opt.forward_signals) {
       int sig = g_forwarded_signal;
       g_forwarded_signal = 0;
+      if (report.forwarded_signal == 0) report.forwarded_signal = sig;
       stop_all(sig);
       if (!stopping) {
         stopping = true;

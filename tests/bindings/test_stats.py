@@ -158,3 +158,46 @@ def test_cli_store_stat_verify(store, store_path):
     env["STRATA_PROGRESS"] = "0"
     p = subprocess.run([cli, "store", "verify", path], env=env, capture_output=True)
     assert p.returncode == 0 and b"\r" not in p.stderr, p.stderr
+
+
+def test_cli_verify_progress_counts_the_disk_bytes(store, store_path):
+    # 40 objects of 100 bytes: the disk reads one 4 KiB block for each (160 KiB), so the
+    # progress line's total is 160 KiB, not the 3.91 KiB of the objects (which it would
+    # reach a tenth of the way through, then show 100% until the end).
+    cli = os.environ.get("STRATA_CLI")
+    if not cli:
+        pytest.skip("the strata CLI was not found (set STRATA_CLI)")
+    for i in range(40):
+        store.put(f"small{i}", np.full(100, i, dtype=np.uint8))
+    store.close()
+    env = dict(os.environ, STRATA_PROGRESS="1")
+    p = subprocess.run([cli, "store", "verify", store_path], env=env, capture_output=True)
+    assert p.returncode == 0, p.stderr
+    totals = set(re.findall(rb"\rverify: [0-9.]+ [KMG]?i?B / ([0-9.]+ [KMG]?i?B)", p.stderr))
+    assert totals == {b"160.00 KiB"}, p.stderr
+
+
+
+def test_periodic_log_counts_a_put_right_after_open(tmp_path):
+    # The first line's baseline is taken in open(), not when the logging thread first runs
+    # (then a put right after the open of a fresh process often lost its bytes and ops from
+    # every line, while its wait time, counted at completion, still showed). Fresh processes,
+    # since a warm one starts the thread in time.
+    env = dict(os.environ, STRATA_STATS_INTERVAL="0.05")
+    procs = [subprocess.Popen([sys.executable, "-c", SNIPPET, str(tmp_path / f"s{i}")], env=env,
+                              stderr=subprocess.PIPE, text=True) for i in range(8)]
+    for p in procs:
+        err = p.communicate(timeout=120)[1]
+        assert p.returncode == 0, err
+        assert sum(" nvme_write_ops=1 " in ln for ln in err.splitlines()) == 1, err
+
+
+def test_periodic_log_last_line_at_close_and_sub_millisecond_refused(tmp_path):
+    # A run shorter than the interval logs its counters at close() (before: nothing at all).
+    p = _run("10", str(tmp_path / "long"))
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("strata [stats] ")]
+    assert len(lines) == 1 and " nvme_write_ops=1 " in lines[0], p.stderr
+    # A positive interval under 1 ms would round to 0 (off): refused by name.
+    p = _run("1e-9", str(tmp_path / "tiny"))
+    assert p.returncode != 0 and "STRATA_STATS_INTERVAL='1e-9'" in p.stderr, p.stderr

@@ -141,6 +141,40 @@ def test_a_signal_still_cleans_up(emulation, sig):
     assert_clean(emulation, p.pid)
 
 
+def _ranks_of(pid):
+    """Pids of the ranks `strata bench ...` (pid) launched (their argv has --result-file)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    ranks = []
+    for c in out.split():
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"--result-file" in f.read():
+                    ranks.append(int(c))
+        except FileNotFoundError:
+            pass
+    return ranks
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_partitioned_read_ends_it_by_that_signal(emulation, sig):
+    # Ctrl-C while the ranks read (launch_local forwards it to them): the drives go and the
+    # signal is re-raised, as for emulate-drives (before: exit 1, "rank 0 did not exit cleanly").
+    p = subprocess.Popen([STRATA, "bench", "partitioned-read", "--nproc", "2", "--bytes", "64MiB",
+                          "--iters", "3", "--path", emulation, "--emulated-drive-bw", "8MiB",
+                          "--emulated-drive-size", "128MiB"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_ranks_of(p.pid)) < 2 and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert len(_ranks_of(p.pid)) == 2, p.communicate(timeout=60)
+    time.sleep(1.0)  # the ranks are writing or reading their 32 MiB slices at 8 MiB/s
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == -sig, (p.returncode, err)
+    assert "did not exit cleanly" not in err, err
+    assert_clean(emulation, p.pid)
+
+
 @pytest.mark.parametrize("bw, why", [
     ("0", r"--emulated-drive-bw must be > 0 bytes/s, got '0'"),
     ("-5", r"--emulated-drive-bw: .*'-5'.*"),
@@ -173,6 +207,14 @@ def test_too_many_ranks_and_too_small_drives_are_refused(disk_dir):
     assert p.returncode == 1 and "--emulated-drive-size needs --emulated-drive-bw" in p.stderr
     p = run("emulate-drives", "--count", 65, "--bw", "1MiB", "--path", disk_dir, "--", "true")
     assert p.returncode != 0 and "--count" in p.stderr, p.stderr
+
+
+def test_a_base_path_that_is_a_file_is_named_so(disk_dir):
+    f = os.path.join(disk_dir, "afile")
+    open(f, "w").close()
+    p = run("emulate-drives", "--count", 1, "--bw", "1MiB", "--path", f, "--", "true")
+    assert p.returncode == 1 and p.stderr == (f"strata: error: InvalidArgument: emulated drives: "
+                                              f"base directory '{f}' is not a directory\n"), p.stderr
 
 
 def test_refused_without_blkio_controller(disk_dir):

@@ -149,3 +149,10 @@ def test_malformed_config_and_bench_json_are_named(tmp_path):
     assert f"{short}: field 'gbps' is missing" in error_of(run(*STEP, "--from-bench", short))
     trunc = write(tmp_path, "trunc.json", '{"op": "read", "gbps"')
     assert f"{trunc}: not valid JSON" in error_of(run(*STEP, "--from-bench", trunc))
+
+
+def test_a_number_too_large_for_a_double_is_an_error_not_an_abort(tmp_path):
+    # nlohmann::json throws out_of_range (not parse_error) for 1e400.
+    huge = write(tmp_path, "huge.json", '{"op": "read", "gbps": 1e400}')
+    p = run(*STEP, "--from-bench", huge)
+    assert p.returncode == 1 and f"{huge}: not valid JSON" in error_of(p), p.stderr

@@ -272,7 +272,7 @@ TEST(StoreStats, IntervalFromTheEnvironment) {
   auto o = StoreOptions::from_env();
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->stats_interval, std::chrono::milliseconds(250));
-  for (const char* bad : {"abc", "-1", "", "1s", "nan"}) {
+  for (const char* bad : {"abc", "-1", "", "1s", "nan", "1e-9", "0.0004", "2e9"}) {
     ::setenv("STRATA_STATS_INTERVAL", bad, 1);
     auto r = StoreOptions::from_env();
     ASSERT_FALSE(r.ok()) << bad;

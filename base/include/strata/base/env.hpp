@@ -21,8 +21,9 @@ Result<uint64_t> env_uint(const char* name, uint64_t fallback);
 /// Unset -> `fallback`. Set -> parse_size() (suffixes allowed: "64MiB").
 Result<uint64_t> env_size(const char* name, uint64_t fallback);
 
-/// Unset -> `fallback`. Set -> a decimal number of seconds >= 0 ("10", "0.5"), rounded to
-/// the millisecond. \error InvalidArgument naming the variable when the value is malformed.
+/// Unset -> `fallback`. Set -> a decimal number of seconds, 0 or 0.001 to 1e9 ("10", "0.5"),
+/// rounded to the millisecond. \error InvalidArgument naming the variable when the value is
+/// malformed or out of that range (a positive value under 1 ms would round to 0).
 Result<std::chrono::milliseconds> env_seconds(const char* name,
                                               std::chrono::milliseconds fallback);
 

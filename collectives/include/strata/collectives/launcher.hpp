@@ -58,6 +58,9 @@ struct LaunchReport {
   std::vector<RankExit> ranks;  ///< indexed by rank
   int first_failed_rank = -1;   ///< the rank whose failure stopped the others, or -1
   bool timed_out = false;
+  /// The first SIGINT/SIGTERM/SIGHUP forwarded to the ranks (forward_signals), else 0: the
+  /// caller's to act on after the ranks are gone (e.g. re-raise it once it has cleaned up).
+  int forwarded_signal = 0;
   /// OK when every rank exited 0; otherwise Unavailable naming the first failed rank and
   /// how it ended ("rank 2 exited with status 3", "rank 1 was killed by signal 9 (Killed)").
   Status status() const;
