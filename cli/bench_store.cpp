@@ -20,7 +20,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "bench_limits.hpp"
+#include "bench_store.hpp"
 #include "command.hpp"
 #include "config_option.hpp"
 #include "striped_file.hpp"
@@ -32,19 +32,6 @@
 
 namespace strata::cli {
 namespace {
-
-// ---------------------------------------------------------------- strata bench store
-
-struct BenchStoreArgs {
-  std::vector<std::string> paths;
-  std::string object_size = "1GiB";
-  uint32_t count = 4;
-  uint32_t rounds = 4;
-  std::string chunk_size = "64MiB";
-  bool keep = false;
-  bool json = false;
-  std::string config;  // --config FILE
-};
 
 /// Benchmark memory: a PinnedPool buffer (huge pages, registered with the engine).
 struct BenchBuffer {
@@ -60,15 +47,12 @@ struct BenchBuffer {
   uint8_t* data() const { return static_cast<uint8_t*>(buf.data()); }
 };
 
-
 /// The file a benchmark holds an flock on in each of its directories for as long as it
 /// runs (a store's LOCK exists in its root only, not in its other NVMe directories).
 constexpr const char* kBenchLock = "bench.lock";
 
-/// OK unless `dir` is in use by another process: a store open for writing there (its LOCK
-/// flock is held) or another benchmark (its bench.lock flock): a benchmark must not remove
-/// their files under them.
-/// \error FailedPrecondition "DIR is in use by pid N (...); nothing was removed".
+}  // namespace
+
 Status check_unlocked(const std::string& dir) {
   for (const char* name : {"LOCK", kBenchLock}) {
     const std::string lock_path = dir + "/" + name;
@@ -93,116 +77,94 @@ Status check_unlocked(const std::string& dir) {
   return Status::OK();
 }
 
-/// flocks DIR/bench.lock (holding this pid) in each benchmark directory until destroyed.
-struct BenchLocks {
-  std::vector<int> fds;
-  Status take(const std::string& dir) {
-    const std::string path = dir + "/" + kBenchLock;
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return errno_status(errno, "open " + path);
-    fds.push_back(fd);
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return errno_status(errno, "flock " + path);
-    const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-      return errno_status(errno, "write " + path);
-    }
-    return Status::OK();
+Status BenchLocks::take(const std::string& dir) {
+  const std::string path = dir + "/" + kBenchLock;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_status(errno, "open " + path);
+  fds.push_back(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) return errno_status(errno, "flock " + path);
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return errno_status(errno, "write " + path);
   }
-  ~BenchLocks() {
-    for (int fd : fds) ::close(fd);
-  }
-};
+  return Status::OK();
+}
 
-int run_bench_store(const BenchStoreArgs& a) {
+BenchLocks::~BenchLocks() {
+  for (int fd : fds) ::close(fd);
+}
+
+Status prepare_bench_dirs(const std::vector<std::string>& dirs, BenchLocks& locks,
+                          RemoveDirsOnExit& remove) {
   namespace fs = std::filesystem;
-  auto size_arg = parse_size_arg(a.object_size, "--object-size");
-  if (!size_arg.ok()) return report_error(size_arg.status());
-  auto chunk_arg = parse_size_arg(a.chunk_size, "--chunk-size");
-  if (!chunk_arg.ok()) return report_error(chunk_arg.status());
-  const uint64_t size = *size_arg, chunk = *chunk_arg;
-  if (a.count == 0 || a.rounds == 0 || size == 0) {
-    return report_error(invalid_argument("--count, --rounds and --object-size must be > 0"));
+  for (auto& d : dirs) {
+    if (Status st = check_unlocked(d); !st.ok()) {
+      remove.keep = true;
+      return st;
+    }
   }
-  if (Status st = check_nonempty_paths(a.paths, "--path"); !st.ok()) return report_error(st);
+  std::error_code ec;
+  for (auto& d : dirs) {
+    fs::remove_all(d, ec);
+    fs::create_directories(d, ec);
+    if (ec) return errno_status(ec.value(), "create " + d);
+    STRATA_RETURN_IF_ERROR(locks.take(d));
+  }
+  return Status::OK();
+}
+
+Result<StoreMeasurement> measure_store(const StoreRunSpec& spec) {
+  const uint64_t size = spec.object_bytes, chunk = spec.chunk_bytes;
+  if (spec.count == 0 || spec.rounds == 0 || size == 0) {
+    return invalid_argument("--count, --rounds and --object-size must be > 0");
+  }
   if (chunk == 0 || chunk % 4096 != 0) {
-    return report_error(invalid_argument("--chunk-size " + std::to_string(chunk) +
-                                         " is not a positive multiple of 4096"));
+    return invalid_argument("--chunk-size " + std::to_string(chunk) +
+                            " is not a positive multiple of 4096");
   }
   // Disk use per directory (k of them): the store holds up to two versions of the N objects
   // (copy-on-write; each chunk a 4 KiB-aligned extent, so a 1-byte object takes 4 KiB),
   // striped chunk by chunk, plus up to one chunk of imbalance; the raw engine file two
   // regions of N objects in stripe units of one chunk. Computed in 128 bits.
-  auto total_bytes = checked_mul(size, a.count, "--object-size x --count");
-  if (!total_bytes.ok()) return report_error(total_bytes.status());
+  STRATA_ASSIGN_OR_RETURN(uint64_t total, checked_mul(size, spec.count, "--object-size x --count"));
   uint64_t need_per_dir = 0;
   {
     using U128 = unsigned __int128;
-    const U128 k = a.paths.size();
+    const U128 k = spec.dirs.size();
     const U128 extent_bytes = U128(size / chunk) * chunk + (size % chunk + 4095) / 4096 * 4096;
-    const U128 store_bytes = 2 * U128(a.count) * extent_bytes;
-    const U128 raw_units = (2 * U128(*total_bytes) + chunk - 1) / chunk;
+    const U128 store_bytes = 2 * U128(spec.count) * extent_bytes;
+    const U128 raw_units = (2 * U128(total) + chunk - 1) / chunk;
     const U128 need = (store_bytes + k - 1) / k + chunk + (raw_units + k - 1) / k * chunk;
     if (need > U128(UINT64_MAX)) {
-      return report_error(invalid_argument(
-          "bench store: --object-size " + std::to_string(size) + " x --count " +
-          std::to_string(a.count) + " needs more than 2^64 bytes of disk per --path"));
+      return invalid_argument("bench store: --object-size " + std::to_string(size) +
+                              " x --count " + std::to_string(spec.count) +
+                              " needs more than 2^64 bytes of disk per --path");
     }
     need_per_dir = static_cast<uint64_t>(need);
   }
-  if (Status st = check_memory(size, "bench store (one --object-size buffer)"); !st.ok())
-    return report_error(st);
-  auto eo = IoEngineOptions::from_config(a.config);
-  if (!eo.ok()) return report_error(eo.status());
-  auto engine = IoEngine::create(*eo);
-  if (!engine.ok()) return report_error(engine.status());
-  auto so_r = StoreOptions::from_config(a.config);
-  if (!so_r.ok()) return report_error(so_r.status());
-
-  // Fresh store under <path0>/strata-bench-store, data striped over every --path.
-  std::vector<std::string> dirs;
-  for (auto& p : a.paths) dirs.push_back(p + "/strata-bench-store");
-  BenchLocks locks;  // released after the directories are removed (declared first)
-  // Declared before the store and the raw file, so it runs after they are closed.
-  RemoveDirsOnExit remove_dirs{dirs, a.keep};
-  for (auto& d : dirs) {
-    if (Status st = check_unlocked(d); !st.ok()) {
-      remove_dirs.keep = true;
-      return report_error(st);
-    }
-  }
-  std::error_code ec;
-  fs::remove_all(dirs[0], ec);
-  for (auto& d : dirs) {
-    fs::remove_all(d, ec);
-    fs::create_directories(d, ec);
-    if (ec) return report_error(errno_status(ec.value(), "create " + d));
-    if (Status st = locks.take(d); !st.ok()) return report_error(st);
-  }
+  STRATA_RETURN_IF_ERROR(check_memory(size, "bench store (one --object-size buffer)"));
   {
     std::vector<DiskNeed> needs;
-    for (size_t j = 0; j < dirs.size(); ++j) {
-      needs.push_back({"--path #" + std::to_string(j + 1), a.paths[j], need_per_dir});
+    for (size_t j = 0; j < spec.dirs.size(); ++j) {
+      needs.push_back({"--path #" + std::to_string(j + 1), spec.paths[j], need_per_dir});
     }
-    if (Status st = check_free_space(needs, "bench store (" + std::to_string(a.count) +
-                                                " x " + a.object_size + ", 4 copies)");
-        !st.ok()) {
-      return report_error(st);
-    }
+    STRATA_RETURN_IF_ERROR(check_free_space(
+        needs, "bench store (" + std::to_string(spec.count) + " x " +
+                   (spec.object_size_text.empty() ? format_bytes(size) : spec.object_size_text) +
+                   ", 4 copies)"));
   }
   // Commit the removal of an earlier run's files now: on a file system mounted with
   // `discard`, the freed blocks are discarded at the next journal commit, which would
   // otherwise land inside the first timed put.
   ::sync();
-  StoreOptions so = *so_r;
-  so.path = dirs[0];
-  so.nvme_dirs = dirs;
+  StoreOptions so = spec.options;
+  so.path = spec.dirs[0];
+  so.nvme_dirs = spec.dirs;
   so.chunk_bytes = chunk;
   so.host_budget_bytes = 0;
   so.staging_bytes = 16ull << 20;
-  so.engine = *engine;
-  auto store = Store::open(so);
-  if (!store.ok()) return report_error(store.status());
-  auto& s = *store;
+  so.engine = spec.engine;
+  STRATA_ASSIGN_OR_RETURN(auto s, Store::open(so));
 
   // The raw engine on the same bytes: one striped file over the same directories, stripe
   // unit = the store's chunk size, N objects back to back, then fdatasync (the store's put
@@ -215,75 +177,70 @@ int run_bench_store(const BenchStoreArgs& a) {
   // (fallocate: unwritten extents), and round r writes region r % 2. Writing unwritten
   // extents costs the file system an extent conversion per completed request (ext4:
   // ~10-15% at 1 MiB requests), so comparing a first-time put with an in-place overwrite
-  // would measure the file system, not the store. `space` in the JSON says which kind of
-  // space each round wrote.
-  const uint64_t total = size * a.count;
-  auto raw = StripedFile::open(*engine, dirs, "raw-engine.dat", OpenMode::kTruncate, chunk);
-  if (!raw.ok()) return report_error(raw.status());
+  // would measure the file system, not the store. `space` says which kind of space each
+  // round wrote.
+  STRATA_ASSIGN_OR_RETURN(auto raw, StripedFile::open(spec.engine, spec.dirs, "raw-engine.dat",
+                                                      OpenMode::kTruncate, chunk));
   {
-    const uint64_t k = dirs.size();
+    const uint64_t k = spec.dirs.size();
     const uint64_t units = (2 * total + chunk - 1) / chunk;
     const uint64_t per_file = (units + k - 1) / k * chunk;
-    for (const auto& f : (*raw)->files()) {
+    for (const auto& f : raw->files()) {
       int fd = ::open(f->path().c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0) return report_error(errno_status(errno, "open " + f->path()));
+      if (fd < 0) return errno_status(errno, "open " + f->path());
       int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(per_file));
       int e = errno;
       ::close(fd);
       if (rc != 0 && e != EOPNOTSUPP) {
-        return report_error(errno_status(e, "fallocate " + f->path() + " length " +
-                                                std::to_string(per_file)));
+        return errno_status(e, "fallocate " + f->path() + " length " + std::to_string(per_file));
       }
     }
   }
 
   BenchBuffer mem;
-  if (Status st = mem.init(size, *engine); !st.ok()) return report_error(st);
+  STRATA_RETURN_IF_ERROR(mem.init(size, spec.engine));
   for (uint64_t i = 0; i < size; ++i) mem.data()[i] = static_cast<uint8_t>(i * 131 + 7);
 
   // Each round times four transfers of the same N objects: store put, engine write (+ sync),
   // store get (verified), engine read. The store goes first in odd rounds and the engine in
   // even rounds (counterbalanced: on the development VM's virtio disk the first of two
   // back-to-back writes after a read phase is slower whoever makes it -- fio alone, five
-  // alternations of two 2 GiB files: first 1.88-2.07 GB/s, second 2.00-2.39). A round's
-  // ratio is store / engine; rounds 2k-1 and 2k (one of each
-  // order, same kind of file space) make a pair whose ratio is the geometric mean of the
-  // two, which cancels a multiplicative order effect; the reported ratios are medians of
-  // the pair ratios (of the round ratios when there is a single round).
-  std::vector<double> put_g, get_g, ew_g, er_g, put_r, get_r;
-  std::vector<std::string> space;
+  // alternations of two 2 GiB files: first 1.88-2.07 GB/s, second 2.00-2.39).
+  StoreMeasurement m;
   auto key = [](uint32_t i) { return "bench/" + std::to_string(i); };
   auto timed = [&](auto&& start_all) -> Result<double> {
     auto t0 = Clock::now();
     STRATA_RETURN_IF_ERROR(start_all());
     return gbps(total, seconds_since(t0));
   };
-  for (uint32_t r = 0; r < a.rounds; ++r) {
+  for (uint32_t r = 0; r < spec.rounds; ++r) {
     const uint64_t base = (r % 2) * total;  // region of the raw file (see above)
     auto store_put = [&]() -> Status {
       std::vector<Future<void>> f;
-      for (uint32_t i = 0; i < a.count; ++i) {
+      for (uint32_t i = 0; i < spec.count; ++i) {
         f.push_back(s->put_async(key(i), mem.data(), TensorDesc::bytes(size), {Tier::kNvme, true}));
       }
       return when_all(f).result().status();
     };
     auto engine_write = [&]() -> Status {
       std::vector<Future<uint64_t>> w;
-      for (uint32_t i = 0; i < a.count; ++i) {
-        w.push_back((*raw)->write_async(mem.data(), size, base + i * size));
+      for (uint32_t i = 0; i < spec.count; ++i) {
+        w.push_back(raw->write_async(mem.data(), size, base + i * size));
       }
       STRATA_RETURN_IF_ERROR(when_all(w).result().status());
-      return (*raw)->sync_async().result().status();
+      return raw->sync_async().result().status();
     };
     auto store_get = [&]() -> Status {
       std::vector<Future<void>> f;
-      for (uint32_t i = 0; i < a.count; ++i) f.push_back(s->get_bytes_async(key(i), mem.data(), size));
+      for (uint32_t i = 0; i < spec.count; ++i) {
+        f.push_back(s->get_bytes_async(key(i), mem.data(), size));
+      }
       return when_all(f).result().status();
     };
     auto engine_read = [&]() -> Status {
       std::vector<Future<uint64_t>> w;
-      for (uint32_t i = 0; i < a.count; ++i) {
-        w.push_back((*raw)->read_async(mem.data(), size, base + i * size));
+      for (uint32_t i = 0; i < spec.count; ++i) {
+        w.push_back(raw->read_async(mem.data(), size, base + i * size));
       }
       return when_all(w).result().status();
     };
@@ -300,33 +257,98 @@ int run_bench_store(const BenchStoreArgs& a) {
       if (erg.ok()) gg = timed(store_get);
     }
     for (const auto* x : {&pg, &ewg, &gg, &erg}) {
-      if (!x->ok()) return report_error(x->status());
+      if (!x->ok()) return x->status();
     }
-    put_g.push_back(*pg);
-    ew_g.push_back(*ewg);
-    get_g.push_back(*gg);
-    er_g.push_back(*erg);
-    put_r.push_back(*ewg > 0 ? *pg / *ewg : 0);
-    get_r.push_back(*erg > 0 ? *gg / *erg : 0);
-    space.push_back(r < 2 ? "new" : "reused");
-    if (!a.json) {
+    m.put_gbps.push_back(*pg);
+    m.engine_write_gbps.push_back(*ewg);
+    m.get_gbps.push_back(*gg);
+    m.engine_read_gbps.push_back(*erg);
+    m.put_ratio.push_back(*ewg > 0 ? *pg / *ewg : 0);
+    m.get_ratio.push_back(*erg > 0 ? *gg / *erg : 0);
+    m.space.push_back(r < 2 ? "new" : "reused");
+    if (spec.log_rounds) {
       std::fprintf(stderr,
                    "round %u (%s space, %s first): put %.2f GB/s / engine write %.2f = %.3f, "
                    "get %.2f GB/s / engine read %.2f = %.3f\n",
-                   r + 1, space.back().c_str(), r % 2 == 0 ? "store" : "engine", *pg, *ewg,
-                   put_r.back(), *gg, *erg, get_r.back());
+                   r + 1, m.space.back().c_str(), r % 2 == 0 ? "store" : "engine", *pg, *ewg,
+                   m.put_ratio.back(), *gg, *erg, m.get_ratio.back());
     }
   }
-  const double put = median(put_g), get = median(get_g), ew = median(ew_g), er = median(er_g);
+  raw.reset();
+  STRATA_RETURN_IF_ERROR(s->close());
+  return m;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- strata bench store
+
+struct BenchStoreArgs {
+  std::vector<std::string> paths;
+  std::string object_size = "1GiB";
+  uint32_t count = 4;
+  uint32_t rounds = 4;
+  std::string chunk_size = "64MiB";
+  bool keep = false;
+  bool json = false;
+  std::string config;  // --config FILE
+};
+
+int run_bench_store(const BenchStoreArgs& a) {
+  auto size_arg = parse_size_arg(a.object_size, "--object-size");
+  if (!size_arg.ok()) return report_error(size_arg.status());
+  auto chunk_arg = parse_size_arg(a.chunk_size, "--chunk-size");
+  if (!chunk_arg.ok()) return report_error(chunk_arg.status());
+  const uint64_t size = *size_arg, chunk = *chunk_arg;
+  if (a.count == 0 || a.rounds == 0 || size == 0) {
+    return report_error(invalid_argument("--count, --rounds and --object-size must be > 0"));
+  }
+  if (Status st = check_nonempty_paths(a.paths, "--path"); !st.ok()) return report_error(st);
+  if (chunk == 0 || chunk % 4096 != 0) {
+    return report_error(invalid_argument("--chunk-size " + std::to_string(chunk) +
+                                         " is not a positive multiple of 4096"));
+  }
+  auto eo = IoEngineOptions::from_config(a.config);
+  if (!eo.ok()) return report_error(eo.status());
+  auto engine = IoEngine::create(*eo);
+  if (!engine.ok()) return report_error(engine.status());
+  auto so_r = StoreOptions::from_config(a.config);
+  if (!so_r.ok()) return report_error(so_r.status());
+
+  // Fresh store under <path0>/strata-bench-store, data striped over every --path.
+  StoreRunSpec spec;
+  spec.paths = a.paths;
+  for (auto& p : a.paths) spec.dirs.push_back(p + "/strata-bench-store");
+  BenchLocks locks;  // released after the directories are removed (declared first)
+  // Declared before the store and the raw file, so it runs after they are closed.
+  RemoveDirsOnExit remove_dirs{spec.dirs, a.keep};
+  if (Status st = prepare_bench_dirs(spec.dirs, locks, remove_dirs); !st.ok()) {
+    return report_error(st);
+  }
+  spec.object_bytes = size;
+  spec.object_size_text = a.object_size;
+  spec.chunk_bytes = chunk;
+  spec.count = a.count;
+  spec.rounds = a.rounds;
+  spec.engine = *engine;
+  spec.options = *so_r;
+  spec.log_rounds = !a.json;
+  auto mr = measure_store(spec);
+  if (!mr.ok()) return report_error(mr.status());
+  const StoreMeasurement& m = *mr;
+  // A round's ratio is store / engine; rounds 2k-1 and 2k (one of each order, same kind of
+  // file space) make a pair whose ratio is the geometric mean of the two, which cancels a
+  // multiplicative order effect; the reported ratios are medians of the pair ratios (of the
+  // round ratios when there is a single round).
+  const double put = median(m.put_gbps), get = median(m.get_gbps);
+  const double ew = median(m.engine_write_gbps), er = median(m.engine_read_gbps);
   auto pair_ratios = [](const std::vector<double>& r) {
     std::vector<double> p;
     for (size_t i = 0; i + 1 < r.size(); i += 2) p.push_back(std::sqrt(r[i] * r[i + 1]));
     return p.empty() ? r : p;
   };
-  const std::vector<double> put_p = pair_ratios(put_r), get_p = pair_ratios(get_r);
+  const std::vector<double> put_p = pair_ratios(m.put_ratio), get_p = pair_ratios(m.get_ratio);
   const double put_ratio = median(put_p), get_ratio = median(get_p);
-  raw->reset();
-  (void)s->close();  // the directories go when remove_dirs is destroyed (unless --keep)
   if (a.json) {
     nlohmann::json j;
     j["object_bytes"] = size;
@@ -343,8 +365,8 @@ int run_bench_store(const BenchStoreArgs& a) {
     j["get_vs_engine"] = get_ratio;
     j["put_vs_engine_pairs"] = put_p;
     j["get_vs_engine_pairs"] = get_p;
-    j["put_vs_engine_rounds"] = put_r;
-    j["get_vs_engine_rounds"] = get_r;
+    j["put_vs_engine_rounds"] = m.put_ratio;
+    j["get_vs_engine_rounds"] = m.get_ratio;
     std::vector<std::string> first;
     for (uint32_t r = 0; r < a.rounds; ++r) first.push_back(r % 2 == 0 ? "store" : "engine");
     j["first_rounds"] = first;
@@ -352,11 +374,11 @@ int run_bench_store(const BenchStoreArgs& a) {
     // not counterbalanced). With an odd round count the last round is in no pair.
     j["ratio_basis"] = a.rounds >= 2 ? "pairs" : "single round";
     j["unpaired_rounds"] = a.rounds >= 2 ? a.rounds % 2 : 0;
-    j["put_gbps_rounds"] = put_g;
-    j["get_gbps_rounds"] = get_g;
-    j["engine_write_gbps_rounds"] = ew_g;
-    j["engine_read_gbps_rounds"] = er_g;
-    j["space_rounds"] = space;
+    j["put_gbps_rounds"] = m.put_gbps;
+    j["get_gbps_rounds"] = m.get_gbps;
+    j["engine_write_gbps_rounds"] = m.engine_write_gbps;
+    j["engine_read_gbps_rounds"] = m.engine_read_gbps;
+    j["space_rounds"] = m.space;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("store put: %.2f GB/s  engine write: %.2f GB/s  ratio %.3f\n", put, ew,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "strata/store/config.hpp"
 
@@ -52,15 +53,29 @@ Status read_config_measured(const std::string& path, Measurements& m) {
   // command that takes --config does.
   STRATA_ASSIGN_OR_RETURN(Config c, Config::load(path));
   const MeasuredConfig& mc = c.measured;
-  const std::pair<const char*, const std::optional<double>*> fields[] = {
-      {kNvmeRead, &mc.nvme_read_bytes_per_s},     {kNvmeWrite, &mc.nvme_write_bytes_per_s},
-      {kMemoryCopy, &mc.memory_copy_bytes_per_s}, {kAdam, &mc.adam_params_per_s},
-      {kAllgather, &mc.allgather_bytes_per_s},    {kPcie, &mc.pcie_bytes_per_s}};
+  // The NVMe rates through the store's data path (checksums, copy-on-write extents: what
+  // the offloaded step and the partitioned fetch go through) when tune measured them, else
+  // the raw engine's.
+  const auto& nvme_read = mc.store_read_bytes_per_s ? mc.store_read_bytes_per_s
+                                                    : mc.nvme_read_bytes_per_s;
+  const auto& nvme_write = mc.store_write_bytes_per_s ? mc.store_write_bytes_per_s
+                                                      : mc.nvme_write_bytes_per_s;
+  const char* read_name =
+      mc.store_read_bytes_per_s ? "store_read_bytes_per_s" : "nvme_read_bytes_per_s";
+  const char* write_name =
+      mc.store_write_bytes_per_s ? "store_write_bytes_per_s" : "nvme_write_bytes_per_s";
+  const std::tuple<const char*, const char*, const std::optional<double>*> fields[] = {
+      {kNvmeRead, read_name, &nvme_read},
+      {kNvmeWrite, write_name, &nvme_write},
+      {kMemoryCopy, kMemoryCopy, &mc.memory_copy_bytes_per_s},
+      {kAdam, kAdam, &mc.adam_params_per_s},
+      {kAllgather, kAllgather, &mc.allgather_bytes_per_s},
+      {kPcie, kPcie, &mc.pcie_bytes_per_s}};
   const std::string source = "config " + path;
-  for (const auto& [key, value] : fields) {
+  for (const auto& [key, name, value] : fields) {
     if (!value->has_value()) continue;
     if (!(**value > 0)) {
-      return invalid_argument(path + ": 'measured." + key + "' must be a positive number, got " +
+      return invalid_argument(path + ": 'measured." + name + "' must be a positive number, got " +
                               nlohmann::json(**value).dump());
     }
     m[key] = Measurement{**value, source};

@@ -19,10 +19,16 @@
 //     same files striped with each chunk size of the sweep; the smallest chunk within 3% of
 //     the best read becomes store.chunk_bytes (a finer stripe spreads smaller objects over
 //     every drive), and the paths become store.nvme_dirs.
-//  4. Host: a STREAM-style copy (the kernel threads copy disjoint slices of one buffer to
+//  4. The store's data path: with the chosen engine settings and store.chunk_bytes, N
+//     objects put to the NVMe tier of a fresh store in DIR/strata-tune-store (striped over
+//     the paths) and got back, checksums on, beside the raw engine on the same bytes --
+//     `strata bench store`'s measurement (bench_store.hpp), medians of the rounds. These
+//     become measured.store_{read,write}_bytes_per_s, which `strata plan` prefers: the
+//     offloaded step goes through this path, not the raw engine's.
+//  5. Host: a STREAM-style copy (the kernel threads copy disjoint slices of one buffer to
 //     another; bytes read + written per second, as STREAM counts them; median of 5) and the
 //     CPU Adam step (`strata bench adam`'s measurement: fp32 parameters per second, median).
-//  5. The file: --output (default ./strata.json). When it exists it is read first (an error
+//  6. The file: --output (default ./strata.json). When it exists it is read first (an error
 //     in it, e.g. an unknown key, stops the run before anything is measured), and only the
 //     tuned keys are replaced: what else the user set stays.
 //
@@ -41,6 +47,7 @@
 
 #include "bench_adam.hpp"
 #include "bench_limits.hpp"
+#include "bench_store.hpp"
 #include "command.hpp"
 #include "io_pass.hpp"
 #include "progress.hpp"
@@ -75,6 +82,9 @@ struct Sweep {
   uint64_t copy_bytes = 0;            // per buffer of the memory copy
   uint64_t adam_numel = 0;
   int adam_steps = 0;
+  uint64_t store_object = 0;  // store data path: at least this many bytes per object,
+  uint32_t store_count = 0;   // objects per round,
+  uint32_t store_rounds = 0;  // rounds (even: both orders of store and raw engine)
 };
 
 Sweep make_sweep(const TuneArgs& a) {
@@ -90,6 +100,9 @@ Sweep make_sweep(const TuneArgs& a) {
     s.copy_bytes = 16 * kMiB;
     s.adam_numel = 1'000'000;
     s.adam_steps = 2;
+    s.store_object = 4 * kMiB;
+    s.store_count = 2;
+    s.store_rounds = 2;
   } else if (a.long_sweep) {
     s.block_sizes = {64 * kKiB, 128 * kKiB, 256 * kKiB, 512 * kKiB, kMiB, 2 * kMiB, 4 * kMiB,
                      8 * kMiB};
@@ -102,6 +115,9 @@ Sweep make_sweep(const TuneArgs& a) {
     s.copy_bytes = 512 * kMiB;
     s.adam_numel = 100'000'000;
     s.adam_steps = 10;
+    s.store_object = 256 * kMiB;
+    s.store_count = 4;
+    s.store_rounds = 4;
   } else {
     s.block_sizes = {256 * kKiB, kMiB, 4 * kMiB};
     s.queue_depths = {8, 32, 64};
@@ -113,6 +129,9 @@ Sweep make_sweep(const TuneArgs& a) {
     s.copy_bytes = 256 * kMiB;
     s.adam_numel = 20'000'000;
     s.adam_steps = 5;
+    s.store_object = 64 * kMiB;
+    s.store_count = 4;
+    s.store_rounds = 2;
   }
   return s;
 }
@@ -128,19 +147,25 @@ struct IoPoint {
 
 const char* kFileName = "strata-tune.dat";
 
+/// The engine of `p`'s settings: io_uring, O_DIRECT, the built-in defaults otherwise (what
+/// tune decides is its own to sweep).
+IoEngineOptions engine_options(const IoPoint& p) {
+  IoEngineOptions eo;
+  eo.kind = EngineKind::kUring;
+  eo.direct = true;
+  eo.block_size = p.block_size;
+  eo.queue_depth = p.queue_depth;
+  eo.workers = p.workers;
+  return eo;
+}
+
 /// One write pass then one read pass (each at most `bytes` from offset 0, and at most
 /// `seconds` long) over the striped test file, which holds `bytes` already, with a fresh
 /// engine of `p`'s settings; sets p.write_bps / p.read_bps. With `layout`, one untimed
 /// write of the whole file instead.
 Status measure_point(const std::vector<std::string>& paths, uint64_t bytes, double seconds,
                      bool layout, bool progress, IoPoint& p) {
-  IoEngineOptions eo;  // the built-in defaults: what tune decides is its own to sweep
-  eo.kind = EngineKind::kUring;
-  eo.direct = true;
-  eo.block_size = p.block_size;
-  eo.queue_depth = p.queue_depth;
-  eo.workers = p.workers;
-  STRATA_ASSIGN_OR_RETURN(auto engine, IoEngine::create(eo));
+  STRATA_ASSIGN_OR_RETURN(auto engine, IoEngine::create(engine_options(p)));
   const PassShape shape = pass_shape(p.queue_depth, p.block_size);
   STRATA_ASSIGN_OR_RETURN(uint64_t mem_bytes, checked_mul(shape.slots, shape.request, "tune buffer"));
   IoMemory mem;
@@ -165,6 +190,32 @@ Status measure_point(const std::vector<std::string>& paths, uint64_t bytes, doub
                                "cache's; tune a directory on the drive itself");
   }
   return Status::OK();
+}
+
+/// Bytes per object of the store run: sw.store_object, and over several paths at least one
+/// chunk per path (so that every object spans every drive).
+uint64_t store_object_bytes(const Sweep& sw, uint64_t chunk, uint64_t paths) {
+  return paths > 1 ? std::max<uint64_t>(sw.store_object, chunk * paths) : sw.store_object;
+}
+
+/// The store's data path with `best`'s engine settings and `chunk` (objects of
+/// store_object_bytes()) in DIR/strata-tune-store of each path, removed afterwards: each
+/// round's figures (measure_store()).
+Result<StoreMeasurement> measure_store_path(const std::vector<std::string>& paths,
+                                            const Sweep& sw, const IoPoint& best,
+                                            uint64_t chunk) {
+  StoreRunSpec spec;
+  spec.paths = paths;
+  for (const auto& p : paths) spec.dirs.push_back(p + "/strata-tune-store");
+  BenchLocks locks;  // released after the directories are removed (declared first)
+  RemoveDirsOnExit remove_dirs{spec.dirs, false};
+  STRATA_RETURN_IF_ERROR(prepare_bench_dirs(spec.dirs, locks, remove_dirs));
+  spec.object_bytes = store_object_bytes(sw, chunk, paths.size());
+  spec.chunk_bytes = chunk;
+  spec.count = sw.store_count;
+  spec.rounds = sw.store_rounds;
+  STRATA_ASSIGN_OR_RETURN(spec.engine, IoEngine::create(engine_options(best)));
+  return measure_store(spec);
 }
 
 /// Index of the chosen point: reads within 3% of the best, then the fewest bytes in
@@ -372,6 +423,13 @@ int run_tune(const TuneArgs& a) {
       }
     }
   }
+  const uint64_t store_chunk = k > 1 ? best.stripe_unit
+                               : cfg.store.chunk_bytes.value_or(StoreOptions{}.chunk_bytes);
+  auto sm = measure_store_path(a.paths, sw, best, store_chunk);
+  if (!sm.ok()) return report_error(sm.status().with_context("tune: the store's data path"));
+  const double store_read_bps = median(sm->get_gbps) * 1e9;
+  const double store_write_bps = median(sm->put_gbps) * 1e9;
+  const uint64_t store_object = store_object_bytes(sw, store_chunk, k);
   auto copy = measure_memory_copy(sw.copy_bytes);
   if (!copy.ok()) return report_error(copy.status());
   BenchAdamArgs aa;
@@ -392,6 +450,8 @@ int run_tune(const TuneArgs& a) {
   }
   cfg.measured.nvme_read_bytes_per_s = best.read_bps;
   cfg.measured.nvme_write_bytes_per_s = best.write_bps;
+  cfg.measured.store_read_bytes_per_s = store_read_bps;
+  cfg.measured.store_write_bytes_per_s = store_write_bps;
   cfg.measured.memory_copy_bytes_per_s = *copy;
   cfg.measured.adam_params_per_s = adam_pps;
   cfg.measured.paths = a.paths;
@@ -407,6 +467,14 @@ int run_tune(const TuneArgs& a) {
     j["stripe_units"] = nlohmann::json::array();
     for (const auto& p : chunk_pts) j["stripe_units"].push_back(point_json(p));
     j["chosen"] = point_json(best);
+    j["store"] = {{"object_bytes", store_object},
+                  {"count", sw.store_count},
+                  {"rounds", sw.store_rounds},
+                  {"chunk_bytes", store_chunk},
+                  {"read_gbps", store_read_bps / 1e9},
+                  {"write_gbps", store_write_bps / 1e9},
+                  {"engine_read_gbps", median(sm->engine_read_gbps)},
+                  {"engine_write_gbps", median(sm->engine_write_gbps)}};
     j["memory_copy_gbps"] = *copy / 1e9;
     j["adam_params_per_s"] = adam_pps;
     j["adam_threads"] = adam->threads;
@@ -420,6 +488,11 @@ int run_tune(const TuneArgs& a) {
                 size_text(best.block_size).c_str(), best.queue_depth, best.workers,
                 k > 1 ? (", chunk " + size_text(best.stripe_unit)).c_str() : "",
                 best.read_bps / 1e9, best.write_bps / 1e9);
+    std::printf("store data path (%u x %s objects, chunk %s, checksums): get %.2f GB/s, put "
+                "%.2f GB/s (raw engine on the same bytes: read %.2f, write %.2f)\n",
+                sw.store_count, size_text(store_object).c_str(), size_text(store_chunk).c_str(),
+                store_read_bps / 1e9, store_write_bps / 1e9, median(sm->engine_read_gbps),
+                median(sm->engine_write_gbps));
     std::printf("memory copy (STREAM, %d threads): %.2f GB/s; Adam step: %.3g params/s (%d threads)\n",
                 adam->threads, *copy / 1e9, adam_pps, adam->threads);
     std::printf("wrote %s (%.0f s)\n", a.output.c_str(), secs);
@@ -433,8 +506,8 @@ void register_tune(Registry& r) {
   CLI::App* sub = add_command(
       r.root(), "tune",
       "Sweep block size x queue depth x I/O workers (and the stripe unit over several paths) on "
-      "the given drives, measure host memory copy and the CPU Adam step, and write a "
-      "configuration file",
+      "the given drives, then with the chosen settings put/get through the store (checksums on), "
+      "measure host memory copy and the CPU Adam step, and write a configuration file",
       args, run_tune);
   sub->add_option("--path", args->paths,
                   "directory on a drive to tune (repeat for several drives: striped, and the "

@@ -243,6 +243,8 @@ const std::vector<Key<MeasuredConfig>>& measured_keys() {
   static const std::vector<Key<C>> keys = {
       rate_key<C>("nvme_read_bytes_per_s", &C::nvme_read_bytes_per_s),
       rate_key<C>("nvme_write_bytes_per_s", &C::nvme_write_bytes_per_s),
+      rate_key<C>("store_read_bytes_per_s", &C::store_read_bytes_per_s),
+      rate_key<C>("store_write_bytes_per_s", &C::store_write_bytes_per_s),
       rate_key<C>("memory_copy_bytes_per_s", &C::memory_copy_bytes_per_s),
       rate_key<C>("adam_params_per_s", &C::adam_params_per_s),
       rate_key<C>("allgather_bytes_per_s", &C::allgather_bytes_per_s),

@@ -73,6 +73,15 @@ def test_quick_tune_writes_a_file_every_entry_point_accepts(disk_dir):
     assert m["memory_copy_bytes_per_s"] == pytest.approx(j["memory_copy_gbps"] * 1e9, rel=1e-9)
     assert m["adam_params_per_s"] == pytest.approx(j["adam_params_per_s"], rel=1e-9)
     assert all(m[k] > 0 for k in ("memory_copy_bytes_per_s", "adam_params_per_s"))
+    # the store's data path with the chosen engine settings and the default chunk
+    st = j["store"]
+    assert (st["object_bytes"], st["count"], st["rounds"], st["chunk_bytes"]) == (
+        4 << 20, 2, 2, 64 << 20)
+    assert m["store_read_bytes_per_s"] == pytest.approx(st["read_gbps"] * 1e9, rel=1e-9)
+    assert m["store_write_bytes_per_s"] == pytest.approx(st["write_gbps"] * 1e9, rel=1e-9)
+    assert all(st[k] > 0 for k in ("read_gbps", "write_gbps", "engine_read_gbps",
+                                   "engine_write_gbps"))
+    assert not os.path.exists(os.path.join(disk_dir, "strata-tune-store"))  # removed
 
     # bench io and info take the tuned engine settings from it
     b = bench_io(disk_dir, "--config", out)
@@ -110,6 +119,14 @@ def test_tune_over_two_paths_sweeps_the_stripe_unit(disk_dir):
     cfg = json.load(open(out))
     assert cfg["store"] == {"nvme_dirs": [a, b], "chunk_bytes": j["chosen"]["stripe_unit"]}
     assert cfg["measured"]["paths"] == [a, b]
+    # the store run stripes over both paths with the chosen chunk, >= one chunk per path
+    st = j["store"]
+    assert st["chunk_bytes"] == j["chosen"]["stripe_unit"]
+    assert st["object_bytes"] == max(4 << 20, 2 * st["chunk_bytes"])
+    assert cfg["measured"]["store_read_bytes_per_s"] == pytest.approx(st["read_gbps"] * 1e9,
+                                                                      rel=1e-9)
+    assert not os.path.exists(os.path.join(a, "strata-tune-store"))
+    assert not os.path.exists(os.path.join(b, "strata-tune-store"))
     # the stripe unit of bench io over several paths comes from store.chunk_bytes
     r = run_json("bench", "io", "--path", a, "--path", b, "--size", "16MiB", "--config", out)
     assert r["stripe_unit"] == cfg["store"]["chunk_bytes"]

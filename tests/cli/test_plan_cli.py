@@ -75,6 +75,22 @@ def test_measurements_from_config_then_bench_then_flags(tmp_path):
     assert k["measurements"]["nvme_read_bytes_per_s"]["source"] == "config " + cfg
 
 
+def test_store_rates_in_the_config_win_over_the_raw_engine_rates(tmp_path):
+    # `strata tune` writes both; the offloaded step goes through the store's data path
+    cfg = write(tmp_path, "cfg.json", {"strata_config": 1, "measured": {
+        "nvme_read_bytes_per_s": 2e9, "nvme_write_bytes_per_s": 2e9,
+        "store_read_bytes_per_s": 1e9, "store_write_bytes_per_s": 1e9,
+        "adam_params_per_s": 2e8, "memory_copy_bytes_per_s": 5e9}})
+    j = plan_json(*STEP, "--config", cfg)
+    m = j["measurements"]
+    assert m["nvme_read_bytes_per_s"] == {"value": 1e9, "source": "config " + cfg}
+    assert m["nvme_write_bytes_per_s"] == {"value": 1e9, "source": "config " + cfg}
+    # the same figures as the flags give
+    k = plan_json(*STEP, "--nvme-read-bw", "1e9", "--nvme-write-bw", "1e9",
+                  "--adam-params-per-s", "2e8", "--memory-bw", "5e9")
+    assert j["predicted_step_seconds"] == k["predicted_step_seconds"]
+
+
 def error_of(p):
     assert p.returncode != 0 and p.stdout == ""
     return p.stderr

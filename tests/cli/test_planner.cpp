@@ -261,6 +261,31 @@ TEST(PlannerInputs, ConfigMeasuredSection) {
   ASSERT_TRUE(read_config_measured(write_file(d, "none.json", R"({"strata_config": 1})"), none).ok());
   EXPECT_TRUE(none.empty());
 
+  // The store's data path wins over the raw engine's for the NVMe rates, each on its own:
+  // here the read comes from store_*, the write (no store_write) from nvme_*.
+  Measurements ms;
+  const std::string st_file = write_file(
+      d, "store.json",
+      R"({"measured": {"nvme_read_bytes_per_s": 3.2e9, "nvme_write_bytes_per_s": 2e9,
+                       "store_read_bytes_per_s": 2.25e9}})");
+  ASSERT_TRUE(read_config_measured(st_file, ms).ok());
+  EXPECT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms.at(kNvmeRead).value, 2.25e9);
+  EXPECT_EQ(ms.at(kNvmeRead).source, "config " + st_file);
+  EXPECT_EQ(ms.at(kNvmeWrite).value, 2e9);
+  const std::string both = write_file(
+      d, "both.json",
+      R"({"measured": {"nvme_read_bytes_per_s": 3.2e9, "nvme_write_bytes_per_s": 2e9,
+                       "store_read_bytes_per_s": 2.25e9, "store_write_bytes_per_s": 1.25e9}})");
+  ASSERT_TRUE(read_config_measured(both, ms).ok());
+  EXPECT_EQ(ms.at(kNvmeRead).value, 2.25e9);
+  EXPECT_EQ(ms.at(kNvmeWrite).value, 1.25e9);
+  // a zero store rate is refused under its own name (not nvme_*'s)
+  Status zs = read_config_measured(
+      write_file(d, "zs.json", R"({"measured": {"store_write_bytes_per_s": 0}})"), ms);
+  EXPECT_NE(zs.to_string().find("'measured.store_write_bytes_per_s' must be a positive number, got 0"),
+            std::string::npos) << zs.to_string();
+
   const std::string typo = write_file(d, "typo.json", R"({"measured": {"nvme_read_bytes_per_sec": 1}})");
   Status st = read_config_measured(typo, m);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);

@@ -45,6 +45,7 @@ const char* kFull = R"({
                 "default_placement": "host", "verify_on_open": true, "arithmetic": "torch",
                 "overlap_backward": true, "overlap_bucket_numel": 1000},
   "measured": {"nvme_read_bytes_per_s": 1.5e9, "nvme_write_bytes_per_s": 9e8,
+               "store_read_bytes_per_s": 1.125e9, "store_write_bytes_per_s": 6.25e8,
                "memory_copy_bytes_per_s": 1e10, "adam_params_per_s": 2e8,
                "allgather_bytes_per_s": 3e9, "pcie_bytes_per_s": 2.4e10,
                "paths": ["/a", "/b"]}
@@ -99,6 +100,8 @@ TEST(Config, EveryKeyIsParsedAndApplied) {
   const MeasuredConfig& m = c->measured;
   EXPECT_EQ(m.nvme_read_bytes_per_s, 1.5e9);
   EXPECT_EQ(m.nvme_write_bytes_per_s, 9e8);
+  EXPECT_EQ(m.store_read_bytes_per_s, 1.125e9);
+  EXPECT_EQ(m.store_write_bytes_per_s, 6.25e8);
   EXPECT_EQ(m.memory_copy_bytes_per_s, 1e10);
   EXPECT_EQ(m.adam_params_per_s, 2e8);
   EXPECT_EQ(m.allgather_bytes_per_s, 3e9);
@@ -113,6 +116,8 @@ TEST(Config, EveryKeyIsParsedAndApplied) {
   again->file = c->file;
   EXPECT_EQ(*again, *c);
   EXPECT_EQ(again->to_json(), c->to_json());
+  EXPECT_EQ(again->measured.store_read_bytes_per_s, 1.125e9);
+  EXPECT_EQ(again->measured.store_write_bytes_per_s, 6.25e8);
   EXPECT_EQ(c->to_json().rfind("{\n  \"strata_config\": 1,\n  \"io\": {\n", 0), 0u) << c->to_json();
 }
 

@@ -94,6 +94,10 @@ struct OptimizerConfig {
 struct MeasuredConfig {
   std::optional<double> nvme_read_bytes_per_s;    ///< aggregate over `paths`, best config
   std::optional<double> nvme_write_bytes_per_s;   ///< aggregate over `paths`, best config
+  /// Through the store's data path (put / get to the NVMe tier: checksums, copy-on-write
+  /// extents) with the tuned engine settings and chunk size; `strata plan` prefers these.
+  std::optional<double> store_read_bytes_per_s;
+  std::optional<double> store_write_bytes_per_s;
   std::optional<double> memory_copy_bytes_per_s;  ///< STREAM copy (bytes read + written)/s
   std::optional<double> adam_params_per_s;        ///< CPU Adam step, fp32 parameters/s
   std::optional<double> allgather_bytes_per_s;    ///< host all-gather bus bandwidth
