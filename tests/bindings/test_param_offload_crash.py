@@ -1,6 +1,7 @@
 """Crash loop of the parameter-offload training (issue 16 with issue 13): a child trains
 with offload_parameters + OffloadAdamW, checkpointing after every step, and is killed with
-SIGKILL at a random moment; a second child resumes from the store (from scratch when no
+SIGKILL at a random moment (after a random number of checkpointed steps, then a random
+delay of at most 50 ms); a second child resumes from the store (from scratch when no
 checkpoint was made yet) and trains to the end. Every resumed run must end bit-identical
 to torch's uninterrupted training. Trials: 3 by
 default, STRATA_LONG_TESTS=1: 40 (seeds printed)."""
@@ -64,9 +65,17 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         path = str(tmp_path / f"t{trial}")
         code = CHILD.format(here=HERE, path=path, steps=STEPS)
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        # wait for the training to start, then kill after a random delay
+        # wait for the training to start and reach a random step (so that the kill lands
+        # before the end however fast the machine is), then kill after a random delay
+        # within the next step or its checkpoint
         assert p.stdout.readline().startswith("START 0")
-        time.sleep(rng.uniform(0.0, 2.0))
+        after = rng.randrange(0, STEPS - 1)  # 0: at once; k: once step k is checkpointed
+        while after > 0:
+            line = p.stdout.readline()
+            assert line, "the child ended before its checkpoint"
+            if line.startswith("CKPT "):
+                after -= 1
+        time.sleep(rng.uniform(0.0, 0.05))
         p.send_signal(signal.SIGKILL)
         p.communicate()
         kills += p.returncode == -signal.SIGKILL
