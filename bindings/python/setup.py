@@ -52,7 +52,7 @@ setup(
     name="strata",
     version="0.1.0",
     description="Tiered tensor store (GPU HBM / pinned DRAM / NVMe) and offloaded optimizer",
-    packages=["strata", "strata.torch"],
+    packages=["strata", "strata.torch", "strata.torch.optim", "strata.torch.offload"],
     package_dir={"strata": "strata"},
     package_data={"strata": ["*.pyi", "py.typed"], "strata.torch": ["*.pyi"]},
     python_requires=">=3.9",

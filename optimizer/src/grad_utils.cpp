@@ -65,6 +65,37 @@ double clip_coefficient(double total_norm, double max_norm) {
   return c < 1.0 ? c : 1.0;
 }
 
+float torch_clip_coefficient(float total_norm, double max_norm) {
+  const float denom = total_norm + 1e-6f;  // the scalar 1e-6 cast to the tensor's fp32
+  const float c = (1.0f / denom) * static_cast<float>(max_norm);
+  return c > 1.0f ? 1.0f : c;  // clamp(max=1): NaN stays NaN
+}
+
+GateDecision decide_gate(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                         double grad_norm, bool nonfinite, NormArithmetic arithmetic) {
+  GateDecision d;
+  d.grad_scale = grad_scale;
+  if (max_grad_norm > 0.0) {
+    d.grad_norm = grad_norm * std::fabs(static_cast<double>(grad_scale));
+    if (arithmetic == NormArithmetic::kTorch) {
+      if (nonfinite && skip_if_nonfinite) {
+        d.skip = true;
+        return d;
+      }
+      d.clip_coef = torch_clip_coefficient(static_cast<float>(d.grad_norm), max_grad_norm);
+    } else if (nonfinite || !std::isfinite(d.grad_norm)) {
+      d.skip = skip_if_nonfinite;
+      return d;
+    } else {
+      d.clip_coef = clip_coefficient(d.grad_norm, max_grad_norm);
+    }
+    d.grad_scale = static_cast<float>(static_cast<double>(grad_scale) * d.clip_coef);
+  } else if (nonfinite && skip_if_nonfinite) {
+    d.skip = true;
+  }
+  return d;
+}
+
 Result<bool> has_inf_or_nan(std::span<const GradView> grads, ThreadPool* pool) {
   for (const auto& g : grads) STRATA_RETURN_IF_ERROR(check_view(g));
   for (const auto& g : grads) {

@@ -218,27 +218,31 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
   // place. nullopt = skip the step (nothing has changed yet).
   auto gate = [&]() -> Result<std::optional<float>> {
-    float scale = o.grad_scale;
-    if (o.max_grad_norm > 0.0) {
-      STRATA_ASSIGN_OR_RETURN(double norm, global_l2_norm(views, pool.get()));
-      stats.grad_norm = norm * std::fabs(static_cast<double>(o.grad_scale));
-      if (!std::isfinite(stats.grad_norm)) {
-        if (o.skip_if_nonfinite) {
-          if (speculating) *mismatch = true;
-          return std::optional<float>();
-        }
-      } else {
-        stats.clip_coef = clip_coefficient(stats.grad_norm, o.max_grad_norm);
-        scale = static_cast<float>(static_cast<double>(o.grad_scale) * stats.clip_coef);
-      }
+    // The inputs: given by the caller (grad_summary), else scanned from the attached
+    // gradients; the decision is decide_gate()'s either way.
+    double norm = 0.0;
+    bool nonfinite = false;
+    NormArithmetic arithmetic = NormArithmetic::kStrata;
+    if (o.grad_summary) {
+      norm = o.grad_summary->grad_norm;
+      nonfinite = o.grad_summary->nonfinite;
+      arithmetic = o.grad_summary->arithmetic;
+    } else if (o.max_grad_norm > 0.0) {
+      STRATA_ASSIGN_OR_RETURN(norm, global_l2_norm(views, pool.get()));
+      nonfinite = !std::isfinite(norm);
     } else if (o.skip_if_nonfinite) {
-      STRATA_ASSIGN_OR_RETURN(bool bad,
+      STRATA_ASSIGN_OR_RETURN(nonfinite,
                               has_inf_or_nan(speculating ? unscanned : views, pool.get()));
-      if (bad) {
-        if (speculating) *mismatch = true;
-        return std::optional<float>();
-      }
     }
+    const GateDecision d = decide_gate(o.max_grad_norm, o.grad_scale, o.skip_if_nonfinite,
+                                       norm, nonfinite, arithmetic);
+    stats.grad_norm = d.grad_norm;
+    stats.clip_coef = d.clip_coef;
+    if (d.skip) {
+      if (speculating) *mismatch = true;
+      return std::optional<float>();
+    }
+    const float scale = d.grad_scale;
     if (speculating && scale != started->expected_scale) {
       *mismatch = true;  // the early updates used another scale: nothing more is updated
       return std::optional<float>();

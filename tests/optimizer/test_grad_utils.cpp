@@ -86,6 +86,53 @@ TEST(GradUtils, ClipCoefficientFollowsTorch) {
   EXPECT_EQ(clip_coefficient(NAN, 1.0), 1.0);
 }
 
+TEST(GradUtils, TorchClipCoefficientIsTorchsFp32Arithmetic) {
+  // torch: clamp(max_norm / (total + 1e-6), max=1) on a 0-d fp32 tensor, evaluated as
+  // reciprocal(total + 1e-6f) * max_norm (Tensor.__rtruediv__).
+  for (float total : {10.0f, 3.3333333f, 1.0000001f, 65.4321f, 1e-7f}) {
+    const float want = (1.0f / (total + 1e-6f)) * 0.5f;
+    EXPECT_EQ(torch_clip_coefficient(total, 0.5), want > 1.0f ? 1.0f : want) << total;
+  }
+  EXPECT_EQ(torch_clip_coefficient(0.25f, 1.0), 1.0f);
+  EXPECT_EQ(torch_clip_coefficient(INFINITY, 1.0), 0.0f);  // torch zeroes the gradients
+  EXPECT_TRUE(std::isnan(torch_clip_coefficient(NAN, 1.0)));
+  // differs from the double formula in the last bits (the reason for both)
+  EXPECT_NE(static_cast<double>(torch_clip_coefficient(3.3333333f, 0.5)),
+            clip_coefficient(3.3333333f, 0.5));
+}
+
+TEST(GradUtils, DecideGateSkipsOnNonFiniteAndClips) {
+  // no clipping: skip only on a non-finite gradient, no norm reported
+  GateDecision d = decide_gate(0.0, 1.0f, true, 0.0, false, NormArithmetic::kStrata);
+  EXPECT_FALSE(d.skip);
+  EXPECT_TRUE(std::isnan(d.grad_norm));
+  EXPECT_EQ(d.clip_coef, 1.0);
+  EXPECT_EQ(d.grad_scale, 1.0f);
+  EXPECT_TRUE(decide_gate(0.0, 1.0f, true, 0.0, true, NormArithmetic::kStrata).skip);
+  EXPECT_FALSE(decide_gate(0.0, 1.0f, false, 0.0, true, NormArithmetic::kStrata).skip);
+  // strata's arithmetic: the scaled norm, the double coefficient, the product as the scale
+  d = decide_gate(1.0, 0.5f, true, 8.0, false, NormArithmetic::kStrata);
+  EXPECT_FALSE(d.skip);
+  EXPECT_EQ(d.grad_norm, 4.0);
+  EXPECT_EQ(d.clip_coef, clip_coefficient(4.0, 1.0));
+  EXPECT_EQ(d.grad_scale, static_cast<float>(0.5 * clip_coefficient(4.0, 1.0)));
+  // an overflowing norm of finite values counts as non-finite with strata's arithmetic
+  EXPECT_TRUE(decide_gate(1.0, 1.0f, true, INFINITY, false, NormArithmetic::kStrata).skip);
+  d = decide_gate(1.0, 1.0f, false, INFINITY, false, NormArithmetic::kStrata);
+  EXPECT_FALSE(d.skip);
+  EXPECT_EQ(d.clip_coef, 1.0);
+  EXPECT_EQ(d.grad_scale, 1.0f);
+  // torch's arithmetic: the fp32 coefficient; an overflowing norm clips to 0 as torch does
+  d = decide_gate(0.5, 1.0f, true, 3.3333332538604736, false, NormArithmetic::kTorch);
+  EXPECT_FALSE(d.skip);
+  EXPECT_EQ(d.clip_coef, static_cast<double>(torch_clip_coefficient(3.3333333f, 0.5)));
+  EXPECT_EQ(d.grad_scale, torch_clip_coefficient(3.3333333f, 0.5));
+  d = decide_gate(1.0, 1.0f, true, INFINITY, false, NormArithmetic::kTorch);
+  EXPECT_FALSE(d.skip);
+  EXPECT_EQ(d.grad_scale, 0.0f);
+  EXPECT_TRUE(decide_gate(1.0, 1.0f, true, 2.0, true, NormArithmetic::kTorch).skip);
+}
+
 TEST(GradUtils, DetectsInfAndNanInEveryDtypeAndPosition) {
   auto pool = ThreadPool::create(2).value();
   for (const auto& target : available_simd_targets()) {

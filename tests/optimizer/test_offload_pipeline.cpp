@@ -232,6 +232,42 @@ TEST(OffloadPipeline, ClippingByGlobalNorm) {
   }
 }
 
+TEST(OffloadPipeline, GivenGradSummaryDecidesTheGateWithoutAScan) {
+  // The summary stands for gradients the step does not see (batches, ranks, torch's
+  // norm): its norm drives the clipping, its nonfinite flag the skip, whatever the
+  // attached gradients hold.
+  auto run = adam_nvme_run(30000);
+  ASSERT_NE(run, nullptr);
+  auto rule = must(adam_factory()(kAdamHp));
+  std::vector<RefTensor> ref;
+  std::vector<std::vector<float>> grads;
+  for (uint32_t t = 0; t < kSizes.size(); ++t) {
+    ref.emplace_back(*rule, values(t, kSizes[t]));
+    grads.push_back(grad_for(t, 1, kSizes[t]));
+    OFFLOAD_ASSERT_OK(run->opt->set_grad(run->handles[t], grads.back().data(), DType::kFloat32));
+  }
+  StepOptions so;
+  so.max_grad_norm = 0.5;
+  so.grad_summary = StepOptions::GradSummary{3.25, true, NormArithmetic::kTorch};
+  auto skipped = run->opt->step(so);
+  ASSERT_TRUE(skipped.ok()) << skipped.status().to_string();
+  EXPECT_TRUE(skipped->skipped);
+  EXPECT_EQ(skipped->bytes_written, 0u);
+  so.grad_summary->nonfinite = false;
+  auto st = run->opt->step(so);
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_FALSE(st->skipped);
+  EXPECT_EQ(st->grad_norm, 3.25);
+  const float scale = torch_clip_coefficient(3.25f, 0.5);
+  EXPECT_EQ(st->clip_coef, static_cast<double>(scale));
+  for (uint32_t t = 0; t < kSizes.size(); ++t) {
+    OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads[t].data(), scale));
+    auto got = dump(*run->opt, run->handles[t]);
+    EXPECT_TRUE(bit_equal(got[0], ref[t].param)) << "t" << t;
+    EXPECT_TRUE(bit_equal(got[2], ref[t].states[1])) << "t" << t;
+  }
+}
+
 TEST(OffloadPipeline, NonFiniteGradientSkipsTheStep) {
   OffloadOptions oo;
   auto run = make_run(adam_factory(), kAdamHp, oo, Placement::kNvme);

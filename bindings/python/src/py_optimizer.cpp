@@ -97,12 +97,34 @@ struct StepFutureImpl : FutureImplOf<optimizer::StepStats> {
   py::object value() const override { return stats_dict(*f.result()); }
 };
 
+optimizer::NormArithmetic norm_arithmetic(const std::string& name) {
+  if (name == "strata") return optimizer::NormArithmetic::kStrata;
+  if (name == "torch") return optimizer::NormArithmetic::kTorch;
+  throw StatusError(invalid_argument("norm arithmetic must be 'strata' or 'torch', got '" +
+                                     name + "'"));
+}
+
+/// StepOptions from the Python arguments; `grad_summary` is None or a tuple
+/// (grad_norm: float, nonfinite: bool, arithmetic: "strata" | "torch").
 optimizer::StepOptions step_options(double max_grad_norm, float grad_scale,
-                                    bool skip_if_nonfinite) {
+                                    bool skip_if_nonfinite,
+                                    const py::object& grad_summary = py::none()) {
   optimizer::StepOptions so;
   so.max_grad_norm = max_grad_norm;
   so.grad_scale = grad_scale;
   so.skip_if_nonfinite = skip_if_nonfinite;
+  if (!grad_summary.is_none()) {
+    auto t = grad_summary.cast<py::tuple>();
+    if (t.size() != 3)
+      throw StatusError(invalid_argument(
+          "grad_summary must be (grad_norm, nonfinite, arithmetic), got " +
+          std::string(py::str(grad_summary))));
+    optimizer::StepOptions::GradSummary g;
+    g.grad_norm = t[0].cast<double>();
+    g.nonfinite = t[1].cast<bool>();
+    g.arithmetic = norm_arithmetic(t[2].cast<std::string>());
+    so.grad_summary = g;
+  }
   return so;
 }
 
@@ -233,14 +255,16 @@ class PyOptimizer {
     grads_.clear();
   }
 
-  py::dict step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
-    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+  py::dict step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                const py::object& grad_summary) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite, grad_summary);
     auto& opt = o();
     return stats_dict(check(release_gil([&] { return opt.step(so); })));
   }
 
-  PyFuture step_async(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
-    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+  PyFuture step_async(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                      const py::object& grad_summary) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite, grad_summary);
     auto& opt = o();
     auto f = release_gil([&] { return opt.step_async(so); });
     // The attached gradient/copy buffers are referenced by grads_/copies_ (this object);
@@ -294,8 +318,9 @@ class PyOptimizer {
     for (auto& r : refs) early_refs_.push_back(std::move(r));
   }
 
-  py::dict finish_step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite) {
-    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite);
+  py::dict finish_step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                       const py::object& grad_summary) {
+    const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite, grad_summary);
     auto& opt = o();
     auto r = release_gil([&] { return opt.finish_step(so); });
     early_refs_.clear();
@@ -446,14 +471,14 @@ void register_optimizer(py::module_& m) {
            "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
       .def("start_update", &PyOptimizer::start_update, "entries"_a)
       .def("finish_step", &PyOptimizer::finish_step, "max_grad_norm"_a = 0.0,
-           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
+           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true, "grad_summary"_a = py::none())
       .def("abort_step", &PyOptimizer::abort_step)
       .def("step_open", &PyOptimizer::step_open)
       .def("wait_started", &PyOptimizer::wait_started)
       .def("step", &PyOptimizer::step, "max_grad_norm"_a = 0.0, "grad_scale"_a = 1.0f,
-           "skip_if_nonfinite"_a = true)
+           "skip_if_nonfinite"_a = true, "grad_summary"_a = py::none())
       .def("step_async", &PyOptimizer::step_async, "max_grad_norm"_a = 0.0,
-           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true)
+           "grad_scale"_a = 1.0f, "skip_if_nonfinite"_a = true, "grad_summary"_a = py::none())
       .def("read_param", [](PyOptimizer& o, uint32_t h, py::object out, py::handle off,
                             py::handle count) {
         return o.read(h, -1, out, to_u64(off, "offset"), to_u64(count, "count"));
@@ -510,6 +535,17 @@ void register_optimizer(py::module_& m) {
   m.def("builtin_default_hyperparams", [](const std::string& name) {
     return from_hyperparams(check(optimizer::builtin_default_hyperparams(name)));
   }, "optimizer"_a);
+  m.def("decide_gate", [](double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                          double grad_norm, bool nonfinite, const std::string& arithmetic) {
+    const auto d = optimizer::decide_gate(max_grad_norm, grad_scale, skip_if_nonfinite,
+                                          grad_norm, nonfinite, norm_arithmetic(arithmetic));
+    return py::dict("skipped"_a = d.skip, "grad_norm"_a = d.grad_norm,
+                    "clip_coef"_a = d.clip_coef, "grad_scale"_a = d.grad_scale);
+  }, "max_grad_norm"_a, "grad_scale"_a, "skip_if_nonfinite"_a, "grad_norm"_a, "nonfinite"_a,
+     "arithmetic"_a,
+        "The gate of a step (optimizer::decide_gate, grad_utils.hpp): a dict of skipped, "
+        "grad_norm, clip_coef, grad_scale. arithmetic: 'strata' or 'torch' (where grad_norm "
+        "came from: torch's fp32 norm gives torch.nn.utils.clip_grad_norm_'s coefficient).");
   m.def("hyperparams_refusal", &hyperparams_refusal, "optimizer"_a, "hyperparams"_a,
         "None when the built-in rule `optimizer` accepts `hyperparams` (a dict of numbers; "
         "absent keys take their defaults), else (key, message): the rule's InvalidArgument "

@@ -1,49 +1,21 @@
-"""PyTorch optimizers whose fp32 master weights and moments live in a strata store.
+"""strata.torch -- strata under PyTorch, in two wings joined by one public seam:
 
-``OffloadAdam`` and ``OffloadAdamW`` are ``torch.optim.Optimizer`` subclasses with the
-arguments and semantics of ``torch.optim.Adam`` / ``torch.optim.AdamW`` (torch 1.13:
-bias correction, amsgrad, maximize, L2 vs decoupled weight decay). Each step:
+- ``strata.torch.optim``: the offloaded optimizers ``OffloadAdam`` / ``OffloadAdamW``
+  (torch.optim.Adam/AdamW with fp32 masters and moments in a strata store);
+- ``strata.torch.offload``: parameter offload, ``offload_parameters`` / ``offload_init``
+  (a model's parameters, and with strata's optimizers its gradients, in a strata store,
+  materialized in a bounded working set).
 
-1. the gradients are attached without copies when they are contiguous CPU tensors
-   (fp32/fp16/bf16; other dtypes are converted to fp32); CUDA gradients are first copied
-   into pinned host buffers (one per parameter, allocated once);
-2. strata's offloaded step runs on the CPU (GIL released): for state in the nvme tier the
-   masters and moments stream through a few pinned buffers, reads of the next sub-group and
-   writes of the previous one overlapping the update (see optimizer/offload.hpp);
-3. the updated weights go back into the model: fp32 CPU parameters receive the fp32
-   masters, fp16/bf16 CPU parameters receive the rounded copy written by the kernel itself
-   (round to nearest even), CUDA parameters via pinned host buffers.
-
-The model's own parameters are never the master copy: with fp16/bf16 parameters the fp32
-masters keep full precision across steps (mixed-precision training).
-
-Example::
-
-    opt = strata.torch.OffloadAdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
-                                    path="/nvme/run1", tier="nvme", max_grad_norm=1.0)
-    loss.backward(); opt.step(); opt.zero_grad()
-    opt.checkpoint()                    # durable, in place
-
-Thread-safety: like torch optimizers, one thread at a time.
-
-What they keep of torch.optim's contract (docs/offload.md): parameters changed outside the
-optimizer (``model.load_state_dict``, ``p.clamp_()``, ``p.data = t``) are stepped from
-their current value; ``param_groups`` edits are followed (new parameters and groups) or
-refused naming the group; ``optimizer.state[p]`` has torch's entries; torch's keyword
-arguments are accepted; one open optimizer per store and key prefix.
-
-Modules: _optimizer.py (the classes, setup, the step), _hyperparams.py (torch's names <->
-strata's, checked by strata's rule), _staging.py (gradients in, weights out),
-_state_dict.py (checkpoint, resume checks, state dicts), _param_sync.py (param_groups and
-parameters changed outside), _state_view.py (optimizer.state), _torch_kwargs.py (foreach,
-capturable, differentiable, fused; torch's group defaults).
+The optimizer wing reaches offloaded parameters only through the offload wing's public
+names (``is_offloaded``, ``offload_of``, ``ParameterOffload``'s methods); ``_common.py``
+holds what both need once (the gradient-accumulator hook, the gradient-to-host copy, the
+finiteness test). See docs/architecture.md, "The Python layer".
 """
 
 from __future__ import annotations
 
-from ._optimizer import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
-from ._param_offload import (OffloadedParameter, ParameterOffload, offload_init,  # noqa: F401
-                             offload_parameters)
+from .offload import OffloadedParameter, ParameterOffload, offload_init, offload_parameters
+from .optim import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
            "OffloadedParameter"]

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <span>
 
 #include "strata/base/status.hpp"
@@ -61,6 +62,46 @@ Result<double> global_l2_norm(std::span<const GradView> grads, ThreadPool* pool 
 /// min(1, max_norm / (total_norm + 1e-6)). Pass it as StepInfo::grad_scale (times
 /// 1/loss_scale if any). Returns 1 for a non-finite total_norm (the caller should skip).
 double clip_coefficient(double total_norm, double max_norm);
+
+/// torch.nn.utils.clip_grad_norm_'s coefficient in torch's own fp32 arithmetic (torch 1.13
+/// and 2.x): `max_norm / (total_norm + 1e-6)` on a 0-d fp32 tensor is evaluated by
+/// Tensor.__rtruediv__ as `reciprocal(total_norm + 1e-6f) * (float)max_norm`, then
+/// `clamp(max=1.0)`. For a `total_norm` torch computed (fp32). An infinite total gives 0
+/// (as torch: the gradients are zeroed), a NaN total NaN.
+float torch_clip_coefficient(float total_norm, double max_norm);
+
+/// Where the global norm a step's gate uses came from, which fixes the clip coefficient's
+/// arithmetic.
+enum class NormArithmetic {
+  kStrata,  ///< GradNormAccumulator's fp64 norm; coefficient clip_coefficient()
+  kTorch,   ///< torch.norm's fp32 norm; coefficient torch_clip_coefficient()
+};
+
+/// What a step's gate decided.
+struct GateDecision {
+  bool skip = false;  ///< skip the whole step (a non-finite gradient)
+  /// The global L2 norm times |grad_scale| (NaN when clipping is off).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  double clip_coef = 1.0;   ///< clipping's factor (1 = none)
+  float grad_scale = 1.0f;  ///< what the kernels multiply every gradient by
+};
+
+/// The gate of an optimizer step, the one place its decision is made (the offloaded step,
+/// finish_step of an overlapped step, and callers that step in batches and pass the result
+/// on as StepOptions::grad_scale): skip on a non-finite gradient, clip by global norm.
+/// \param max_grad_norm > 0 clips (torch.nn.utils.clip_grad_norm_'s max_norm); 0 = off.
+/// \param grad_scale the gradients' scale (e.g. 1/loss_scale), also applied to the norm.
+/// \param skip_if_nonfinite skip when `nonfinite` (or, with kStrata, when the scaled norm
+///     is not finite: an overflow of finite values counts as non-finite).
+/// \param grad_norm the global L2 norm of every gradient of the step (unscaled); ignored
+///     when max_grad_norm is 0.
+/// \param nonfinite any gradient element is inf or NaN.
+/// \param arithmetic where grad_norm came from: the coefficient is clip_coefficient()
+///     (kStrata) or torch_clip_coefficient() (kTorch, bit-identical to torch's).
+/// \returns the decision; grad_scale = grad_scale x clip_coef (in float).
+/// \threadsafety pure function.
+GateDecision decide_gate(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
+                         double grad_norm, bool nonfinite, NormArithmetic arithmetic);
 
 /// True when any element of any view is inf or NaN (checks the exponent bits; one pass).
 /// \error InvalidArgument as GradNormAccumulator::add.

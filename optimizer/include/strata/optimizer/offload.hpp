@@ -81,6 +81,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,6 +89,7 @@
 #include "strata/base/future.hpp"
 #include "strata/base/status.hpp"
 #include "strata/base/dtype.hpp"
+#include "strata/optimizer/grad_utils.hpp"
 #include "strata/optimizer/update.hpp"
 #include "strata/store/config.hpp"
 #include "strata/store/store.hpp"
@@ -231,6 +233,16 @@ struct StepOptions {
   /// Skip the whole step (no tensor changes, no step counter advances) when any attached
   /// gradient holds an inf or NaN (mixed-precision overflow). Default true.
   bool skip_if_nonfinite = true;
+  /// The gate's inputs when the caller computed them over the step's gradients itself:
+  /// gradients not all attached at once (a step run in batches, gradients partitioned over
+  /// ranks), or torch's own norm (arithmetic "torch"). The step then decides with
+  /// decide_gate() from these instead of scanning the attached gradients.
+  struct GradSummary {
+    double grad_norm = 0.0;  ///< global L2 norm of every gradient (unscaled; clipping only)
+    bool nonfinite = false;  ///< any gradient element is inf or NaN
+    NormArithmetic arithmetic = NormArithmetic::kStrata;  ///< where grad_norm came from
+  };
+  std::optional<GradSummary> grad_summary;
 };
 
 /// What a step did.

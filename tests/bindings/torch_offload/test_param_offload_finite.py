@@ -1,4 +1,4 @@
-"""The gradient finiteness test of parameter offload (strata.torch._finite.all_finite,
+"""The gradient finiteness test of parameter offload (strata.torch._common.all_finite,
 the cheap stand-in for torch.isfinite(g).all() run on every gradient in backward): exactly
 torch's answer for NaN and infinities anywhere, for finite values whose norm overflows, in
 every floating dtype; and the offloaded step skipped exactly when a gradient is not finite,
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import strata.torch as st
-from strata.torch._finite import all_finite
+from strata.torch._common import all_finite
 
 BAD = (float("nan"), float("inf"), float("-inf"))
 

@@ -12,7 +12,7 @@ import math
 import warnings
 from typing import Any, Dict, Iterable
 
-from .. import _strata as _core
+from ... import _strata as _core
 
 #: torch param_group keys that strata holds, in torch's order
 HP_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")

@@ -2,7 +2,7 @@
 (``foreach``, ``capturable``, ``differentiable``, ``fused``), and torch's defaults of the
 param-group keys that older state dicts lack (``Adam.__setstate__``).
 
-Thread-safety: pure functions of their arguments (methods of the optimizer, one thread).
+Thread-safety: pure functions of their arguments (one thread: the optimizer's).
 """
 
 from __future__ import annotations
@@ -23,54 +23,52 @@ _WHY = {
 }
 
 
-class TorchKwargsMixin:
-    """``_torch_defaults`` / ``_check_torch_flags`` / ``__setstate__`` of the optimizers.
-    ``_FLAGS`` is the class's flags (ADAM_FLAGS or ADAMW_FLAGS); ``_FLAGS_AFTER_MAXIMIZE``
-    whether torch puts them after ``maximize`` in ``defaults`` (Adam) or ``foreach``
-    before it (AdamW)."""
+class TorchFlags:
+    """The torch keyword arguments of one optimizer class (composed into it as
+    ``_flags``).
 
-    _FLAGS: Tuple[Tuple[str, Any], ...] = ADAM_FLAGS
-    _FLAGS_AFTER_MAXIMIZE = True
+    :param who: the class name, for messages (e.g. "OffloadAdamW").
+    :param flags: the class's flags with torch's defaults (ADAM_FLAGS or ADAMW_FLAGS).
+    :param after_maximize: torch puts the flags after ``maximize`` in ``defaults`` (Adam),
+        else ``foreach`` before it (AdamW).
+    """
 
-    def _torch_defaults(self, hp: Dict[str, Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    def __init__(self, who: str, flags: Tuple[Tuple[str, Any], ...], after_maximize: bool):
+        self.who = who
+        self.flags = flags
+        self.after_maximize = after_maximize
+
+    def defaults(self, hp: Dict[str, Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """``defaults`` in torch's key order: ``hp`` (lr, betas, eps, weight_decay, amsgrad,
         maximize) and the class's flags from ``kwargs`` (absent: torch's defaults).
 
         :raises TypeError: a keyword the torch class does not take (as Python would).
         :raises ValueError: capturable/differentiable/fused True, naming the argument.
         """
-        known = dict(self._FLAGS)
+        known = dict(self.flags)
         for k in kwargs:
             if k not in known:
-                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword "
+                raise TypeError(f"{self.who}.__init__() got an unexpected keyword "
                                 f"argument '{k}'")
-        flags = {k: kwargs.get(k, d) for k, d in self._FLAGS}
-        if self._FLAGS_AFTER_MAXIMIZE:
+        flags = {k: kwargs.get(k, d) for k, d in self.flags}
+        if self.after_maximize:
             defaults = {**hp, **flags}
         else:  # AdamW: ..., amsgrad, foreach, maximize, capturable
             defaults = {k: v for k, v in hp.items() if k != "maximize"}
             defaults["foreach"] = flags.pop("foreach")
             defaults["maximize"] = hp["maximize"]
             defaults.update(flags)
-        self._check_torch_flags(defaults, "")
+        self.check(defaults, "")
         return defaults
 
-    def _check_torch_flags(self, group: Dict[str, Any], where: str) -> None:
+    def check(self, group: Dict[str, Any], where: str) -> None:
         """ValueError when ``group`` (a param group or the defaults) sets capturable,
         differentiable or fused true: ``"<where>capturable=True is not supported: ..."``."""
         for k, why in _WHY.items():
             if group.get(k):
                 raise ValueError(f"{where}{k}={group[k]!r} is not supported by "
-                                 f"{type(self).__name__}: {why} (use {k}=False)")
+                                 f"{self.who}: {why} (use {k}=False)")
 
-    def _group_defaults(self) -> Dict[str, Any]:
+    def group_defaults(self) -> Dict[str, Any]:
         """torch's ``__setstate__`` defaults of a loaded group's optional keys."""
-        return {"amsgrad": False, "maximize": False, **dict(self._FLAGS)}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        """As torch.optim.Adam/AdamW.__setstate__: groups lacking an optional key take
-        torch's default (amsgrad, maximize, foreach, capturable, ...)."""
-        super().__setstate__(state)  # type: ignore[misc]
-        for group in self.param_groups:  # type: ignore[attr-defined]
-            for k, v in self._group_defaults().items():
-                group.setdefault(k, v)
+        return {"amsgrad": False, "maximize": False, **dict(self.flags)}

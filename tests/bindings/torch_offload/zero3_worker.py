@@ -1,4 +1,4 @@
-"""One rank of the ZeRO-3 parameter-offload tests (tests/bindings/test_param_offload_ranks.py):
+"""One rank of the ZeRO-3 parameter-offload tests (tests/bindings/torch_offload/test_param_offload_ranks.py):
 the same model trained with offload_parameters(comm=...) + OffloadAdamW and, beside it in
 the same process, in memory with torch.optim.AdamW and gradients averaged by all_reduce;
 every step's loss and every final parameter must be bit-identical.

@@ -1,11 +1,14 @@
 """Parameter offload over 2 ranks (ZeRO-3: partitioned parameters, fetch_partitioned,
 gradients reduce-scattered), bit-exact against in-memory torch with all-reduced gradients,
-under strata launch and under torchrun beside torch.distributed (tests/bindings/zero3_worker.py).
+under strata launch and under torchrun beside torch.distributed
+(tests/bindings/torch_offload/zero3_worker.py).
 """
 import os
 import subprocess
 import sys
 
+# the launch helpers of tests/bindings/test_distributed.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_distributed import _check_ranks, _free_port_pair, _strata_cli, torchrun
 
 import pytest

@@ -38,50 +38,49 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ._staging import GRAD_DTYPES
-
-
-def _host_grad(g: torch.Tensor) -> torch.Tensor:
-    """``g`` as a flat, contiguous host tensor of a dtype strata reads (a copy only where
-    needed; CUDA gradients are copied to host memory, synchronously)."""
-    if g.is_sparse:
-        raise RuntimeError("strata offloaded optimizers do not support sparse gradients")
-    if g.is_cuda:
-        host = torch.empty(g.numel(), dtype=g.dtype if g.dtype in GRAD_DTYPES else torch.float32,
-                           pin_memory=True)
-        host.copy_(g.reshape(-1))
-        return host
-    host = g.reshape(-1)
-    if host.dtype not in GRAD_DTYPES:
-        host = host.float()
-    return host.contiguous()
+from .._common import host_grad, watch_accumulation
+from ._exchange import TensorExchange
+from ._param_table import ParamTable
 
 
 class BackwardOverlap:
     """The overlap machinery of one optimizer (see the module doc).
 
-    :param opt: the OffloadAdam/OffloadAdamW (uses its ``_opt``, ``_handle``, ``_table``,
-        ``state``, ``max_grad_norm``, ``_sync_params``, ``_sync_hyperparams``,
-        ``bytes_moved``).
+    :param table: the optimizer's ParamTable (``core``: the strata.OffloadedOptimizer whose
+        begin_step / start_update / finish_step / abort_step run the early updates; None
+        once the optimizer closed).
+    :param exchange: the optimizer's TensorExchange (told which gradients were attached
+        behind its back).
+    :param bytes_moved: the optimizer's byte counters, updated in place.
+    :param prepare: called (on the autograd thread) before the first early update of a
+        backward: takes what step() would take first (param_groups and parameter edits,
+        optimizer.state edits, hyperparameters) and returns the ``max_grad_norm`` of the
+        step, or None when that failed (step() then raises it, as torch would, not
+        backward). A weak callable (it must not keep the optimizer alive).
     :param bucket_numel: elements gathered before they are handed to strata (>= 1; 1 =
         each gradient at once). strata merges whatever arrived while its previous batch ran,
         so small values let the last gradients of backward start at once. Default 1.
     """
 
-    def __init__(self, opt: Any, bucket_numel: int = 1):
-        self._owner = opt
+    def __init__(self, table: ParamTable, exchange: TensorExchange,
+                 bytes_moved: Dict[str, int], prepare: Callable[[], Optional[float]],
+                 bucket_numel: int = 1):
+        self._table = table
+        self._exchange = exchange
+        self._bytes_moved = bytes_moved
+        self._prepare = prepare
         self.bucket_numel = max(1, int(bucket_numel))
         self._accumulators: Dict[int, Any] = {}  # id(param) -> its AccumulateGrad node
         self._suspended = 0
         self._open = False
         #: id(param) -> (param, its grad tensor, the grad's (_version, data_ptr), the param's
         #: (_version, data_ptr), staged weights, the grad's host copy given to strata or None)
-        self._started: Dict[int, Tuple[torch.nn.Parameter, torch.Tensor, int, int,
-                                       torch.Tensor]] = {}
+        self._started: Dict[int, Tuple[torch.nn.Parameter, torch.Tensor, Any, Any,
+                                       torch.Tensor, Optional[torch.Tensor]]] = {}
         self._bucket: List[Tuple[int, torch.Tensor, torch.Tensor]] = []
         self._bucket_numel = 0
         self._staged: Dict[int, torch.Tensor] = {}  # id(param) -> staging buffer, reused
@@ -96,10 +95,7 @@ class BackwardOverlap:
         is hooked already)."""
         if id(p) in self._accumulators or not p.requires_grad:
             return
-        with torch.enable_grad():  # also under step()'s no_grad and inside backward hooks
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-        acc.register_hook(lambda grad_inputs, grad_outputs, p=p: self._on_grad(p))
-        self._accumulators[id(p)] = acc
+        self._accumulators[id(p)] = watch_accumulation(p, lambda p=p: self._on_grad(p))
 
     @contextlib.contextmanager
     def suspended(self):
@@ -111,9 +107,9 @@ class BackwardOverlap:
             self._suspended -= 1
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
-        owner = self._owner
-        if (self._suspended or not self._speculate or owner._closed
-                or id(p) not in owner._handle or p.grad is None):
+        table = self._table
+        if (self._suspended or not self._speculate or table.core is None
+                or id(p) not in table.handle or p.grad is None):
             return
         if id(p) in self._started or any(e[0] == id(p) for e in self._bucket):
             self.abort()  # a second backward before step(): start again (accumulation)
@@ -121,19 +117,16 @@ class BackwardOverlap:
             # What step() takes first, taken before the early updates use it: edits of
             # param_groups and parameters since the last step, optimizer.state edits, and
             # the hyperparameters (e.g. a scheduler's step after the last opt.step()).
-            try:
-                owner._sync_params()
-                owner.state.write_back()
-                owner._sync_hyperparams()
-            except Exception:  # noqa: BLE001 -- step() raises it, as torch would, not backward
+            max_grad_norm = self._prepare()
+            if max_grad_norm is None:
                 return
-            owner._opt.begin_step(max_grad_norm=owner.max_grad_norm)
+            table.core.begin_step(max_grad_norm=max_grad_norm)
             self._open = True
             self.backward_end = None
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             self._callback_queued = True
-        g = _host_grad(p.grad)
+        g = host_grad(p.grad)
         staged = self._staged.get(id(p))
         if staged is None or staged.dtype != p.dtype or staged.numel() != p.numel():
             staged = torch.empty(p.numel(), dtype=p.dtype, pin_memory=p.is_cuda)
@@ -157,11 +150,11 @@ class BackwardOverlap:
     def _flush_bucket(self) -> None:
         if not self._bucket:
             return
-        owner = self._owner
-        entries = [(owner._handle[pid], g, staged) for pid, g, staged in self._bucket]
+        table = self._table
+        entries = [(table.handle[pid], g, staged) for pid, g, staged in self._bucket]
         self._bucket, self._bucket_numel = [], 0
-        owner._opt.start_update(entries)
-        owner.bytes_moved["host_grads_read"] += sum(g.numel() * g.element_size()
+        table.core.start_update(entries)
+        self._bytes_moved["host_grads_read"] += sum(g.numel() * g.element_size()
                                                     for _, g, _ in entries)
 
     # ---- the step ----------------------------------------------------------------------------
@@ -184,7 +177,7 @@ class BackwardOverlap:
             if (p.grad is not g or (g._version, g.data_ptr()) != g_mark
                     or (p._version, p.data_ptr()) != p_mark):
                 return False
-            if copied is not None and not torch.equal(_host_grad(g), copied):
+            if copied is not None and not torch.equal(host_grad(g), copied):
                 return False
         return True
 
@@ -198,31 +191,33 @@ class BackwardOverlap:
             return
         self._bucket, self._bucket_numel = [], 0
         for pid in self._started:
-            self._owner._staging.forget_grad(self._owner._handle[pid])
+            self._exchange.forget_grad(self._table.handle[pid])
         self._started.clear()
         self._open = False
-        self._owner._opt.abort_step()
+        self._table.core.abort_step()
 
-    def finish(self) -> Dict[str, Any]:
-        """Completes the open step (strata's finish_step) after the caller attached the
-        gradients of the parameters not started; copies the staged weights into the started
-        parameters. Returns strata's step statistics plus ``exposed_seconds`` (end of
-        backward to now) and ``overlapped_seconds`` (the early updates' time)."""
-        owner = self._owner
+    def finish(self, max_grad_norm: float, grad_summary: Any = None) -> Dict[str, Any]:
+        """Completes the open step (strata's finish_step: its gate decides on skipping and
+        clipping, from ``grad_summary`` when given -- see optim/_gate.py) after the caller
+        attached the gradients of the parameters not started; copies the staged weights
+        into the started parameters. Returns strata's step statistics plus
+        ``exposed_seconds`` (end of backward to now) and ``overlapped_seconds`` (the early
+        updates' time)."""
+        table = self._table
         self._flush_bucket()
         started, self._started = self._started, {}
         self._open = False
         for pid in started:
-            owner._staging.forget_grad(owner._handle[pid])
-        stats = owner._opt.finish_step(max_grad_norm=owner.max_grad_norm)
+            self._exchange.forget_grad(table.handle[pid])
+        stats = table.core.finish_step(max_grad_norm=max_grad_norm, grad_summary=grad_summary)
         if not stats["skipped"]:
             with torch.no_grad():
                 for p, _, _, _, staged, _ in started.values():
                     # staged is in p's logical element order: any layout (channels_last)
                     p.copy_(staged.view(p.shape), non_blocking=p.is_cuda)
-                    owner._table.mark(owner._handle[id(p)])  # the master and p agree
+                    table.mark(table.handle[id(p)])  # the master and p agree
                     nbytes = p.numel() * p.element_size()
-                    owner.bytes_moved["host_to_device" if p.is_cuda else
+                    self._bytes_moved["host_to_device" if p.is_cuda else
                                       "host_weights_written"] += nbytes
         end = time.perf_counter()
         stats["exposed_seconds"] = end - (self.backward_end or end)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples")
 sys.path.insert(0, EXAMPLES)
 from memory_limit import MemoryLimit, MemoryLimitUnavailable  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""overlap_backward=True (strata.torch._overlap): updates started during backward give
+"""overlap_backward=True (strata/torch/optim/_overlap.py): updates started during backward give
 bit-identical results to the ordinary step and to torch.optim.AdamW, with clipping, a
 skipped step, gradient accumulation, several param groups, frozen parameters, edited
 gradients and hyperparameters changed between backward and step, on every tier."""

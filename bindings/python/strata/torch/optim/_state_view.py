@@ -24,14 +24,13 @@ Thread-safety: as the optimizer (one thread at a time).
 from __future__ import annotations
 
 import collections
-import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import numpy as np
 import torch
 
-from ._staging import as_f32_numpy
-from ._offload_step import state_numel
+from ._exchange import as_f32_numpy
+from ._param_table import ParamTable, state_numel
 
 
 class _Entry(dict):
@@ -60,33 +59,32 @@ class _Entry(dict):
 
 
 class StateView(collections.abc.MutableMapping):
-    """The mapping ``opt.state`` (see the module doc). ``owner``: the optimizer (its
-    ``_opt``, ``_params``, ``_handle``, ``_table``)."""
+    """The mapping ``opt.state`` (see the module doc).
 
-    def __init__(self, owner: Any):
-        # weak: no reference cycle, so `del opt` still closes the optimizer at once
-        self._owner_ref = weakref.ref(owner)
+    :param table: the optimizer's ParamTable (its ``core``: the strata.OffloadedOptimizer
+        holding the state; None once closed).
+    :param before_read: called before state is read or restarted (the optimizer's
+        rollback of an overlapped step in flight); it must not hold the optimizer strongly
+        (a weak callable), so ``del opt`` still closes it at once.
+    """
+
+    def __init__(self, table: ParamTable, before_read: Callable[[], None]):
+        self._table = table
+        self._before_read = before_read
         self._cache: Dict[int, _Entry] = {}
-
-    @property
-    def _owner(self) -> Any:
-        owner = self._owner_ref()
-        if owner is None:
-            raise ReferenceError("optimizer.state: the optimizer is gone")
-        return owner
 
     # ---- helpers ---------------------------------------------------------------------
 
     def _names(self) -> List[str]:
-        o = self._owner._opt
+        o = self._table.core
         return [o.state_name(k) for k in range(o.num_states())]
 
     def _handle_of(self, p: Any) -> Optional[int]:
-        return self._owner._handle.get(id(p)) if torch.is_tensor(p) else None
+        return self._table.handle.get(id(p)) if torch.is_tensor(p) else None
 
     def _check_value(self, h: int, key: str, value: Any) -> None:
         names = self._names()
-        p = self._owner._table.param_of(h)
+        p = self._table.param_of(h)
         if key == "step":
             step = float(value.item() if torch.is_tensor(value) else value)
             if not (step >= 0 and step == int(step)):
@@ -102,8 +100,8 @@ class StateView(collections.abc.MutableMapping):
                              f"the parameter has {state_numel(p)}")
 
     def _read(self, h: int) -> _Entry:
-        self._owner._abort_overlap()  # not an overlapped step's speculative state
-        o, p = self._owner._opt, self._owner._table.param_of(h)
+        self._before_read()  # not an overlapped step's speculative state
+        o, p = self._table.core, self._table.param_of(h)
         values: Dict[str, Any] = {"step": torch.tensor(float(o.step_count(h)))}
         for k, name in enumerate(self._names()):
             values[name] = torch.from_numpy(o.read_state(h, k)).view(p.shape)
@@ -116,7 +114,7 @@ class StateView(collections.abc.MutableMapping):
         state_dict()); the cached dicts stay valid."""
         if not self._cache:
             return
-        o = self._owner._opt
+        o = self._table.core
         names = self._names()
         for h, e in self._cache.items():
             for key in e.changed():
@@ -141,11 +139,11 @@ class StateView(collections.abc.MutableMapping):
 
     def __getitem__(self, p: Any) -> Dict[str, Any]:
         h = self._handle_of(p)
-        if h is None or self._owner._opt is None:
+        if h is None or self._table.core is None:
             return {}
         e = self._cache.get(h)
         if e is None:
-            if self._owner._opt.step_count(h) == 0:
+            if self._table.core.step_count(h) == 0:
                 return {}
             e = self._cache[h] = self._read(h)
         return e
@@ -163,12 +161,12 @@ class StateView(collections.abc.MutableMapping):
         self._cache[h] = e
 
     def __delitem__(self, p: Any) -> None:
-        self._owner._abort_overlap()  # restarting p must not meet an open overlapped step
+        self._before_read()  # restarting p must not meet an open overlapped step
         h = self._handle_of(p)
         if h is None:
             raise KeyError("optimizer.state: the parameter is not in this optimizer")
-        o = self._owner._opt
-        zeros = np.zeros(state_numel(self._owner._table.param_of(h)), dtype=np.float32)
+        o = self._table.core
+        zeros = np.zeros(state_numel(self._table.param_of(h)), dtype=np.float32)
         for k in range(o.num_states()):
             o.write_state(h, k, zeros)
         o.set_step_count(h, 0)
@@ -176,15 +174,15 @@ class StateView(collections.abc.MutableMapping):
 
     def __contains__(self, p: Any) -> bool:
         h = self._handle_of(p)
-        return h is not None and self._owner._opt is not None and (
-            h in self._cache or self._owner._opt.step_count(h) > 0)
+        return h is not None and self._table.core is not None and (
+            h in self._cache or self._table.core.step_count(h) > 0)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        if self._owner._opt is None:
+        if self._table.core is None:
             return iter(())
-        hs = [(self._owner._handle[id(p)], p) for p in self._owner._params]
+        hs = [(self._table.handle[id(p)], p) for p in self._table.params]
         return iter([p for h, p in hs
-                     if h in self._cache or self._owner._opt.step_count(h) > 0])
+                     if h in self._cache or self._table.core.step_count(h) > 0])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

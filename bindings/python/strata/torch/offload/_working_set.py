@@ -29,68 +29,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import numpy as np
 import torch
 
-_no_tf = torch._C.DisableTorchFunction
-
-def tensor_of(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A numpy array from ``Store.get`` as a flat torch tensor of ``dtype`` sharing its
-    memory (bf16 objects come back as uint16 bits)."""
-    if arr.dtype == np.uint16:
-        arr = arr.view(np.int16)
-    t = torch.from_numpy(arr.reshape(-1))
-    return t.view(dtype) if t.dtype != dtype else t
-
-
-class Slot:
-    """One offloaded parameter: its store object and, when materialized, its data.
-
-    ``resident``: the flat tensor the parameter's data views (None when released);
-    ``pending``: a fetch issued and not yet taken (an Event set by the fetch thread);
-    ``version``: counts the changes of the stored value (a write-back, a step).
-    """
-
-    __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
-                 "nbytes", "placeholder", "resident", "pending", "fetched", "fetch_error",
-                 "mark", "version", "has_grad", "grad_zero", "grad_finite", "owned", "grad_norm", "to_store",
-                 "param", "__weakref__")
-
-    def __init__(self, index: int, name: str, key: str, grad_key: str, p: torch.Tensor):
-        self.index = index
-        self.name = name
-        self.key = key
-        self.grad_key = grad_key
-        self.shape = tuple(p.shape)
-        self.dtype = p.dtype
-        self.device = p.device
-        self.numel = p.numel()
-        self.nbytes = p.numel() * p.element_size()
-        #: the data of a released parameter: one element expanded to the shape (so
-        #: shape, size(), numel() and dim() stay true without a fetch)
-        self.placeholder = torch.zeros((), dtype=p.dtype, device=p.device).expand(self.shape)
-        self.resident: Optional[torch.Tensor] = None
-        self.pending: Optional[threading.Event] = None
-        self.fetched: Optional[torch.Tensor] = None  # set by the fetch thread
-        self.fetch_error: Optional[BaseException] = None
-        self.mark = 0  # p._version when materialized (dirty when it moved)
-        self.version = 0
-        self.has_grad = False  # a gradient of this step is in the store (grad_key)
-        self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros
-        self.grad_finite = True
-        self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
-        self.to_store = False  # gradients go to the store (a strata optimizer holds it)
-        self.param: Any = None
-        #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
-        #: store holds (key + "#part"); None: the whole tensor is one object ``key``
-        self.owned: Optional[Tuple[int, int]] = None
-
-    @property
-    def state_numel(self) -> int:
-        """Elements this rank steps: the owned slice when partitioned, else all."""
-        return self.numel if self.owned is None else self.owned[1] - self.owned[0]
+from .._common import no_torch_function as _no_tf
+from ._record import IN_MEMORY, ParamRecord, Residency, tensor_of
 
 
 class WorkingSet:
@@ -113,26 +57,26 @@ class WorkingSet:
         self.budget = int(budget)
         self.prefetch = prefetch
         self.stats = stats
-        self.slots: List[Slot] = []
-        #: resident slots in least-recently-used order (index -> None)
+        self.records: List[ParamRecord] = []
+        #: records in memory in least-recently-used order (index -> None)
         self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         self.resident_bytes = 0
         self.inflight_bytes = 0
-        #: slot indices that eviction must not choose (one operation's arguments)
+        #: record indices that eviction must not choose (one operation's arguments)
         self.protected: frozenset = frozenset()
         self._lock = threading.Lock()
-        self._queue: "collections.deque[Slot]" = collections.deque()
+        self._queue: "collections.deque[ParamRecord]" = collections.deque()
         self._wake = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
         self._stop = False
-        #: traces of use: phase kind -> slot indices in order of first use
+        #: traces of use: phase kind -> record indices in order of first use
         self.traces: Dict[Any, List[int]] = {}
         self._phase: Any = None
         self._recorded: List[int] = []
         self._seen: set = set()
         self._trace: Optional[List[int]] = None  # the trace followed (None: on demand)
         self._pos = 0  # entries of _trace matched so far
-        self._next_use: Dict[int, int] = {}  # slot index -> its position in _trace
+        self._next_use: Dict[int, int] = {}  # record index -> its position in _trace
 
     # ---- phases and traces ----------------------------------------------------------------
 
@@ -163,7 +107,7 @@ class WorkingSet:
         self._trace = None
         self._next_use = {}
 
-    def _record(self, s: Slot) -> None:
+    def _record(self, s: ParamRecord) -> None:
         """First use of ``s`` in the phase: follow or leave the trace, prefetch ahead."""
         if self._phase is None or s.index in self._seen:
             return
@@ -182,7 +126,7 @@ class WorkingSet:
 
     # ---- materialization ------------------------------------------------------------------
 
-    def materialize(self, s: Slot) -> torch.Tensor:
+    def materialize(self, s: ParamRecord) -> torch.Tensor:
         """``s``'s data in memory (fetched or waited for when needed), as the parameter's
         shape; counts a prefetch hit or miss and the time stalled."""
         prev = self.protected
@@ -191,12 +135,12 @@ class WorkingSet:
             self._record(s)
         finally:
             self.protected = prev
-        if s.resident is not None:
+        if s.state in IN_MEMORY:
             self._lru.move_to_end(s.index)
             self.stats["resident_hits"] += 1
             return s.resident
         t0 = time.perf_counter()
-        if s.pending is not None:
+        if s.state is Residency.FETCHING:
             self.stats["prefetch_hits"] += 1
             s.pending.wait()
             self._take(s)
@@ -211,18 +155,27 @@ class WorkingSet:
         self.stats["stall_seconds"] += time.perf_counter() - t0
         return s.resident
 
-    def read(self, s: Slot) -> torch.Tensor:
+    def read(self, s: ParamRecord) -> torch.Tensor:
         """``s``'s stored value, a new flat tensor (with a communicator: collective)."""
         if self.comm is None:
-            return tensor_of(self.store._s.get(s.key), s.dtype)
+            return tensor_of(self.store.get(s.key), s.dtype)
         out = torch.empty(s.numel, dtype=s.dtype)
         self.comm.fetch_partitioned(self.store, s.key, out)
         return out
 
-    def _set_resident(self, s: Slot, flat: torch.Tensor) -> None:
+    def read_part(self, s: ParamRecord) -> torch.Tensor:
+        """This rank's stored slice of partitioned ``s`` (its ``owned`` elements), a new
+        flat tensor; no collective."""
+        b, e = s.owned
+        if e == b:
+            return torch.zeros(0, dtype=s.dtype)
+        return tensor_of(self.store.get(s.key + "#part"), s.dtype)
+
+    def _set_resident(self, s: ParamRecord, flat: torch.Tensor) -> None:
         if s.device.type != "cpu":
             flat = flat.to(s.device, non_blocking=False)
         s.resident = flat.view(s.shape)
+        s.state = Residency.RESIDENT
         self._lru[s.index] = None
         self.resident_bytes += s.nbytes
         self._peak()
@@ -230,35 +183,65 @@ class WorkingSet:
             s.param.data = s.resident
             s.mark = s.param._version
 
-    def _take(self, s: Slot) -> None:
+    def adopt(self, s: ParamRecord, value: torch.Tensor) -> None:
+        """``p.data = value``: ``value`` is the parameter's data, newer than the store
+        (ADOPTED: stored when released)."""
+        if s.state is Residency.FETCHING:
+            self.drain()
+        if s.state is Residency.RELEASED:
+            self.resident_bytes += s.nbytes
+        self._lru[s.index] = None
+        self._lru.move_to_end(s.index)
+        s.resident = value
+        s.state = Residency.ADOPTED
+        with _no_tf():
+            s.param.data = value
+
+    def materialize_together(self, records: List[ParamRecord]) -> None:
+        """Every record of one operation's arguments in memory at once (none of them is
+        evicted to make room for another)."""
+        prev = self.protected
+        self.protected = prev | {s.index for s in records}
+        try:
+            for s in records:
+                self.materialize(s)
+        finally:
+            self.protected = prev
+
+    def _take(self, s: ParamRecord) -> None:
         """A finished prefetch of ``s`` becomes resident (its error is raised)."""
         if isinstance(s.pending, _CommFetch):
             s.pending.finish(s, self.stats)
         with self._lock:
             data, err = s.fetched, s.fetch_error
             s.fetched, s.fetch_error, s.pending = None, None, None
+            s.state = Residency.RELEASED
             self.inflight_bytes -= s.nbytes
         if err is not None:
             raise err
         self._set_resident(s, data)
 
-    def set_value(self, s: Slot, flat: torch.Tensor) -> None:
+    def set_value(self, s: ParamRecord, flat: torch.Tensor) -> None:
         """``s``'s data is ``flat`` now (its stored value changed: a step): replaces the
-        resident copy, if any, keeping it resident."""
-        if s.resident is None:
+        resident copy, if any, keeping it resident (and clean)."""
+        if s.state not in IN_MEMORY:
             return
         with torch.no_grad(), _no_tf():
             s.resident.view(-1).copy_(flat.view(-1))
             s.mark = s.param._version
+        s.state = Residency.RESIDENT
 
-    def dirty(self, s: Slot) -> bool:
-        """The resident data of ``s`` was changed in place since it was materialized."""
-        if s.resident is None:
+    def dirty(self, s: ParamRecord) -> bool:
+        """The data of ``s`` in memory is newer than the store: ADOPTED, or RESIDENT and
+        changed in place since it was materialized or stored."""
+        if s.state is Residency.ADOPTED:
+            return True
+        if s.state is not Residency.RESIDENT:
             return False
         with _no_tf():
             return s.param._version != s.mark
 
-    def write_back(self, s: Slot) -> None:
+    def write_back(self, s: ParamRecord) -> None:
         """Stores the resident data of ``s`` when it changed (an edit of the parameter)."""
         if self.dirty(s):
             with _no_tf():
@@ -272,36 +255,39 @@ class WorkingSet:
                                    overwrite=True)
                 s.version += 1
                 s.mark = s.param._version
+            s.state = Residency.RESIDENT
             self.stats["bytes_written_back"] += s.nbytes
 
-    def release(self, s: Slot, write_back: bool = True) -> None:
+    def release(self, s: ParamRecord, write_back: bool = True) -> None:
         """Drops ``s``'s data from memory (written back first when it changed, unless
         ``write_back`` is False: the stored value is newer)."""
-        if s.resident is None:
+        if s.state not in IN_MEMORY:
             return
         if write_back:
             self.write_back(s)
         with _no_tf():
             s.param.data = s.placeholder
         s.resident = None
+        s.state = Residency.RELEASED
         self._lru.pop(s.index, None)
         self.resident_bytes -= s.nbytes
 
     def release_all(self) -> None:
         """Every parameter released, every fetch in flight finished."""
         self.drain()
-        for s in self.slots:
+        for s in self.records:
             self.release(s)
 
     def drain(self) -> None:
         """Waits for the fetches in flight and drops their data."""
-        for s in self.slots:
-            if s.pending is not None:
+        for s in self.records:
+            if s.state is Residency.FETCHING:
                 s.pending.wait()
                 if isinstance(s.pending, _CommFetch):
                     s.pending.finish(s, self.stats)
                 with self._lock:
                     s.fetched, s.fetch_error, s.pending = None, None, None
+                    s.state = Residency.RELEASED
                     self.inflight_bytes -= s.nbytes
 
     def _peak(self) -> None:
@@ -309,10 +295,11 @@ class WorkingSet:
         if used > self.stats["peak_working_set_bytes"]:
             self.stats["peak_working_set_bytes"] = used
 
-    def _victims(self, need: int, protect: int, before: Optional[int]) -> Optional[List[Slot]]:
-        """Resident slots whose release frees ``need`` bytes: those the followed trace does
+    def _victims(self, need: int, protect: int,
+                 before: Optional[int]) -> Optional[List[ParamRecord]]:
+        """Records in memory whose release frees ``need`` bytes: those the followed trace does
         not use again first (least recently used first), then the ones used furthest
-        ahead. ``before``: a trace position; slots used before it are never chosen (None:
+        ahead. ``before``: a trace position; records used before it are never chosen (None:
         any). None when not enough can be freed under that rule."""
         free = self.budget - self.resident_bytes - self.inflight_bytes
         if free >= need:
@@ -326,12 +313,12 @@ class WorkingSet:
                 ahead.append((nu, i))
             else:
                 done.append(i)
-        order = [self.slots[i] for i in done]
+        order = [self.records[i] for i in done]
         ahead.sort(reverse=True)
         for nu, i in ahead:
             if before is not None and nu <= before:
                 break
-            order.append(self.slots[i])
+            order.append(self.records[i])
         chosen = []
         for s in order:
             if free >= need:
@@ -351,8 +338,8 @@ class WorkingSet:
         if before is None and self.inflight_bytes and (
                 self.resident_bytes + self.inflight_bytes + need > self.budget):
             # on demand and still over: let the fetches in flight land, then evict again
-            for s in self.slots:
-                if s.pending is not None:
+            for s in self.records:
+                if s.state is Residency.FETCHING:
                     s.pending.wait()
                     self._take(s)
             for v in self._victims(need, protect, None) or []:
@@ -367,8 +354,8 @@ class WorkingSet:
         if t is None:
             return
         for k in range(pos, len(t)):
-            s = self.slots[t[k]]
-            if s.resident is not None or s.pending is not None:
+            s = self.records[t[k]]
+            if s.state is not Residency.RELEASED:
                 continue
             if s.nbytes > self.budget - self.inflight_bytes:
                 return
@@ -376,16 +363,18 @@ class WorkingSet:
                 return
             self._issue(s)
 
-    def _issue(self, s: Slot) -> None:
+    def _issue(self, s: ParamRecord) -> None:
         if self.comm is not None:  # collective: issued here, in this thread's order
             out = torch.empty(s.numel, dtype=s.dtype)
             s.pending = _CommFetch(self.comm.fetch_partitioned_async(self.store, s.key, out),
                                    out)
+            s.state = Residency.FETCHING
             self.inflight_bytes += s.nbytes
             self._peak()
             return
         with self._lock:
             s.pending = threading.Event()
+            s.state = Residency.FETCHING
             self.inflight_bytes += s.nbytes
             self._queue.append(s)
             self._peak()
@@ -407,7 +396,7 @@ class WorkingSet:
             data, err = None, None
             t0 = time.perf_counter()
             try:
-                data = tensor_of(self.store._s.get(s.key), s.dtype)
+                data = tensor_of(self.store.get(s.key), s.dtype)
             except BaseException as e:  # noqa: BLE001 (raised on the owner's thread)
                 err = e
             dt = time.perf_counter() - t0
@@ -434,7 +423,7 @@ class WorkingSet:
 
 class _CommFetch:
     """A fetch_partitioned in flight: the future and its output buffer. ``wait`` blocks
-    until it is done; ``finish`` hands the result (or error) to the slot."""
+    until it is done; ``finish`` hands the result (or error) to the record."""
 
     __slots__ = ("future", "out", "issued")
 
@@ -449,7 +438,7 @@ class _CommFetch:
         except BaseException:  # noqa: BLE001 (handed over by finish)
             pass
 
-    def finish(self, s: Slot, stats: Dict[str, float]) -> None:
+    def finish(self, s: ParamRecord, stats: Dict[str, float]) -> None:
         try:
             self.future.result()
             s.fetched, s.fetch_error = self.out, None

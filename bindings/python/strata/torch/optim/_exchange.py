@@ -1,5 +1,6 @@
-"""Staging between a model's parameters and strata's offloaded optimizer: gradients into
-the optimizer before a step, updated weights back into the parameters during it.
+"""The exchange between a model's tensors and strata's offloaded optimizer: gradients into
+the optimizer before a step, updated weights back into the parameters during it
+(``TensorExchange``; not the store's pinned staging pool).
 
 CPU tensors travel without copies where they are contiguous and of a dtype strata takes
 (fp32/fp16/bf16); CUDA tensors through pinned host buffers, one per parameter and use,
@@ -13,8 +14,8 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-#: gradient dtypes strata reads as they are (others are converted to fp32)
-GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from .._common import GRAD_DTYPES, host_grad
+from ..offload import offload_of
 
 
 def as_f32_numpy(t: Any) -> np.ndarray:
@@ -25,7 +26,7 @@ def as_f32_numpy(t: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(t, dtype=np.float32).reshape(-1))
 
 
-class Staging:
+class TensorExchange:
     """The host buffers of parameters the kernel cannot write in place, what is attached to
     strata, and the byte counters of the moves.
 
@@ -93,24 +94,19 @@ class Staging:
         :raises RuntimeError: a sparse gradient.
         """
         g = p.grad
-        on_gpu = False
-        if g.is_sparse:
-            raise RuntimeError("strata offloaded optimizers do not support sparse gradients")
-        if g.is_cuda:
-            host = self._pinned_buf(h, "grad", g.numel(), g.dtype if g.dtype in GRAD_DTYPES
-                                    else torch.float32, True)
-            host.copy_(g.reshape(-1), non_blocking=True)
+        on_gpu = g.is_cuda
+        buf = None
+        if on_gpu and not g.is_sparse:
+            buf = self._pinned_buf(h, "grad", g.numel(), g.dtype if g.dtype in GRAD_DTYPES
+                                   else torch.float32, True)
+        host = host_grad(g, out=buf)
+        if on_gpu:
             self.bytes_moved["device_to_host"] += host.numel() * host.element_size()
-            on_gpu = True
-        else:
-            host = g
-            if host.dtype not in GRAD_DTYPES:
-                host = host.float()
-            if not host.is_contiguous():
-                host = host.contiguous()
-            if host is not g:
-                self.bytes_moved["host_copies"] += host.numel() * host.element_size()
-        self._set(opt.set_grad, self._grad, h, host, host.view(-1))
+        elif host.data_ptr() != g.data_ptr() or host.dtype != g.dtype:
+            self.bytes_moved["host_copies"] += host.numel() * host.element_size()
+        # the tensor strata reads is remembered by its owner: g itself when read in place
+        owner = buf if on_gpu else (g if host.data_ptr() == g.data_ptr() else host)
+        self._set(opt.set_grad, self._grad, h, owner, host)
         self.bytes_moved["host_grads_read"] += host.numel() * host.element_size()
         if not p.is_cuda and p.is_contiguous():
             # the kernel writes the parameter itself
@@ -149,8 +145,9 @@ def bump_version(p: torch.Tensor) -> None:
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:
     """The fp32 master of handle ``h`` into ``p`` (any dtype and device; resume)."""
     master = torch.from_numpy(opt.read_param(h))
-    if getattr(p, "_strata_slot", None) is not None:  # an offloaded parameter: its object
-        p._strata_owner.write(p, master)  # (this rank's slice, when partitioned)
+    o = offload_of(p)
+    if o is not None:  # an offloaded parameter: its object (this rank's slice, ZeRO-3)
+        o.write(p, master)
         return
     master = master.view(p.shape)
     with torch.no_grad():

@@ -29,7 +29,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ._staging import GRAD_DTYPES, as_f32_numpy
+from .._common import GRAD_DTYPES
+from ..offload import is_offloaded, offload_of
+from ._exchange import as_f32_numpy
 
 
 def check_param(p: Any, index: int) -> None:
@@ -46,10 +48,28 @@ def check_param(p: Any, index: int) -> None:
                          "support sparse parameters")
 
 
+def state_numel(p: torch.Tensor) -> int:
+    """Elements the optimizer holds of ``p``: an offloaded parameter partitioned over ranks
+    (ZeRO-3) only this rank's slice, any other parameter all."""
+    o = offload_of(p)
+    return p.numel() if o is None else o.state_numel(p)
+
+
+def offloads(params: List[torch.Tensor]) -> List[Any]:
+    """The ParameterOffload handles of the offloaded ones of ``params`` (each once, in order
+    of first appearance)."""
+    seen: Dict[int, Any] = {}
+    for p in params:
+        o = offload_of(p)
+        if o is not None:
+            seen.setdefault(id(o), o)
+    return list(seen.values())
+
+
 def _mark(p: torch.Tensor) -> Tuple[Any, int]:
-    slot = getattr(p, "_strata_slot", None)
-    if slot is not None:  # an offloaded parameter: its stored value's change count
-        return ("offloaded", slot.version)
+    o = offload_of(p)
+    if o is not None:  # an offloaded parameter: its stored value's change count
+        return ("offloaded", o.version(p))
     return (p._version, p.data_ptr())
 
 
@@ -59,6 +79,9 @@ class ParamTable:
     checkpoint of an earlier version, whose zero-size parameters were added last)."""
 
     def __init__(self) -> None:
+        #: the strata.OffloadedOptimizer holding the handles (None until it is created and
+        #: after the optimizer closed)
+        self.core: Any = None
         #: by position: the parameter, its param group
         self.params: List[torch.Tensor] = []
         self.groups: List[int] = []
@@ -94,18 +117,17 @@ class ParamTable:
         """The parameter of ``h`` was changed outside the optimizer since the last mark."""
         return self._marks[h] != _mark(self.param_of(h))
 
-    def take_changed(self, opt: Any) -> int:
-        """Every changed parameter's current value (widened to fp32) into its master
-        (``opt``: strata.OffloadedOptimizer); returns how many were taken."""
+    def take_changed(self) -> int:
+        """Every changed parameter's current value (widened to fp32) into its master in
+        ``core``; returns how many were taken."""
+        opt = self.core
         n = 0
-        for o in {id(p._strata_owner): p._strata_owner for p in self.params
-                  if getattr(p, "_strata_slot", None) is not None}.values():
+        for o in offloads(self.params):
             o.write_back()  # edits of materialized offloaded parameters into their objects
         for p in self.params:
             h = self.handle[id(p)]
             if self.changed(h):
-                slot = getattr(p, "_strata_slot", None)
-                value = p if slot is None else p._strata_owner.read_state(p)
+                value = offload_of(p).read_state(p) if is_offloaded(p) else p
                 opt.write_param(h, as_f32_numpy(value))
                 self.mark(h)
                 n += 1

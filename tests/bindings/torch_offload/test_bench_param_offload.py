@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "optimizer",
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "optimizer",
                      "param_offload.py")
 
 FLOATS = ("fetch_seconds", "stall_seconds", "stall_over_fetch", "offloaded_step_seconds",

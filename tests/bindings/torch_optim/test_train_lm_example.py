@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_lm.py")
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "train_lm.py")
 SMALL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--context", "32", "--batch", "4",
          "--corpus-bytes", "100000", "--threads", "1", "--device", "cpu"]
 

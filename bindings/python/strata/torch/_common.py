@@ -1,0 +1,92 @@
+"""What both wings of strata.torch need, once: the autograd hook on a parameter's gradient
+accumulator, the one copy of a gradient to host memory, the finiteness test of a gradient,
+and the dtypes strata's kernels read.
+
+Imported by ``strata.torch.optim`` (the offloaded optimizers) and ``strata.torch.offload``
+(parameter offload); it imports neither.
+
+Thread-safety: pure functions, except that ``watch_accumulation`` registers a hook that runs
+on torch's autograd thread (the caller's, for CPU models).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+#: gradient (and parameter) dtypes strata's kernels read as they are; others are converted
+#: to fp32 on the way in
+GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: a context manager turning off ``__torch_function__`` overrides (an offloaded parameter's)
+no_torch_function = torch._C.DisableTorchFunction
+
+
+def watch_accumulation(p: torch.Tensor, fn: Callable[[], None]) -> Any:
+    """Calls ``fn()`` each time autograd has accumulated a gradient into ``p.grad``: a hook
+    on ``p``'s AccumulateGrad node (``p.expand_as(p).grad_fn.next_functions[0][0]``; torch
+    1.13 has no ``register_post_accumulate_grad_hook``).
+
+    :param p: a leaf tensor with ``requires_grad`` (a parameter; an offloaded one too).
+    :returns: the node, which the caller keeps alive (the hook lives as long as it does).
+    :raises AttributeError: ``p`` does not require grad (it has no accumulator).
+    """
+    with torch.enable_grad(), no_torch_function():  # also under no_grad and inside hooks
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    acc.register_hook(lambda grad_inputs, grad_outputs: fn())
+    return acc
+
+
+def host_grad(g: torch.Tensor, *, where: str = "", out: Optional[torch.Tensor] = None,
+              keep_dtype: bool = False) -> torch.Tensor:
+    """The one copy of a gradient to host memory: ``g`` as a flat, contiguous CPU tensor
+    (a view of ``g`` itself where it already is one).
+
+    :param g: the gradient (any shape and layout, CPU or CUDA).
+    :param where: prefix of the error message naming the parameter, e.g.
+        ``"offloaded parameter 'fc.weight': "``.
+    :param out: for a CUDA gradient, the (pinned) host buffer to copy into, ``g.numel()``
+        elements of the result's dtype; the copy is queued non-blocking (synchronize
+        before reading it). None: a new buffer, copied synchronously (pinned when CUDA is
+        available).
+    :param keep_dtype: keep ``g``'s dtype; else one strata's kernels do not read
+        (:data:`GRAD_DTYPES`) becomes fp32.
+    :returns: a 1-d CPU tensor of ``g.numel()`` elements.
+    :raises RuntimeError: a sparse gradient (naming ``where``).
+    """
+    if g.is_sparse:
+        raise RuntimeError(f"{where}sparse gradients are not supported by strata's offloaded "
+                           "optimizers and parameter offload")
+    dtype = g.dtype if keep_dtype or g.dtype in GRAD_DTYPES else torch.float32
+    if g.is_cuda:
+        if out is None:
+            out = torch.empty(g.numel(), dtype=dtype, pin_memory=True)
+            out.copy_(g.reshape(-1))
+        else:
+            out.copy_(g.reshape(-1), non_blocking=True)
+        return out
+    flat = g.reshape(-1)
+    if flat.dtype != dtype:
+        flat = flat.to(dtype)
+    return flat.contiguous()
+
+
+def all_finite(t: torch.Tensor, norm: Optional[torch.Tensor] = None) -> bool:
+    """``bool(torch.isfinite(t).all())`` for a floating tensor of any shape, dtype and
+    layout, ~25x faster on CPU: torch 1.13's isfinite builds several full-size temporaries
+    (measured: 2.5-5 s per iteration over the 139 M gradients of examples/train_offload.py's
+    model on 2 cores). The L2 norm is finite only when every element is (a NaN or an
+    infinity reaches it), so a finite norm answers True; a non-finite one (a non-finite
+    element, or an overflow of large finite ones) takes the exact test.
+
+    :param t: the tensor (CPU or CUDA; floating point).
+    :param norm: ``torch.norm(t, 2.0)`` when the caller has it (clipping does), else it is
+        computed here.
+    :returns: True when every element of ``t`` is finite.
+    """
+    if norm is None:
+        norm = torch.norm(t, 2.0)
+    if bool(torch.isfinite(norm)):
+        return True
+    return bool(torch.isfinite(t).all())

@@ -1,0 +1,122 @@
+"""The entry points of parameter offload: :func:`offload_parameters` (a built model) and
+:func:`offload_init` (a model constructed with its parameters already offloaded).
+
+Thread-safety: offload_init patches ``torch.nn.Module.register_parameter`` for its block
+(process-wide): no other thread may build modules meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional, Union
+
+import torch
+
+import strata
+
+from ._handle import ParameterOffload
+
+
+def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = None, *,
+                       path: Optional[str] = None, working_set: Union[int, str] = "1GiB",
+                       tier: str = "nvme", key_prefix: str = "params/", prefetch: bool = True,
+                       resume: bool = False, overwrite: bool = False, comm: Any = None,
+                       average_gradients: bool = True) -> ParameterOffload:
+    """Moves every parameter of ``model`` into a strata store; they are materialized in a
+    working set of at most ``working_set`` bytes while forward and backward use them (see
+    the module doc). ``model(x)``, ``loss.backward()`` and the optimizer calls stay as
+    they were; pass the model's parameters to ``strata.torch.OffloadAdam``/``OffloadAdamW``
+    (created after this call) to have gradients and optimizer state offloaded too.
+
+    :param model: the module (CPU or CUDA parameters; floating point). Its parameter
+        objects are kept (their class becomes :class:`OffloadedParameter`).
+    :param store: the strata.Store to use (not closed by the offload). Default: a store
+        at ``path`` (durability "flush", 4 MiB chunks), a temporary one when ``path`` is None
+        too (removed by :meth:`ParameterOffload.close`).
+    :param working_set: bytes (int or "2GiB") of parameter data in memory at once,
+        prefetches included. A parameter larger than it is still fetched, alone.
+    :param tier: "nvme" or "host": the store tier of the parameters and gradients.
+    :param key_prefix: store keys are ``<key_prefix><parameter name>`` (gradients: ``#grad``
+        appended). Default "params/".
+    :param prefetch: fetch ahead along the order traced in the previous forward/backward of
+        the same kind (default True; False: on demand only).
+    :param resume: take the parameters' values from the store (as left by an earlier
+        offload or a strata optimizer's resume) instead of the model's.
+    :param overwrite: replace parameters already stored under ``key_prefix``.
+    :param comm: a ``strata.distributed.Communicator`` of a data-parallel job (ZeRO-3): every
+        rank calls this with the same model; each parameter becomes a partitioned object
+        (rank r keeps its slice in its own ``store``), a parameter is assembled by
+        ``fetch_partitioned`` (every rank reads its slice, then all-gather) and gradients are
+        reduce-scattered to their owners, so each rank's optimizer steps its slices. Ranks
+        must use the parameters in the same order (the same model code on the same shapes),
+        as every fetch is a collective. Default None (one process; also a size-1 comm).
+    :param average_gradients: with ``comm``: the reduced gradients are divided by the
+        number of ranks (DDP's mean); False: summed.
+    :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
+    :raises TypeError: ``model`` is not a Module.
+    :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
+        offloaded already, ``working_set`` <= 0, an unknown tier, resume with overwrite, a
+        stored parameter of another size (resume).
+    :raises strata.AlreadyExistsError: the store holds a parameter under the prefix (neither
+        resume nor overwrite).
+    :raises strata.NotFoundError: resume and a parameter missing from the store.
+    """
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
+                              comm, average_gradients)
+    try:
+        return handle.attach(model, resume=resume, overwrite=overwrite)
+    except BaseException:
+        handle.close(restore=False)
+        raise
+
+
+@contextlib.contextmanager
+def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = None,
+                 working_set: Union[int, str] = "1GiB", tier: str = "nvme",
+                 key_prefix: str = "params/", prefetch: bool = True,
+                 resume: bool = False, comm: Any = None,
+                 average_gradients: bool = True) -> Iterator[ParameterOffload]:
+    """Constructs a model whose parameters never all exist in memory (the counterpart of
+    DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
+    block is stored and released at once, so construction takes the largest parameter's
+    memory, not the model's; initialization in place afterwards (``nn.init.normal_(p)``,
+    ``reset_parameters``) materializes each parameter in the working set and stores the
+    result. Then attach the model to the handle, which names its parameters::
+
+        with strata.torch.offload_init(store, working_set="64MiB") as h:
+            model = GPT(...)
+        h.attach(model)                     # as offload_parameters(model, store, ...)
+
+    Arguments as :func:`offload_parameters`. Parameters registered in the block but not in
+    the attached model get their values back in memory at attach(). Thread-safety: patches
+    ``torch.nn.Module.register_parameter`` for the block's duration (process-wide): no
+    other thread may build modules meanwhile.
+
+    :raises ValueError: as offload_parameters; a nested offload_init.
+    """
+    global _INIT_ACTIVE
+    if _INIT_ACTIVE:
+        raise ValueError("offload_init: already inside an offload_init block")
+    handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
+                              comm, average_gradients)
+    original = torch.nn.Module.register_parameter
+
+    def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:
+        original(module, name, param)
+        if param is not None:
+            handle.init_offload(param)
+
+    torch.nn.Module.register_parameter = register_parameter  # type: ignore[assignment]
+    _INIT_ACTIVE = True
+    try:
+        yield handle
+    except BaseException:
+        torch.nn.Module.register_parameter = original  # type: ignore[assignment]
+        _INIT_ACTIVE = False
+        handle.close()
+        raise
+    torch.nn.Module.register_parameter = original  # type: ignore[assignment]
+    _INIT_ACTIVE = False
+
+
+_INIT_ACTIVE = False

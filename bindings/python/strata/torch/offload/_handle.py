@@ -1,0 +1,483 @@
+"""ParameterOffload: the handle of one model's offloaded parameters -- setup (storing
+and naming them, attach, offload_init's parameters), the values the optimizer wing reads
+and writes through it, statistics, checkpoint and close. Members: the working set
+(offload/_working_set.py) and the gradient store (offload/_grads.py). The package doc
+(strata/torch/offload/__init__.py) explains how parameters are materialized.
+
+Thread-safety: one thread at a time (torch's forward/backward thread); the working set's
+fetch thread is internal.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+
+import strata
+
+from ..._data_dir import make_temp_dir
+from .._common import no_torch_function as _no_tf
+from ._grads import GradientStore, GradInfo
+from ._parameter import make_offloaded, make_plain, record_of
+from ._record import IN_MEMORY, ParamRecord
+from ._working_set import WorkingSet
+
+
+def _fix_mmap_threshold() -> None:
+    """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once). glibc
+    raises the threshold to the size of each large block freed (up to 32 MiB), after which
+    blocks of that size come from the heap and freeing them no longer returns memory: the
+    parameter and gradient buffers that come and go then grow the resident set far past
+    the working set (measured: 880 MB instead of 480 MB peak on the 138.7 M-parameter
+    model of examples/train_offload.py). A no-op where glibc's mallopt is absent."""
+    global _MMAP_FIXED
+    if _MMAP_FIXED:
+        return
+    _MMAP_FIXED = True
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        M_MMAP_THRESHOLD = -3
+        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
+    except (OSError, AttributeError):
+        pass
+
+
+_MMAP_FIXED = False
+
+
+class ParameterOffload:
+    """What :func:`offload_parameters` returns: the offloaded parameters of one model.
+
+    Attributes: ``store`` (the strata.Store), ``working_set_bytes`` (the budget, bytes),
+    ``tier``, ``key_prefix``, ``comm`` (the Communicator of a ZeRO-3 job, None in one
+    process). Members: ``ws`` (the WorkingSet: which parameters are in memory) and
+    ``grads`` (the GradientStore: gradients a strata optimizer steps). See :meth:`stats`
+    for the counters.
+
+    The optimizer wing (strata.torch.optim) reaches offloaded parameters only through the
+    public methods below: :meth:`state_numel`, :meth:`read_state`, :meth:`write`,
+    :meth:`write_back`, :meth:`version`, :meth:`position`, :meth:`bind_optimizer`,
+    :meth:`grad_info`, :meth:`read_grad`, :meth:`collect_grads`, :meth:`release_all`,
+    :meth:`zero_grad`.
+    """
+
+    def __init__(self, store: Optional[strata.Store], path: Optional[str],
+                 working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
+                 resume: bool = False, comm: Any = None, average_gradients: bool = True):
+        self._closed = True
+        self._owns_store = False
+        self._owned_dir: Optional[str] = None
+        self._model: Optional[torch.nn.Module] = None
+        if tier not in ("nvme", "host"):
+            raise ValueError(f"offload_parameters: tier must be 'nvme' or 'host', got {tier!r}")
+        budget = (strata.parse_size(working_set) if isinstance(working_set, str)
+                  else int(working_set))
+        if budget <= 0:
+            raise ValueError(f"offload_parameters: working_set must be > 0 bytes, got "
+                             f"{working_set!r}")
+        if store is None:
+            if path is None:
+                path = self._owned_dir = make_temp_dir("params-")
+            store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
+                                      chunk_size="4MiB", durability="flush", create=not resume)
+            self._owns_store = True
+        self.store = store
+        self.tier = tier
+        self.key_prefix = key_prefix
+        self.working_set_bytes = budget
+        _fix_mmap_threshold()
+        self._stats: Dict[str, float] = {}
+        self.reset_stats()
+        #: strata.distributed.Communicator of a ZeRO-3 job (None: one process)
+        self.comm = comm if comm is not None and comm.size > 1 else None
+        self.average_gradients = average_gradients
+        self.ws = WorkingSet(store, budget, prefetch, self._stats, self.comm)
+        self.grads = GradientStore(store, self.ws.records, tier, budget // 2, self.comm,
+                                   average_gradients, self._stats, self.begin_backward)
+        self._hook_handles: List[Any] = []
+        self._init_count = 0  # parameters offloaded by offload_init, not yet attached
+        self._closed = False
+        strata._lifetime.register(self.store, self)
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def _offload(self, p: torch.nn.Parameter, name: str, key: str) -> ParamRecord:
+        """``p`` into the store as ``key`` (its current value) and released."""
+        s = ParamRecord(len(self.ws.records), name, key, p, self)
+        with _no_tf():
+            src = p.detach().reshape(-1).contiguous()
+            if src.device.type != "cpu":
+                src = src.cpu()
+        if self.comm is None:
+            self.store.put(key, src, tier=self.tier, overwrite=True)
+        else:  # collective: each rank keeps its slice
+            self.comm.put_partitioned(self.store, key, src, tier=self.tier, overwrite=True)
+            s.owned = self.comm.owned_range(s.numel)
+        self.ws.records.append(s)
+        make_offloaded(p, s)
+        return s
+
+    def _copy_object(self, s: ParamRecord, key: str) -> None:
+        """``s``'s stored value (this rank's part) also as ``key``."""
+        bf16 = "bf16" if s.dtype == torch.bfloat16 else None
+        if self.comm is None:
+            self.store.put(key, self.store.get(s.key), tier=self.tier, overwrite=True, dtype=bf16)
+            return
+        part = (self.store.get(s.key + "#part") if s.state_numel else
+                torch.empty(0, dtype=s.dtype))
+        self.comm.put_partitioned_slice(self.store, key, part, s.shape,
+                                        dtype=bf16 if not torch.is_tensor(part) else None,
+                                        tier=self.tier, overwrite=True)
+
+    def _delete_object(self, s: ParamRecord) -> None:
+        if self.comm is None:
+            self.store.delete(s.key)
+        else:
+            import strata.distributed as sd
+            sd.remove_partitioned(self.store, s.key)
+
+    def init_offload(self, p: torch.nn.Parameter) -> None:
+        """offload_init: a parameter just registered by a module under construction."""
+        if record_of(p) is not None or not p.is_floating_point() or p.is_sparse:
+            return
+        self._init_count += 1
+        self._offload(p, f"#init{self._init_count}", f"{self.key_prefix}#init/{self._init_count}")
+
+    def attach(self, model: torch.nn.Module, resume: bool = False,
+               overwrite: bool = False) -> "ParameterOffload":
+        """Makes ``model``'s parameters this offload's, named as ``model.named_parameters()``
+        (see :func:`offload_parameters` for the arguments and errors): parameters
+        offloaded by :func:`offload_init` are renamed (copied to their named keys, one at a
+        time), the others are stored now. Installs the model's hooks. Once per offload.
+
+        :returns: self.
+        """
+        self._check_open()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
+                            f"{type(model).__name__}")
+        if self._model is not None:
+            raise ValueError("offload_parameters: this ParameterOffload has a model already")
+        if resume and overwrite:
+            raise ValueError("offload_parameters: resume=True keeps the stored parameters "
+                             "that overwrite=True replaces: pass one of them")
+        named = [(n, p) for n, p in model.named_parameters()]
+        for n, p in named:
+            if record_of(p) is not None and record_of(p).owner is not self:
+                raise ValueError(f"offload_parameters: parameter {n!r} is offloaded already")
+            if not p.is_floating_point():
+                raise ValueError(f"offload_parameters: parameter {n!r} has dtype {p.dtype}; "
+                                 "floating-point parameters only")
+            if p.is_sparse:
+                raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
+        existing = set(self.store.keys(self.key_prefix))
+        if self.comm is not None:  # partitioned objects: named by their meta records
+            existing = {k[:-len("#partmeta")] for k in existing if k.endswith("#partmeta")}
+        for n, p in named:
+            key = f"{self.key_prefix}{n}"
+            if resume and self.comm is not None:
+                if key not in existing:
+                    raise strata.NotFoundError(
+                        f"offload_parameters(resume=True): rank {self.comm.rank}'s store holds "
+                        f"no part of parameter {n!r} (key {key!r})")
+            elif resume:
+                if key not in existing:
+                    raise strata.NotFoundError(
+                        f"offload_parameters(resume=True): the store holds no parameter "
+                        f"{n!r} (key {key!r})")
+                info = self.store.stat(key)
+                if info.nbytes != p.numel() * p.element_size():
+                    raise ValueError(f"offload_parameters(resume=True): parameter {n!r} has "
+                                     f"{p.numel() * p.element_size()} bytes ({p.dtype}), the "
+                                     f"stored one {info.nbytes} ({info.dtype})")
+            elif key in existing and not overwrite:
+                raise strata.AlreadyExistsError(
+                    f"offload_parameters: the store already holds parameter {n!r} (key "
+                    f"{key!r}): pass resume=True to continue from the stored values, "
+                    "overwrite=True to replace them, or another key_prefix")
+        self.ws.release_all()
+        old = {id(s.param): s for s in self.ws.records}
+        records: List[ParamRecord] = []
+        for i, (n, p) in enumerate(named):
+            key = f"{self.key_prefix}{n}"
+            s = old.pop(id(p), None)
+            if s is None:
+                s = self._offload(p, n, key)
+                self.ws.records.pop()
+            elif s.key != key:  # from offload_init: to its named key
+                if not resume:
+                    self._copy_object(s, key)
+                self._delete_object(s)
+                s.rename(n, key)
+            s.index = i
+            records.append(s)
+        for s in old.values():  # made under offload_init but not in the model: back home
+            self._restore(s)
+            self._delete_object(s)
+        self.ws.records[:] = records
+        self.store.flush()
+        self._model = model
+        self._hook_handles.append(model.register_forward_pre_hook(self._forward_begin))
+        self._hook_handles.append(model.register_forward_hook(self._forward_end))
+        original = model.zero_grad
+
+        def zero_grad(set_to_none: bool = False) -> None:
+            self.zero_grad(set_to_none)
+            original(set_to_none)
+
+        zero_grad.__doc__ = original.__doc__
+        model.zero_grad = zero_grad  # type: ignore[assignment]
+        self._model_zero_grad = original
+        return self
+
+    # ---- forward / backward --------------------------------------------------------------
+
+    def _forward_begin(self, module: torch.nn.Module, inputs: Any) -> None:
+        self.ws.begin_phase(("forward", module.training, torch.is_grad_enabled()))
+
+    def _forward_end(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        self.ws.end_phase()
+
+    def begin_backward(self) -> None:
+        """Backward started using this offload's parameters (a gradient hook or a saved
+        parameter's unpack): the working set follows the backward trace."""
+        if self.ws.phase != ("backward",):
+            self.ws.begin_phase(("backward",))
+
+    # ---- values --------------------------------------------------------------------------
+
+    def _record(self, p: Any) -> ParamRecord:
+        s = record_of(p)
+        if s is None or s.owner is not self:
+            raise KeyError("not a parameter offloaded by this ParameterOffload")
+        return s
+
+    def read(self, p: torch.Tensor) -> torch.Tensor:
+        """The current value of offloaded parameter ``p`` (a new CPU tensor of its shape and
+        dtype; the materialized data when it is in memory, else read from the store).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if s.state in IN_MEMORY:
+            with _no_tf():
+                return s.resident.detach().cpu().clone()
+        return self.ws.read(s).view(s.shape)
+
+    def read_state(self, p: torch.Tensor) -> torch.Tensor:
+        """What an optimizer of this rank steps of ``p``: its value (flat) in one process,
+        this rank's slice with a communicator (no collective). A new 1-d CPU tensor of
+        ``state_numel(p)`` elements of ``p``'s dtype.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if s.owned is None:
+            return self.read(p).reshape(-1)
+        b, e = s.owned
+        if s.state in IN_MEMORY:
+            with _no_tf():
+                return s.resident.detach().reshape(-1)[b:e].cpu().clone()
+        return self.ws.read_part(s)
+
+    def state_numel(self, p: torch.Tensor) -> int:
+        """Elements of read_state(p): all of ``p``'s, or this rank's slice (ZeRO-3).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).state_numel
+
+    def position(self, p: torch.Tensor) -> int:
+        """``p``'s position in the model's ``named_parameters()`` (the order
+        ``clip_grad_norm_(model.parameters())`` stacks gradient norms in).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).index
+
+    def write(self, p: torch.Tensor, value: torch.Tensor) -> None:
+        """Stores ``value`` (any dtype, converted; ``state_numel(p)`` elements: the whole
+        parameter, or this rank's slice with a communicator) as ``p``'s value; a
+        materialized copy is updated (one process) or released (ranks: the other slices
+        change too). Used by the optimizer's step and resume. No collective."""
+        s = self._record(p)
+        with _no_tf():
+            flat = value.detach().reshape(-1).to(dtype=s.dtype, device="cpu").contiguous()
+        if flat.numel() != s.state_numel:
+            raise ValueError(f"offloaded parameter {s.name!r}: {flat.numel()} elements "
+                             f"written, {s.state_numel} expected")
+        s.version += 1
+        if s.owned is None:
+            self.store.put(s.key, flat, tier=self.tier, overwrite=True)
+            self.ws.set_value(s, flat)
+            return
+        if flat.numel():
+            self.store.put(s.key + "#part", flat, tier=self.tier, overwrite=True)
+        self.ws.release(s, write_back=False)
+
+    def write_back(self) -> None:
+        """Stores every materialized parameter changed in place since it was fetched."""
+        for s in self.ws.records:
+            self.ws.write_back(s)
+
+    def release_all(self) -> None:
+        """Every parameter released from memory (changed ones stored first), every fetch in
+        flight finished: what a step that rewrites every value does first."""
+        self.ws.release_all()
+
+    def version(self, p: torch.Tensor) -> int:
+        """Counts the changes of ``p``'s stored value (edits written back, steps).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).version
+
+    @property
+    def parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of every offloaded parameter, in the model's order."""
+        return [(s.name, s.param) for s in self.ws.records]
+
+    # ---- gradients (the GradientStore ``grads``) -------------------------------------------
+
+    def bind_optimizer(self, p: torch.Tensor, clip: bool) -> None:
+        """A strata optimizer holds ``p``: its gradients go to the store from now on, moved
+        there as soon as torch has accumulated each (``clip``: their L2 norms are kept for
+        clipping). Called by OffloadAdam/AdamW.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        self.grads.bind(self._record(p), clip)
+
+    def grad_info(self, p: torch.Tensor) -> GradInfo:
+        """What is known of ``p``'s gradient since the last zero_grad without reading it:
+        has_grad, finite, norm (see :class:`GradInfo`).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.grads.info(self._record(p))
+
+    def read_grad(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s accumulated gradient as the optimizer steps it: a new 1-d CPU tensor of
+        ``state_numel(p)`` elements of ``p``'s dtype (this rank's reduced slice with a
+        communicator; zeros after ``zero_grad(set_to_none=False)``). Only for a parameter
+        with ``grad_info(p).has_grad``.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.grads.read(self._record(p))
+
+    def grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """The gradient of offloaded parameter ``p`` accumulated since the last zero_grad
+        (a new CPU tensor of its shape and dtype; with a communicator this rank's slice,
+        1-d, reduced over the ranks), or ``p.grad`` when its gradients stay in memory; None
+        when it has none.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if not s.to_store:
+            with _no_tf():
+                return p.grad
+        if not s.has_grad:
+            return None
+        g = self.grads.read(s)
+        return g if s.owned is not None else g.view(s.shape)
+
+    def collect_grads(self) -> None:
+        """Gradients still in ``p.grad`` of parameters whose gradients go to the store (one
+        that did not require grad when the optimizer took it) moved to the store, then
+        every write in flight waited for (its errors raised here)."""
+        self.grads.collect()
+
+    def flush_grads(self) -> None:
+        """Waits for every gradient write in flight (errors are raised here)."""
+        self.grads.flush()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """The stored gradients as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
+        zeros (torch 1.13's default: the parameter is still stepped, with a zero gradient,
+        and the next backward adds to zero) or none. Called by the model's and strata
+        optimizers' ``zero_grad``."""
+        self.grads.zero(set_to_none)
+
+    # ---- statistics ----------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Sets every counter of :meth:`stats` to zero."""
+        for k in ("bytes_fetched", "fetch_seconds", "stall_seconds", "prefetch_hits",
+                  "prefetch_misses", "resident_hits", "trace_mismatches",
+                  "peak_working_set_bytes", "bytes_written_back", "grad_bytes_written",
+                  "grad_bytes_read"):
+            self._stats[k] = 0 if not k.endswith("seconds") else 0.0
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters since the last :meth:`reset_stats` (a new dict):
+
+        ``bytes_fetched`` (parameter bytes read from the store, int), ``bytes_fetched_<tier>``
+        (the same, by the tier holding them), ``fetch_seconds`` (time spent reading them,
+        seconds, on whichever thread read), ``stall_seconds`` (time forward/backward waited
+        for a parameter), ``prefetch_hits`` (uses found in flight or fetched ahead),
+        ``prefetch_misses`` (uses fetched on demand), ``resident_hits`` (uses found in
+        memory), ``trace_mismatches`` (phases whose order differed from the trace),
+        ``peak_working_set_bytes`` (most materialized + in-flight bytes at once),
+        ``working_set_bytes`` (the budget), ``bytes_written_back`` (edited parameters
+        stored), ``grad_bytes_written`` / ``grad_bytes_read`` (gradients to / from the
+        store).
+        """
+        out = dict(self._stats)
+        out[f"bytes_fetched_{self.tier}"] = out["bytes_fetched"]
+        out["working_set_bytes"] = self.working_set_bytes
+        out["resident_bytes"] = self.ws.resident_bytes
+        return out
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Makes the parameters durable: edits written back, the store flushed. (A strata
+        optimizer's checkpoint() holds the masters the parameters resume from; call both,
+        or only the optimizer's: its resume writes the masters into the parameters.)"""
+        self._check_open()
+        self.write_back()
+        self.store.flush()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise strata.FailedPreconditionError("ParameterOffload is closed")
+
+    def close(self, restore: bool = True) -> None:
+        """Ends the offload. ``restore``: the parameters get their values back in memory
+        (plain ``torch.nn.Parameter`` objects again, the same objects); else they keep only
+        their stored values (the store stays usable with resume=True). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        error: Optional[BaseException] = None
+        try:
+            self.flush_grads()
+            self.ws.release_all()
+            self.ws.stop()
+            for h in self._hook_handles:
+                h.remove()
+            if self._model is not None:
+                self._model.zero_grad = self._model_zero_grad  # type: ignore[assignment]
+            if restore:
+                for s in self.ws.records:
+                    self._restore(s)
+            self.store.flush()
+        except BaseException as e:  # noqa: BLE001 (raised after the release)
+            error = e
+        strata._lifetime.unregister(self.store, self)
+        self._close_store()
+        if error is not None:
+            raise error
+
+    def _restore(self, s: ParamRecord) -> None:
+        """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
+        make_plain(s.param, self.ws.read(s).view(s.shape).to(s.device))
+
+    def _close_store(self) -> None:
+        if self._owns_store and self.store is not None and not self.store.closed:
+            self.store.close()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def __enter__(self) -> "ParameterOffload":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

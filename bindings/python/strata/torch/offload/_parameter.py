@@ -1,0 +1,177 @@
+"""The offloaded parameter object: :class:`OffloadedParameter` (a ``torch.nn.Parameter``
+whose data lives in a strata store), how torch operations on it materialize it, and what
+autograd saves of it (a reference fetched again in backward: ``pack``/``unpack``).
+
+The one attribute this wing sets on a parameter object is ``_strata_record`` (its
+ParamRecord, whose ``owner`` is the ParameterOffload); :func:`record_of` reads it. Nothing
+outside ``strata.torch.offload`` reads or sets attributes on parameter objects: the
+optimizer wing asks :func:`is_offloaded` / :func:`offload_of` and the ParameterOffload's
+public methods.
+
+Thread-safety: one thread at a time (torch's forward/backward thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from .._common import no_torch_function as _no_tf
+from ._record import IN_MEMORY, ParamRecord
+
+#: properties read or set without the parameter's data
+_META_GET = frozenset({
+    "shape", "grad", "requires_grad", "dtype", "device", "_version", "is_leaf", "grad_fn",
+    "is_cuda", "is_sparse", "layout", "ndim", "names", "is_quantized", "is_meta", "is_mkldnn",
+    "_base", "output_nr", "_backward_hooks", "name", "_grad", "_grad_fn", "is_nested",
+    "_cdata", "_python_dispatch", "is_xpu", "is_ipu", "is_mps", "is_vulkan", "is_ort"})
+_META_SET = frozenset({"grad", "requires_grad", "_backward_hooks", "name", "_grad"})
+#: methods that need no data
+_META_FN = frozenset({
+    "size", "dim", "numel", "requires_grad_", "__hash__", "is_floating_point",
+    "element_size", "get_device", "nelement", "ndimension", "register_hook",
+    "retain_grad", "is_complex", "_is_view", "__len__", "_register_access_hook"})
+
+
+class OffloadedParameter(torch.nn.Parameter):
+    """A parameter whose data lives in a strata store (see strata.torch.offload_parameters).
+    Instances are made by :func:`offload_parameters` only (it changes the class of the
+    model's own parameter objects, so references held elsewhere stay valid)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        name = getattr(func, "__name__", "")
+        if name == "__get__":
+            if func.__self__.__name__ in _META_GET:
+                with _no_tf():
+                    return func(*args, **kwargs)
+        elif name == "__set__":
+            prop = func.__self__.__name__
+            if prop in _META_SET:
+                with _no_tf():
+                    return func(*args, **kwargs)
+            if prop == "data":
+                return _set_data(args[0], args[1])
+        elif name in _META_FN:
+            with _no_tf():
+                return func(*args, **kwargs)
+        records: List[ParamRecord] = []
+        _gather(args, records)
+        if kwargs:
+            _gather(kwargs.values(), records)
+        if not records:
+            with _no_tf():
+                return func(*args, **kwargs)
+        owner = records[0].owner
+        if any(r.owner is not owner for r in records):
+            for o in {id(r.owner): r.owner for r in records}.values():
+                o.ws.materialize_together([r for r in records if r.owner is o])
+        else:
+            owner.ws.materialize_together(records)
+        if not torch.is_grad_enabled():
+            with _no_tf():
+                return func(*args, **kwargs)
+        # what autograd saves of the parameters is a reference, fetched again in backward
+        with _no_tf(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return func(*args, **kwargs)
+
+
+def is_offloaded(p: Any) -> bool:
+    """``p`` is a parameter offloaded by strata.torch.offload_parameters / offload_init
+    (any ParameterOffload)."""
+    return type(p) is OffloadedParameter
+
+
+def record_of(p: Any) -> Optional[ParamRecord]:
+    """The ParamRecord of offloaded parameter ``p`` (None for any other object)."""
+    return p._strata_record if type(p) is OffloadedParameter else None
+
+
+def offload_of(p: Any) -> Any:
+    """The ParameterOffload holding offloaded parameter ``p`` (None for any other
+    object)."""
+    r = record_of(p)
+    return None if r is None else r.owner
+
+
+def make_offloaded(p: torch.nn.Parameter, record: ParamRecord) -> None:
+    """``p`` becomes an OffloadedParameter of ``record`` (the same object, released: its
+    data is the record's placeholder)."""
+    with _no_tf():
+        p.data = record.placeholder
+    p.__class__ = OffloadedParameter
+    p._strata_record = record
+
+
+def make_plain(p: OffloadedParameter, value: torch.Tensor) -> None:
+    """``p`` becomes a plain ``torch.nn.Parameter`` again (the same object) holding
+    ``value``."""
+    with _no_tf():
+        p.data = value
+    p.__class__ = torch.nn.Parameter
+    del p._strata_record
+
+
+def _gather(values: Any, out: List[ParamRecord]) -> None:
+    for v in values:
+        if type(v) is OffloadedParameter:
+            out.append(v._strata_record)
+        elif isinstance(v, (list, tuple)):
+            for w in v:
+                if type(w) is OffloadedParameter:
+                    out.append(w._strata_record)
+
+
+def _set_data(p: OffloadedParameter, value: torch.Tensor) -> None:
+    """``p.data = value`` on an offloaded parameter: ``value`` is its new data (stored when
+    released). Its shape, dtype and device must stay the parameter's."""
+    s = p._strata_record
+    if tuple(value.shape) != s.shape or value.dtype != s.dtype or value.device != s.device:
+        raise ValueError(
+            f"offloaded parameter {s.name!r}: p.data = t needs t of the parameter's shape "
+            f"{list(s.shape)}, dtype {s.dtype} and device {s.device} (got "
+            f"{list(value.shape)}, {value.dtype}, {value.device}); assign a new Parameter "
+            "to the module instead")
+    s.owner.ws.adopt(s, value)
+
+
+class _Packed:
+    """What autograd saves for an offloaded parameter (or a view of one): the record and
+    the view's geometry (size, stride, offset from the data's first element)."""
+
+    __slots__ = ("record", "geometry")
+
+    def __init__(self, record: ParamRecord, geometry: Optional[Tuple[Any, Any, int]]):
+        self.record = record
+        self.geometry = geometry
+
+
+def pack(t: torch.Tensor) -> Any:
+    """autograd's pack hook around operations on offloaded parameters: a saved parameter
+    (or a view of one) is saved as a reference; other tensors as they are."""
+    if type(t) is OffloadedParameter:
+        return _Packed(t._strata_record, None)
+    base = t._base
+    if base is not None and type(base) is OffloadedParameter:
+        s = base._strata_record
+        if s.state in IN_MEMORY:
+            off = t.storage_offset() - s.resident.storage_offset()
+            return _Packed(s, (t.size(), t.stride(), off))
+    return t
+
+
+def unpack(x: Any) -> torch.Tensor:
+    """autograd's unpack hook: a reference is materialized again (the backward phase of
+    its offload)."""
+    if type(x) is not _Packed:
+        return x
+    owner = x.record.owner  # (another offload's parameter in the same op)
+    owner.begin_backward()
+    data = owner.ws.materialize(x.record)
+    if x.geometry is None:
+        return data
+    size, stride, off = x.geometry
+    return data.as_strided(size, stride, data.storage_offset() + off)

@@ -1,0 +1,103 @@
+"""What parameter offload keeps per offloaded parameter: a :class:`ParamRecord`.
+
+Each offloaded parameter has a :class:`ParamRecord` (its store object, its placeholder, its
+gradient's bookkeeping) whose ``state`` (:class:`Residency`) says where its data is:
+RELEASED (only in the store), FETCHING (a fetch issued, not yet taken), RESIDENT
+(materialized; changed in place when ``p._version`` moved since) or ADOPTED (materialized
+from ``p.data = t``: newer than the store, stored when released).
+
+Thread-safety: plain records, owned by one ParameterOffload (its thread; the fetch thread
+sets ``fetched``/``fetch_error`` under the working set's lock).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+
+
+def tensor_of(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A numpy array from ``Store.get`` as a flat torch tensor of ``dtype`` sharing its
+    memory (bf16 objects come back as uint16 bits)."""
+    if arr.dtype == np.uint16:
+        arr = arr.view(np.int16)
+    t = torch.from_numpy(arr.reshape(-1))
+    return t.view(dtype) if t.dtype != dtype else t
+
+
+class Residency(enum.Enum):
+    """Where an offloaded parameter's data is (``ParamRecord.state``)."""
+
+    #: only in the store; the parameter's data is the placeholder
+    RELEASED = "released"
+    #: a fetch was issued and not yet taken (``ParamRecord.pending``)
+    FETCHING = "fetching"
+    #: materialized (``ParamRecord.resident``); changed in place when ``p._version`` moved
+    #: since ``ParamRecord.mark``
+    RESIDENT = "resident"
+    #: materialized from ``p.data = t``: newer than the store, stored when released
+    ADOPTED = "adopted"
+
+
+#: the states whose data is in memory
+IN_MEMORY = (Residency.RESIDENT, Residency.ADOPTED)
+
+
+class ParamRecord:
+    """One offloaded parameter: its store object, where its data is (``state``) and its
+    gradient's bookkeeping (kept by the gradient store, offload/_grads.py).
+
+    ``resident``: the tensor the parameter's data is while RESIDENT/ADOPTED (else None);
+    ``pending``: the fetch in flight while FETCHING (an Event set by the fetch thread, or a
+    collective fetch); ``version``: counts the changes of the stored value (a write-back, a
+    step).
+    """
+
+    __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
+                 "nbytes", "placeholder", "state", "resident", "pending", "fetched",
+                 "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
+                 "owned", "grad_norm", "to_store", "param", "owner", "__weakref__")
+
+    def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
+        self.index = index  # position in the model's named_parameters()
+        self.name = name
+        self.key = key
+        self.grad_key = f"{key}#grad"
+        self.shape = tuple(p.shape)
+        self.dtype = p.dtype
+        self.device = p.device
+        self.numel = p.numel()
+        self.nbytes = p.numel() * p.element_size()
+        #: the data of a released parameter: one element expanded to the shape (so
+        #: shape, size(), numel() and dim() stay true without a fetch)
+        self.placeholder = torch.zeros((), dtype=p.dtype, device=p.device).expand(self.shape)
+        self.state = Residency.RELEASED
+        self.resident: Optional[torch.Tensor] = None
+        self.pending: Any = None
+        self.fetched: Optional[torch.Tensor] = None  # set by the fetch thread
+        self.fetch_error: Optional[BaseException] = None
+        self.mark = 0  # p._version when materialized or last stored
+        self.version = 0
+        self.has_grad = False  # a gradient of this step is in the store (grad_key)
+        self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros
+        self.grad_finite = True
+        self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
+        self.to_store = False  # gradients go to the store (a strata optimizer holds it)
+        self.param: Any = p
+        self.owner = owner  # the ParameterOffload
+        #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
+        #: store holds (key + "#part"); None: the whole tensor is one object ``key``
+        self.owned: Optional[Tuple[int, int]] = None
+
+    def rename(self, name: str, key: str) -> None:
+        """The parameter's name in the model and its store key (offload_init's temporary
+        key replaced by the model's name)."""
+        self.name, self.key, self.grad_key = name, key, f"{key}#grad"
+
+    @property
+    def state_numel(self) -> int:
+        """Elements this rank steps: the owned slice when partitioned, else all."""
+        return self.numel if self.owned is None else self.owned[1] - self.owned[0]

@@ -1,0 +1,159 @@
+"""The step of OffloadAdam/OffloadAdamW over offloaded parameters
+(strata.torch.offload_parameters): gradients from the store, updated weights into the
+parameters' store objects, in batches bounded by the working set.
+
+The gate is strata's C++ ``decide_gate``, called once for the whole step with the summary
+of optim/_gate.py (torch's norm of every gradient, in the model's parameter order, taken
+when each reached the store; all-reduced over ranks): a step whose gradients hold an inf or
+NaN is skipped (nothing changes, ``last_step["skipped"]``), and clipping
+(``max_grad_norm``) uses ``torch.nn.utils.clip_grad_norm_``'s coefficient, which every batch
+then applies as its ``grad_scale`` (no batch scans or rescales gradients again). Results are
+bit-identical to ``clip_grad_norm_`` then torch.optim's step for fp32 gradients.
+
+Batches. Parameters are stepped in batches whose gradient and weight buffers together
+take at most the working set's bytes (a parameter larger than that alone): each batch's
+gradients are read from the store, attached to strata's optimizer, stepped (its masters and
+moments stream through strata's pipeline as in any step; each tensor keeps its own step
+count, so batching changes no value), and the updated weights (the kernel's rounding to
+the parameter's dtype) are stored as the parameters' new values. The parameters' working
+set is released first (the step changes every value).
+
+The offload wing is reached only through its public seam (``is_offloaded``, ``offload_of``
+and ParameterOffload's methods).
+
+Thread-safety: the optimizer's (one thread at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from ... import _strata as _core
+from .._common import all_finite
+from ..offload import is_offloaded, offload_of
+from ._exchange import TensorExchange
+from ._gate import summarize
+from ._param_table import ParamTable, offloads
+
+_SUMMED = ("bytes_read", "bytes_written", "tensors_updated", "numel_updated", "seconds",
+           "compute_seconds", "io_wait_seconds")
+
+
+def _model_order(entry: Tuple[torch.Tensor, int]) -> Tuple[int, int, int]:
+    """Offloaded parameters in their model's order (``model.parameters()``, as
+    ``clip_grad_norm_(model.parameters())`` stacks their norms), then the others in the
+    optimizer's."""
+    p, h = entry
+    o = offload_of(p)
+    if o is not None:
+        return (0, id(o), o.position(p))
+    return (1, 0, h)
+
+
+def _norm(p: torch.Tensor) -> torch.Tensor:
+    """torch.norm(grad, 2) of ``p``: kept by the offload when it took the gradient, else
+    computed (an offloaded parameter's from the store)."""
+    o = offload_of(p)
+    if o is None:
+        return torch.norm(p.grad.detach(), 2.0)
+    n = o.grad_info(p).norm
+    return n if n is not None else torch.norm(o.read_grad(p), 2.0)
+
+
+def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
+                   ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+    """One step of the optimizer whose ParamTable ``table`` holds offloaded parameters (its
+    param_groups, hyperparameters and optimizer.state already synced by step()).
+
+    :returns: strata's step statistics summed over the batches (``skipped``, ``grad_norm``
+        and ``clip_coef`` from the gate, as the ordinary step reports them), and the
+        in-memory parameters stepped (for the caller's copy-back, as in the ordinary step).
+    :raises ValueError: a communicator's (ZeRO-3) parameters mixed with in-memory ones.
+    :raises strata.Error: the store's errors; parameters stepped in earlier batches keep
+        their new values (as a failed ordinary step, resume from the last checkpoint).
+    """
+    holders = offloads(table.params)
+    for o in holders:
+        o.collect_grads()
+    entries: List[Tuple[torch.Tensor, int]] = []  # (param, handle) with a gradient
+    finite = True
+    for p in table.params:
+        h = table.handle[id(p)]
+        if is_offloaded(p):
+            info = offload_of(p).grad_info(p)
+            if info.has_grad:
+                entries.append((p, h))
+                finite &= info.finite
+        elif p.grad is not None:
+            entries.append((p, h))
+            finite &= all_finite(p.grad)
+    comm = next((o.comm for o in holders if o.comm is not None), None)
+    if comm is not None and any(not is_offloaded(p) for p, _ in entries):
+        raise ValueError("an optimizer over parameters offloaded with a communicator (ZeRO-3) "
+                         "must hold only such parameters: the gradients of the others are "
+                         "not reduced over the ranks")
+    clip = max_grad_norm > 0 and (bool(entries) or comm is not None)
+    norms = [_norm(p) for p, _ in sorted(entries, key=_model_order)] if clip else []
+    grad_norm, nonfinite, arithmetic = summarize(norms, finite, comm, need_norm=clip)
+    gate = _core.decide_gate(max_grad_norm if clip else 0.0, 1.0, True, grad_norm, nonfinite,
+                             arithmetic)
+    stats: Dict[str, Any] = dict(skipped=gate["skipped"], grad_norm=gate["grad_norm"],
+                                 clip_coef=gate["clip_coef"])
+    for k in _SUMMED:
+        stats[k] = 0
+    if gate["skipped"]:
+        return stats, []
+    for o in holders:
+        o.release_all()
+    budget = min(o.working_set_bytes for o in holders)
+    memory: List[Tuple[torch.Tensor, int]] = []
+    batch: List[Tuple[torch.Tensor, int]] = []
+    used = 0
+    for p, h in entries:
+        if not is_offloaded(p):
+            memory.append((p, h))
+            continue
+        need = offload_of(p).state_numel(p) * 4 * 2
+        if batch and used + need > budget:
+            _run_batch(table, exchange, batch, memory, gate["grad_scale"], stats)
+            memory, batch, used = [], [], 0
+        batch.append((p, h))
+        used += need
+    if batch or memory:
+        _run_batch(table, exchange, batch, memory, gate["grad_scale"], stats)
+    return stats, [(p, h) for p, h in entries if not is_offloaded(p)]
+
+
+def _run_batch(table: ParamTable, exchange: TensorExchange,
+               batch: List[Tuple[torch.Tensor, int]], memory: List[Tuple[torch.Tensor, int]],
+               grad_scale: float, stats: Dict[str, Any]) -> None:
+    """Steps the offloaded parameters of ``batch`` and the in-memory ones of ``memory``,
+    every gradient scaled by the gate's ``grad_scale`` inside strata's kernels (no
+    rescan: ``skip_if_nonfinite=False``, the gate decided already)."""
+    core = table.core
+    attached = []
+    for p, h in memory:
+        exchange.attach(core, p, h)
+    for p, h in batch:
+        o = offload_of(p)
+        g = o.read_grad(p)
+        copy = torch.empty(o.state_numel(p), dtype=p.dtype)
+        exchange.forget_grad(h)
+        core.set_grad(h, g)
+        core.set_param_copy(h, copy)
+        attached.append((p, h, g, copy))
+    try:
+        st = core.step(max_grad_norm=0.0, grad_scale=grad_scale, skip_if_nonfinite=False)
+    finally:
+        for p, h, _, _ in attached:
+            core.set_grad(h, None)
+            core.set_param_copy(h, None)
+        for p, h in memory:
+            exchange.detach(core, h)
+    for k in _SUMMED:
+        stats[k] += st[k]
+    for p, h, _, copy in attached:
+        offload_of(p).write(p, copy)
+        table.mark(h)

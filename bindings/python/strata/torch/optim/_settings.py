@@ -1,0 +1,80 @@
+"""The pipeline settings of strata.torch's optimizers: each from the constructor's argument,
+else the configuration file's "optimizer" section, else strata's default (docs/
+configuration.md), range-checked with messages naming the argument.
+
+Thread-safety: pure functions.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Dict, Optional
+
+import strata
+
+
+def check_count(name: str, value: Any) -> int:
+    """``value`` as an int >= 0, else ValueError naming the argument."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int >= 0, got {type(value).__name__} "
+                         f"{value!r}") from None
+    if v < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {v}")
+    return v
+
+
+def resolve(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings in effect: defaults < the configuration file's "optimizer" section <
+    the arguments (those not None).
+
+    :param config: the configuration file (None: the one ``store`` was opened with, else
+        ``$STRATA_CONFIG``).
+    :param store: the strata.Store given to the optimizer, or None.
+    :param given: the constructor's tier, host_budget, pinned_budget, sub_group_numel,
+        num_buffers, num_threads, arithmetic, overlap_backward, overlap_bucket_numel and
+        chunk_size (None: not given).
+    :returns: those keys resolved (``chunk_size`` from the "store" section's chunk_bytes,
+        default 4 MiB) plus ``config``.
+    :raises ValueError: an unknown tier, or a count that is not an int >= 0.
+    :raises strata.InvalidArgumentError: a malformed configuration file.
+    """
+    if config is None and store is not None:
+        config = store.config_file or None
+    conf = strata.load_config(config)
+    oconf = conf.get("optimizer", {})
+
+    def pick(key: str, conf_key: str, default: Any) -> Any:
+        value = given[key]
+        return value if value is not None else oconf.get(conf_key, default)
+
+    out = dict(tier=pick("tier", "default_placement", "nvme"),
+               host_budget=pick("host_budget", "host_budget_bytes", "1GiB"),
+               pinned_budget=pick("pinned_budget", "pinned_budget_bytes", None),
+               sub_group_numel=pick("sub_group_numel", "sub_group_numel", 0),
+               num_buffers=pick("num_buffers", "num_buffers", 4),
+               num_threads=pick("num_threads", "num_threads", 0),
+               arithmetic=pick("arithmetic", "arithmetic", "simd"),
+               overlap_backward=pick("overlap_backward", "overlap_backward", False),
+               overlap_bucket_numel=pick("overlap_bucket_numel", "overlap_bucket_numel", 1),
+               config=config)
+    chunk_size = given["chunk_size"]
+    out["chunk_size"] = (chunk_size if chunk_size is not None
+                         else conf.get("store", {}).get("chunk_bytes", "4MiB"))
+    return out
+
+
+def check(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings' tier and counts checked (in the constructor's order of checks):
+    sub_group_numel, num_buffers, num_threads as ints >= 0.
+
+    :returns: the three counts as ints.
+    :raises ValueError: naming the setting.
+    """
+    if settings["tier"] not in ("nvme", "host", "auto"):
+        raise ValueError(f"tier must be 'nvme', 'host' or 'auto', got {settings['tier']!r}")
+    return {k: check_count(k, settings[k])
+            for k in ("sub_group_numel", "num_buffers", "num_threads")}

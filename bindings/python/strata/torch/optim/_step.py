@@ -1,0 +1,70 @@
+"""One step of strata.torch's optimizers after step() has synced param_groups,
+hyperparameters and optimizer.state: which of the three paths runs, and the gradients and
+weights each moves.
+
+* offloaded parameters (strata.torch.offload_parameters) among them: the step in batches
+  of optim/_offloaded_step.py (gradients from the store);
+* an overlapped step open (``overlap_backward=True``: updates started in backward):
+  the gradients not started are attached and the step is finished (optim/_overlap.py);
+* else the ordinary step: every gradient attached (optim/_exchange.py), strata's step.
+
+Every path's gate (skip on inf/NaN, clipping) is strata's C++ one (optim/_gate.py).
+
+Thread-safety: the optimizer's (one thread at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..offload import is_offloaded
+from ._exchange import TensorExchange
+from ._gate import torch_summary
+from ._offloaded_step import offloaded_step
+from ._overlap import BackwardOverlap
+from ._param_table import ParamTable
+
+#: (parameter, strata handle) of each parameter whose weights the step wrote
+Stepped = List[Tuple[torch.nn.Parameter, int]]
+
+
+def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[BackwardOverlap],
+             max_grad_norm: float, torch_arithmetic: bool) -> Tuple[Dict[str, Any], Stepped,
+                                                                   bool]:
+    """Runs the step's path (see the module doc).
+
+    :param overlap: the optimizer's BackwardOverlap (None without overlap_backward).
+    :param torch_arithmetic: ``arithmetic="torch"``: the clipping norm is torch's.
+    :returns: strata's step statistics, the in-memory parameters stepped (whose weights
+        the caller counts and copies back), and whether CUDA copies were queued (the caller
+        synchronizes after its copy-back).
+    """
+    if any(is_offloaded(p) for p in table.params):
+        stats, stepped = offloaded_step(table, exchange, max_grad_norm)
+        return stats, stepped, False
+    overlapped = overlap is not None and overlap.open
+    core = table.core
+    on_gpu = False
+    stepped: Stepped = []
+    grads: List[torch.Tensor] = []
+    for p in table.params:
+        if p.grad is not None:
+            grads.append(p.grad)
+        if overlapped and overlap.is_started(p):
+            continue  # attached by the early update; its weights come from the staging
+        h = table.handle[id(p)]
+        if p.grad is None:
+            exchange.detach(core, h)
+            continue
+        on_gpu |= exchange.attach(core, p, h)
+        stepped.append((p, h))
+    if on_gpu:
+        torch.cuda.synchronize()
+    summary = torch_summary(grads, max_grad_norm) if torch_arithmetic else None
+    if overlapped:
+        stats = overlap.finish(max_grad_norm, summary)
+    else:
+        stats = core.step(max_grad_norm=max_grad_norm, grad_summary=summary)
+    return stats, stepped, on_gpu
