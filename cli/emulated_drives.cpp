@@ -2,13 +2,11 @@
 
 #include <fcntl.h>
 #include <linux/loop.h>
-#include <signal.h>
 #include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,9 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <optional>
 #include <thread>
 
 #include "command.hpp"
+#include "strata/base/child_process.hpp"
 #include "strata/base/units.hpp"
 
 extern char** environ;
@@ -30,44 +30,30 @@ namespace {
 
 namespace fs = std::filesystem;
 
-volatile sig_atomic_t g_pending_signal = 0;
-volatile sig_atomic_t g_child_pid = 0;
-bool g_handlers_installed = false;
-struct sigaction g_old_int {}, g_old_term {}, g_old_hup {};
-
-void on_signal(int sig) {
-  g_pending_signal = sig;
-  const pid_t child = g_child_pid;
-  if (child > 0) kill(child, sig);
-}
+// SIGINT/SIGTERM/SIGHUP while a set exists (create() to teardown()): recorded, forwarded to
+// the program run_program() is waiting for, re-raised after teardown. Kept after teardown
+// (restored, its pending signal intact) until reraise_pending_signal() or the next set.
+std::optional<SignalForwarder> g_signals;
 
 void install_handlers() {
-  if (g_handlers_installed) return;
-  g_pending_signal = 0;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &g_old_int);
-  sigaction(SIGTERM, &sa, &g_old_term);
-  sigaction(SIGHUP, &sa, &g_old_hup);
-  g_handlers_installed = true;
+  if (g_signals && g_signals->installed()) return;
+  g_signals.emplace();
 }
 
 void restore_handlers() {
-  if (!g_handlers_installed) return;
-  sigaction(SIGINT, &g_old_int, nullptr);
-  sigaction(SIGTERM, &g_old_term, nullptr);
-  sigaction(SIGHUP, &g_old_hup, nullptr);
-  g_handlers_installed = false;
+  if (g_signals) g_signals->restore();
 }
+
+int pending_signal_now() { return g_signals ? g_signals->pending() : 0; }
 
 Status refused(const std::string& what) {
   return failed_precondition("emulated drives refused: " + what);
 }
 
 Status cancelled_by_signal(const char* step) {
-  return cancelled(std::string("emulated drives: signal ") + std::to_string(g_pending_signal) +
-                   " (" + strsignal(g_pending_signal) + ") during " + step);
+  const int sig = pending_signal_now();
+  return cancelled(std::string("emulated drives: signal ") + std::to_string(sig) + " (" +
+                   strsignal(sig) + ") during " + step);
 }
 
 /// Writes `text` to the file `path` (a sysfs/cgroupfs attribute) in one write().
@@ -180,7 +166,7 @@ Result<int> run_program(const std::vector<std::string>& argv, std::string* outpu
     if (output != nullptr) ::close(pipefd[0]);
     return errno_status(rc, "start '" + argv[0] + "'");
   }
-  g_child_pid = pid;
+  if (g_signals) g_signals->set_target(pid);
   if (output != nullptr) {
     char buf[4096];
     for (;;) {
@@ -190,25 +176,16 @@ Result<int> run_program(const std::vector<std::string>& argv, std::string* outpu
     }
     ::close(pipefd[0]);
   }
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0) {
-    if (errno != EINTR) {
-      g_child_pid = 0;
-      return errno_status(errno, "waitpid for '" + argv[0] + "'");
-    }
-  }
-  g_child_pid = 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  Result<ChildExit> e = wait_child(pid, "waitpid for '" + argv[0] + "'");
+  if (g_signals) g_signals->set_target(0);
+  if (!e.ok()) return e.status();
+  return e->shell_code();
 }
 
-int EmulatedDrives::pending_signal() { return g_pending_signal; }
+int EmulatedDrives::pending_signal() { return pending_signal_now(); }
 
 void EmulatedDrives::reraise_pending_signal() {
-  const int sig = g_pending_signal;
-  if (sig == 0) return;
-  g_pending_signal = 0;
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
+  if (g_signals) g_signals->reraise();
 }
 
 Result<std::unique_ptr<EmulatedDrives>> EmulatedDrives::create(const EmulatedDriveOptions& o) {
@@ -306,7 +283,7 @@ Status EmulatedDrives::setup(const EmulatedDriveOptions& o) {
     return errno_status(e, "mkdir '" + d + "'");
   }
   for (int i = 0; i < o.count; ++i) {
-    if (g_pending_signal) return cancelled_by_signal("setup");
+    if (pending_signal_now() != 0) return cancelled_by_signal("setup");
     Drive dr;
     dr.backing_file = dir_ + "/drive" + std::to_string(i) + ".img";
     dr.mount_dir = dir_ + "/mnt" + std::to_string(i);
@@ -388,7 +365,7 @@ Status EmulatedDrives::setup(const EmulatedDriveOptions& o) {
         int rc, run_program({"mkfs.ext4", "-q", "-F", "-m", "0", "-E",
                              "lazy_itable_init=0,lazy_journal_init=0", d.loop_device},
                             &out));
-    if (g_pending_signal) return cancelled_by_signal("mkfs.ext4");
+    if (pending_signal_now() != 0) return cancelled_by_signal("mkfs.ext4");
     if (rc != 0) {
       return internal_error("emulated drives: mkfs.ext4 " + d.loop_device + " exited with " +
                             std::to_string(rc) + ": " + out);
@@ -409,7 +386,7 @@ Status EmulatedDrives::setup(const EmulatedDriveOptions& o) {
       STRATA_RETURN_IF_ERROR(write_attr(cg + "/blkio.throttle.write_bps_device", dev + " " + bw));
     }
   }
-  if (g_pending_signal) return cancelled_by_signal("setup");
+  if (pending_signal_now() != 0) return cancelled_by_signal("setup");
   return Status::OK();
 }
 

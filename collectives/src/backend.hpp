@@ -1,7 +1,9 @@
 // Private pieces shared by the Gloo and NCCL communicators.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "strata/base/thread_pool.hpp"
@@ -35,6 +37,24 @@ struct Bootstrap {
 /// time in the order they were issued (ThreadPool::async() gives each its future).
 /// \error ResourceExhausted when the thread cannot be started.
 Result<std::unique_ptr<ThreadPool>> make_op_queue();
+
+/// A communicator's composite queue (Communicator::run_composite_async()): a ThreadPool of
+/// one worker, started by the first run(). The backend calls shutdown() first in its
+/// destructor, while its operation queue still runs the composites' collectives.
+/// \threadsafety run() from any thread; shutdown() once, from the destructor.
+class CompositeQueue {
+ public:
+  /// Queues `op` (see run_composite_async()). \error ResourceExhausted when the worker
+  /// cannot be started; FailedPrecondition after shutdown().
+  Future<void> run(std::function<Status()> op);
+  /// Runs every queued composite, then joins the worker (no-op when none was started).
+  void shutdown();
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<ThreadPool> pool_;
+  bool shut_down_ = false;
+};
 
 /// Turns a transport failure into a Status naming the lost rank when the store knows one
 /// (polls lost_ranks() for up to ~1 s since the server may notice the death a little after

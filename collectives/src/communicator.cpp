@@ -144,6 +144,30 @@ Bootstrap::~Bootstrap() {
 
 Result<std::unique_ptr<ThreadPool>> make_op_queue() { return ThreadPool::create(1); }
 
+Future<void> CompositeQueue::run(std::function<Status()> op) {
+  std::lock_guard<std::mutex> lk(mu_);  // async() only queues: held briefly
+  if (shut_down_) {
+    return make_ready_future(
+        Result<void>(failed_precondition("run_composite_async: the communicator is closing")));
+  }
+  if (pool_ == nullptr) {
+    auto p = ThreadPool::create(1);
+    if (!p.ok()) return make_ready_future(Result<void>(p.status()));
+    pool_ = std::move(*p);
+  }
+  return pool_->async(std::move(op));
+}
+
+void CompositeQueue::shutdown() {
+  std::unique_ptr<ThreadPool> pool;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    shut_down_ = true;
+    pool = std::move(pool_);
+  }
+  pool.reset();  // runs the queued composites, joins the worker
+}
+
 Status describe_failure(RendezvousClient& store, int rank, std::string_view what,
                         const std::string& detail, bool timed_out,
                         std::chrono::milliseconds timeout) {

@@ -155,6 +155,7 @@ class GlooCommunicator final : public Communicator {
         queue_(std::move(queue)) {}
 
   ~GlooCommunicator() override {
+    composite_.shutdown();  // finishes queued composites (they use queue_)
     queue_.reset();  // finishes queued operations
     ctx_.reset();
     dev_.reset();
@@ -166,6 +167,9 @@ class GlooCommunicator final : public Communicator {
   const CommunicatorOptions& options() const override { return boot_->options; }
   int device() const override { return -1; }
   RendezvousClient& store() override { return *boot_->client; }
+  Future<void> run_composite_async(std::function<Status()> op) override {
+    return composite_.run(std::move(op));
+  }
 
   Future<void> all_gather_async(const void* send, void* recv, size_t count,
                                 DType dtype) override {
@@ -295,6 +299,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Status broken_;  // touched only on the queue thread
   std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
+  CompositeQueue composite_;           // one worker: composites in submission order
 };
 
 }  // namespace

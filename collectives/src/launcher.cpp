@@ -8,13 +8,15 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
+
+#include "strata/base/child_process.hpp"
 
 extern char** environ;
 
@@ -23,9 +25,6 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-volatile sig_atomic_t g_forwarded_signal = 0;
-void on_forward_signal(int sig) { g_forwarded_signal = sig; }
 
 struct Stream {
   int fd = -1;
@@ -119,16 +118,10 @@ Result<LaunchReport> launch_local(const LaunchOptions& opt) {
   for (const auto& a : opt.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
-  struct sigaction old_int {}, old_term {}, old_hup {};
-  if (opt.forward_signals) {
-    g_forwarded_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_forward_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup);
-  }
+  // forward_signals: caught signals are only recorded here (no target); the loop below
+  // takes each one and sends it to every running rank's process group.
+  std::optional<SignalForwarder> signals;
+  if (opt.forward_signals) signals.emplace();
 
   std::vector<Child> kids(opt.nproc);
   Status spawn_error;
@@ -231,12 +224,10 @@ Result<LaunchReport> launch_local(const LaunchOptions& opt) {
     bool any_running = false;
     for (auto& c : kids) {
       if (!c.running) continue;
-      int st = 0;
-      pid_t p = ::waitpid(c.exit.pid, &st, WNOHANG);
-      if (p == c.exit.pid) {
+      if (std::optional<ChildExit> e = try_wait_child(c.exit.pid)) {
         c.running = false;
-        if (WIFEXITED(st)) c.exit.exit_code = WEXITSTATUS(st);
-        if (WIFSIGNALED(st)) c.exit.term_signal = WTERMSIG(st);
+        c.exit.exit_code = e->exit_code;
+        c.exit.term_signal = e->term_signal;
         bool failed = !c.exit.ok();
         if (failed && !c.exit.stopped_by_launcher && report.first_failed_rank < 0 &&
             opt.stop_on_failure) {
@@ -257,9 +248,7 @@ Result<LaunchReport> launch_local(const LaunchOptions& opt) {
       stop_all(SIGTERM);
       kill_at = Clock::now() + opt.kill_grace;
     }
-    if (g_forwarded_signal != 0 && opt.forward_signals) {
-      int sig = g_forwarded_signal;
-      g_forwarded_signal = 0;
+    if (const int sig = signals ? signals->take() : 0; sig != 0) {
       if (report.forwarded_signal == 0) report.forwarded_signal = sig;
       stop_all(sig);
       if (!stopping) {
@@ -315,11 +304,7 @@ Result<LaunchReport> launch_local(const LaunchOptions& opt) {
     }
     report.ranks.push_back(c.exit);
   }
-  if (opt.forward_signals) {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-    sigaction(SIGHUP, &old_hup, nullptr);
-  }
+  signals.reset();  // the previous handlers again
   if (!spawn_error.ok()) return spawn_error;
   return report;
 }

@@ -59,6 +59,7 @@ class NcclCommunicator final : public Communicator {
         queue_(std::move(queue)) {}
 
   ~NcclCommunicator() override {
+    composite_.shutdown();  // finishes queued composites (they use queue_)
     queue_.reset();
     cudaSetDevice(device_);
     if (broken_.ok()) {
@@ -78,6 +79,9 @@ class NcclCommunicator final : public Communicator {
   const CommunicatorOptions& options() const override { return boot_->options; }
   int device() const override { return device_; }
   RendezvousClient& store() override { return *boot_->client; }
+  Future<void> run_composite_async(std::function<Status()> op) override {
+    return composite_.run(std::move(op));
+  }
 
   Future<void> all_gather_async(const void* send, void* recv, size_t count,
                                 DType dtype) override {
@@ -186,6 +190,7 @@ class NcclCommunicator final : public Communicator {
   Status broken_;
   bool aborted_ = false;
   std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
+  CompositeQueue composite_;           // one worker: composites in submission order
 };
 
 }  // namespace

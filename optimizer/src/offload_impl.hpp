@@ -136,7 +136,10 @@ struct OffloadedOptimizer::Impl {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   mutable bool busy = false;
-  std::thread async_thread;
+  /// step_async()'s worker: one thread, started by the first step_async(), joined by
+  /// close(); it runs one step at a time (the step holds the baton).
+  std::unique_ptr<ThreadPool> step_queue;
+  Future<StepStats> last_step;  // the last step_async()'s future (set under the baton)
 
   /// The open overlapped step (offload_overlap.cpp), null when none.
   struct EarlyStep {

@@ -230,7 +230,7 @@ Status OffloadedOptimizer::close(bool checkpoint) {
     Status closed = impl_->close(checkpoint);
     if (st.ok()) st = closed;
   }
-  if (impl_->async_thread.joinable()) impl_->async_thread.join();
+  impl_->step_queue.reset();  // joins the step worker (its step is done: the baton is free)
   return st;
 }
 
@@ -450,32 +450,29 @@ void OffloadedOptimizer::reset_stats() {
 
 Future<StepStats> OffloadedOptimizer::step_async(const StepOptions& options) {
   Impl* impl = impl_.get();
-  {
-    std::unique_lock<std::mutex> lk(impl->mu);
-    impl->cv.wait(lk, [&] { return !impl->busy; });
-    impl->busy = true;
-  }
-  if (impl->async_thread.joinable()) impl->async_thread.join();
+  // The baton is taken here (waiting for an in-flight step or member) and handed to the
+  // step, which lets it go when the step is done, just before the future completes.
+  auto baton = std::make_shared<std::optional<Impl::Baton>>();
+  baton->emplace(impl);
+  impl->last_step.wait();  // as before: the previous step's future is ready first
   if (Status st = impl->check_no_open_step("step_async"); !st.ok()) {
-    {
-      std::lock_guard<std::mutex> lk(impl->mu);
-      impl->busy = false;
-    }
-    impl->cv.notify_all();
     return make_ready_future(Result<StepStats>(st));
   }
-  auto promise = std::make_shared<Promise<StepStats>>();
-  Future<StepStats> fut = promise->future();
-  impl->async_thread = std::thread([impl, options, promise] {
+  // The step runs on the optimizer's step queue: a ThreadPool of one worker, owned by the
+  // optimizer and joined by close(). Not the kernel pool (the step runs parallel_for on it,
+  // which must not be called from one of its workers), not the store's workers (the step
+  // waits for store reads and writes). Under the baton, one step is queued at a time.
+  if (impl->step_queue == nullptr) {
+    auto q = ThreadPool::create(1);
+    if (!q.ok()) return make_ready_future(Result<StepStats>(q.status()));
+    impl->step_queue = std::move(*q);
+  }
+  impl->last_step = impl->step_queue->async([impl, options, baton]() -> Result<StepStats> {
     Result<StepStats> r = impl->step(options);
-    {
-      std::lock_guard<std::mutex> lk(impl->mu);
-      impl->busy = false;
-    }
-    impl->cv.notify_all();
-    promise->set(std::move(r));
+    baton->reset();
+    return r;
   });
-  return fut;
+  return impl->last_step;
 }
 
 int OffloadedOptimizer::num_states() const { return impl_->num_states; }

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <thread>
+#include <functional>
 #include <utility>
 
 #include "partition_record.hpp"
@@ -38,16 +38,16 @@ struct AlignedBuffer {
   bool failed() const { return n && !p; }
 };
 
-// Runs `fn` (returning Status) on a new detached thread; the future carries its status.
+// Runs `fn` (a blocking composite collective returning Status) on `comm`'s composite queue
+// (Communicator::run_composite_async): one worker owned by the communicator, so the
+// operations of one communicator run in the order they were issued, as every rank issues
+// them, and none outlives the communicator (its destructor runs them first). Not the
+// communicator's operation queue: `fn` blocks on collectives queued there (it would wait
+// for itself); not the store's workers either: `fn` waits for store reads and writes that
+// need a free worker (with worker_threads = 1 it would wait for itself).
 template <class Fn>
-Future<void> run_detached(Fn fn) {
-  Promise<void> p;
-  Future<void> f = p.future();
-  std::thread([p = std::move(p), fn = std::move(fn)]() mutable {
-    Status st = fn();
-    p.set(st.ok() ? Result<void>() : Result<void>(std::move(st)));
-  }).detach();
-  return f;
+Future<void> run_composite(Communicator& comm, Fn fn) {
+  return comm.run_composite_async(std::function<Status()>(std::move(fn)));
 }
 
 Future<void> ready_error(Status st) { return make_ready_future(Result<void>(std::move(st))); }
@@ -408,7 +408,7 @@ Future<void> put_partitioned_slice_async(Store& store, Communicator& comm, const
   const uint8_t* src = static_cast<const uint8_t*>(owned_src);
   Store* s = &store;
   Communicator* c = &comm;
-  return run_detached([s, c, key, src, full_desc, opts] {
+  return run_composite(comm, [s, c, key, src, full_desc, opts] {
     return put_impl(*s, *c, key, src, full_desc, opts);
   });
 }
@@ -424,7 +424,7 @@ Future<void> fetch_partitioned_async(Store& store, Communicator& comm, const std
   Store* s = &store;
   Communicator* c = &comm;
   uint8_t* d = static_cast<uint8_t*>(dst);
-  return run_detached([s, c, key, d, full_desc, opts] {
+  return run_composite(comm, [s, c, key, d, full_desc, opts] {
     return fetch_impl(*s, *c, key, d, full_desc, opts);
   });
 }
@@ -449,7 +449,7 @@ Future<void> reduce_scatter_grads_async(Communicator& comm, const void* full_gra
   const uint8_t* f = static_cast<const uint8_t*>(full_grad);
   uint8_t* o = static_cast<uint8_t*>(owned_slice);
   PartitionLayout lay = *l;
-  return run_detached([c, f, o, lay, dtype, op, piece_bytes] {
+  return run_composite(comm, [c, f, o, lay, dtype, op, piece_bytes] {
     return reduce_scatter_impl(*c, f, o, lay, dtype, op, piece_bytes);
   });
 }

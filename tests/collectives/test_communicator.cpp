@@ -58,6 +58,42 @@ TEST(GlooCommunicator, WorldSizeOneInProcess) {
   ASSERT_TRUE(comm.barrier_async().result().ok());
 }
 
+TEST(GlooCommunicator, CompositesRunInOrderOnTheirOwnWorkerAndTheDestructorRunsThemAll) {
+  auto c = create_communicator(loopback_env(), options_with_timeout(3000));
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::unique_ptr<Communicator> comm = std::move(c).value();
+  Communicator* raw = comm.get();  // reset() nulls `comm` before the destructor runs
+  std::vector<int> order;  // written only by the composite worker, read after it is joined
+  std::vector<int32_t> in{1, 2, 3}, out(3, 0);
+  // A composite blocks on the communicator's own collectives (which never queue behind it).
+  Future<void> f1 = comm->run_composite_async([&]() -> Status {
+    order.push_back(1);
+    return raw->all_gather(in.data(), out.data(), 3, DType::kInt32);
+  });
+  Future<void> f2 = comm->run_composite_async([&]() -> Status {
+    order.push_back(2);
+    return invalid_argument("second");  // its Status is the future's
+  });
+  std::vector<Future<void>> rest;
+  for (int k = 3; k <= 8; ++k) {
+    rest.push_back(comm->run_composite_async([&order, k]() -> Status {
+      order.push_back(k);
+      return Status::OK();
+    }));
+  }
+  comm.reset();  // runs every queued composite first
+  ASSERT_TRUE(f1.ready() && f2.ready());
+  EXPECT_TRUE(f1.result().ok()) << f1.result().status().to_string();
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(f2.result().status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f2.result().status().message(), "second");
+  for (const auto& f : rest) {
+    ASSERT_TRUE(f.ready());
+    EXPECT_TRUE(f.result().ok());
+  }
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+}
+
 namespace {
 std::atomic<int> g_sigpipes{0};
 void count_sigpipe(int) { g_sigpipes.fetch_add(1); }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -155,6 +156,20 @@ class Communicator {
     return broadcast_async(buf, count, dtype, root).result().status();
   }
   Status barrier() { return barrier_async().result().status(); }
+
+  /// Runs `op`, a blocking operation made of this communicator's own collectives (the
+  /// store's partitioned objects: put/fetch_partitioned, reduce_scatter_grads), on the
+  /// communicator's composite queue, and returns a future of the Status `op` returns.
+  /// The composite queue is a strata::ThreadPool of one worker owned by the communicator
+  /// (started on first use): composites run one at a time, in the order they were
+  /// submitted, and each may block on this communicator's collectives, which run on the
+  /// operation queue and so never wait behind a composite. `op` must not wait for another
+  /// composite of this communicator (that one is queued behind it).
+  /// Lifetime: the destructor runs every queued composite before it stops the operation
+  /// queue; what `op` uses besides the communicator must outlive the future.
+  /// \error what `op` returns; ResourceExhausted when the worker cannot be started.
+  /// 	hreadsafety any thread.
+  virtual Future<void> run_composite_async(std::function<Status()> op) = 0;
 
   /// The rendezvous client this communicator was created with (for application-level
   /// key-value exchange, e.g. catalog metadata); never null. Keys under "strata/" are
