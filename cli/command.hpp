@@ -1,4 +1,5 @@
-// The `strata` command-line tool: each cli/*.cpp registers its subcommands here.
+// The `strata` command-line tool: each command file (cli/<command>_cmd.cpp) registers its
+// subcommands here.
 //
 //   static void register_my_command(strata::cli::Registry& r) { ... }
 //   STRATA_CLI_COMMAND(register_my_command);

@@ -1,6 +1,6 @@
 // The sequential-transfer machinery of `strata bench io`, shared with `strata tune`: the
 // benchmark files' clean-up guard, the I/O memory, and the loop that keeps requests
-// outstanding over a StripedFile. See bench_io.cpp for the method.
+// outstanding over a StripedFile. See bench_io_cmd.cpp for the method.
 #pragma once
 
 #include <sys/mman.h>

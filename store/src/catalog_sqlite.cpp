@@ -3,7 +3,10 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -12,9 +15,36 @@
 #include <map>
 #include <string>
 
-#include "store_validate.hpp"
-
 namespace strata::catalog {
+
+namespace {
+/// SQLite URI "file:<percent-encoded path>?mode=ro[&immutable=1]" for a read-only open.
+std::string sqlite_readonly_uri(const std::string& path, bool immutable) {
+  // RFC 3986 percent-encoding of everything but unreserved characters and '/'
+  // (https://www.sqlite.org/uri.html).
+  static const char* kHex = "0123456789ABCDEF";
+  std::string u = "file:";
+  for (unsigned char c : path) {
+    if (std::isalnum(c) || c == '/' || c == '-' || c == '.' || c == '_' || c == '~') {
+      u += static_cast<char>(c);
+    } else {
+      u += '%';
+      u += kHex[c >> 4];
+      u += kHex[c & 15];
+    }
+  }
+  u += "?mode=ro";
+  if (immutable) u += "&immutable=1";
+  return u;
+}
+
+/// True when new files can be created in `dir` (not a read-only mount, write permission).
+bool dir_writable(const std::string& dir) {
+  struct statvfs sv;
+  if (::statvfs(dir.c_str(), &sv) == 0 && (sv.f_flag & ST_RDONLY)) return false;
+  return ::access(dir.c_str(), W_OK) == 0;
+}
+}  // namespace
 
 std::string shape_to_text(const std::vector<int64_t>& shape) {
   std::string s;
@@ -125,7 +155,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
     auto probe = [&](bool immutable) -> Status {
       if (c->db_) sqlite3_close_v2(c->db_);
       c->db_ = nullptr;
-      std::string uri = store_detail::sqlite_readonly_uri(path, immutable);
+      std::string uri = sqlite_readonly_uri(path, immutable);
       int flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX;
       if (sqlite3_open_v2(uri.c_str(), &c->db_, flags, nullptr) != SQLITE_OK) {
         return c->error("open");
@@ -134,7 +164,7 @@ Result<std::unique_ptr<Catalog>> Catalog::open(const std::string& path, bool cre
       return c->check_objects_table("open (read only)");
     };
     Status st = probe(false);
-    if (st.ok() || store_detail::dir_writable(dir)) {
+    if (st.ok() || dir_writable(dir)) {
       if (!st.ok()) return st;
       return c;
     }

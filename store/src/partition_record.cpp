@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "store_validate.hpp"
+#include "store_shapes.hpp"
 
 namespace strata::store_detail {
 namespace {

@@ -2,8 +2,9 @@
 // The store itself is StoreImpl (store_impl.hpp).
 #include <algorithm>
 
+#include "store_damage.hpp"
 #include "store_impl.hpp"
-#include "store_validate.hpp"
+#include "store_paths.hpp"
 #include "strata/base/env.hpp"
 #include "io_common.hpp"
 #include "strata/store/config.hpp"

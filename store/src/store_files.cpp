@@ -4,18 +4,31 @@
 // committable.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "store_impl.hpp"
-#include "store_validate.hpp"
 #include "strata/base/logging.hpp"
 
 namespace strata::store_detail {
 
 namespace {
+
+/// Shrinks the data file open as `fd` (at `path`) to `keep_bytes` when it is larger
+/// (space preallocated for a put that failed). \error IoError naming the path.
+Status trim_data_file(int fd, const std::string& path, uint64_t keep_bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return errno_status(errno, "fstat " + path);
+  if (static_cast<uint64_t>(st.st_size) <= keep_bytes) return Status::OK();
+  if (::ftruncate(fd, static_cast<off_t>(keep_bytes)) != 0) {
+    return errno_status(errno, "truncate " + path + " to " + std::to_string(keep_bytes) + " bytes");
+  }
+  return Status::OK();
+}
 
 /// The pid written into a lock file (what follows "locked by pid"); "?" when unreadable.
 std::string read_lock_holder(int fd) {

@@ -4,7 +4,8 @@
 //   store.cpp            the public free functions of store.hpp, Store::open, list_store
 //   store_open.cpp       open (init, in named steps) and close, operation admission
 //   store_files.cpp      the lock file, the data files' growth and trimming, the ballast
-//   store_objects.cpp    the object table: lookup, locking a live version, catalog rows
+//   store_objects.cpp    the object table: lookup (the one every read goes through),
+//                        locking a live version, catalog rows
 //   store_readonly.cpp   a read-only open following another process's writer (catch-up)
 //   store_commit.cpp     the group-commit thread
 //   store_datapath.cpp   chunk I/O: O_DIRECT or staged, checksummed, pipelined
@@ -227,7 +228,7 @@ class StoreImpl final : public Store {
   Status open_catalog(const std::string& cat_path);
   /// Records (new store) or checks (reopen) the store's uuid, chunk_bytes and nvme_dirs.
   Status load_identity(const std::string& cat_path);
-  /// The NVMe directories: identity markers (store_validate), created when missing.
+  /// The NVMe directories: identity markers (store_dirs.cpp), created when missing.
   Status prepare_directories();
   /// NUMA placement, then one I/O engine per node of the directories.
   Status start_engines();
@@ -320,6 +321,13 @@ class StoreImpl final : public Store {
   };
   Copies copies(const Obj& o) const;
   void install_locked(const ObjPtr& obj);  // under mu_
+  /// Runs `attempt` on the object `key` (NotFound when absent): the lookup every read goes
+  /// through. In a read-only open, a NotFound or DataLoss is checked against the key's
+  /// current catalog row first: when a writer changed it, the attempt runs again on the new
+  /// version (at most 8 retries; retry_after_catch_up(), store_readonly.cpp).
+  Future<void> with_current_object_async(
+      const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt,
+      int retries = 0);
 
   // ---- store_readonly.cpp: following another process's writer
   /// The catch-up step of a read-only open, like RocksDB's TryCatchUpWithPrimary for one
@@ -339,13 +347,14 @@ class StoreImpl final : public Store {
   /// Installs committed `row` in the object table unless the table's version of its key
   /// came from the same row; true when it changed. Under mu_.
   bool install_row_locked(const catalog::ObjectRow& row) const;
-  /// Runs `attempt` on the object `key` (NotFound when absent). In a read-only open, a
-  /// NotFound or DataLoss is checked against the key's current catalog row first: when a
-  /// writer changed it, the attempt runs again on the new version (at most 8 retries). That
-  /// catch-up reads the catalog, so it runs on a worker, never on a completion thread.
-  Future<void> with_current_object_async(
-      const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt,
-      int retries = 0);
+  /// The retry step of with_current_object_async() in a read-only open: when `r` (the
+  /// result of an attempt on `seen`, the version found; null: absent) is a NotFound or
+  /// DataLoss and fewer than 8 retries ran, catches up with the key's current catalog row
+  /// on a worker (it reads the catalog: never on a completion thread) and, when a writer
+  /// changed it, runs `attempt` again on the new version; else `r` stands.
+  Future<void> retry_after_catch_up(const std::string& key, const ObjPtr& seen,
+                                    const std::function<Future<void>(const ObjPtr&)>& attempt,
+                                    int retries, const Result<void>& r);
 
   // ---- store_commit.cpp: group commit
   struct CommitReq {

@@ -1,8 +1,8 @@
-// strata::store (private) — the object table: key -> live version, locking a live
-// version, and the conversions between versions and catalog rows.
+// strata::store (private) — the object table: key -> live version, the lookup every read
+// goes through, locking a live version, and the conversions between versions and catalog rows.
 #include "checksum.hpp"
+#include "store_damage.hpp"
 #include "store_impl.hpp"
-#include "store_validate.hpp"
 
 namespace strata::store_detail {
 
@@ -32,6 +32,16 @@ Status StoreImpl::missing(const std::string& key) const {
 Status StoreImpl::check_damage(const Obj& o) const {
   if (o.damage.empty()) return Status::OK();
   return data_loss("store " + opts_.path + ": " + o.damage);
+}
+
+Future<void> StoreImpl::with_current_object_async(
+    const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt, int retries) {
+  ObjPtr o = find(key);
+  Future<void> f = o ? attempt(o) : make_ready_future(Result<void>(missing(key)));
+  if (!read_only_) return f;  // no catch-up: the result stands
+  return f.then([this, key, o, attempt, retries](const Result<void>& r) -> Future<void> {
+    return retry_after_catch_up(key, o, attempt, retries, r);
+  });
 }
 
 StoreImpl::Copies StoreImpl::copies(const Obj& o) const {

@@ -10,8 +10,11 @@
 #include <filesystem>
 
 #include "checksum.hpp"
+#include "store_damage.hpp"
+#include "store_dirs.hpp"
 #include "store_impl.hpp"
-#include "store_validate.hpp"
+#include "store_markers.hpp"
+#include "store_paths.hpp"
 #include "strata/base/logging.hpp"
 #include "strata/store/placement.hpp"
 #include "strata/store/topology.hpp"
@@ -207,7 +210,7 @@ Status StoreImpl::load_identity(const std::string& cat_path) {
 
 Status StoreImpl::prepare_directories() {
   const std::string& root = opts_.path;
-  {  // NVMe directories and data files must carry this store's identity (store_validate).
+  {  // NVMe directories and data files must carry this store's identity (store_dirs.cpp).
     STRATA_ASSIGN_OR_RETURN(auto held, catalog_->chunks_per_dir(dirs_.size()));
     STRATA_RETURN_IF_ERROR(prepare_nvme_dirs(root, uuid_, dirs_, held, read_only_));
     if (!read_only_) STRATA_RETURN_IF_ERROR(record_dirs_relocatable(*catalog_, root, dirs_));

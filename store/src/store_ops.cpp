@@ -9,7 +9,7 @@
 #include "checksum.hpp"
 #include "piece_pipeline.hpp"
 #include "store_impl.hpp"
-#include "store_validate.hpp"
+#include "store_shapes.hpp"
 
 namespace strata::store_detail {
 

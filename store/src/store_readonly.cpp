@@ -64,18 +64,15 @@ bool may_retry(const Status& st, int retries) {
 }
 }  // namespace
 
-Future<void> StoreImpl::with_current_object_async(
-    const std::string& key, std::function<Future<void>(const ObjPtr&)> attempt, int retries) {
-  ObjPtr o = find(key);
-  Future<void> f = o ? attempt(o) : make_ready_future(Result<void>(missing(key)));
-  if (!read_only_) return f;  // no catch-up: the result stands
-  return f.then([this, key, o, attempt, retries](const Result<void>& r) -> Future<void> {
-    if (!may_retry(r.status(), retries)) return make_ready_future(r);
-    return pool_->async([this, key, o, attempt, retries, st = r.status()]() -> Future<void> {
-      auto changed = catch_up(key, o);
-      if (!changed.ok() || !*changed) return make_ready_future(Result<void>(st));
-      return with_current_object_async(key, attempt, retries + 1);
-    });
+Future<void> StoreImpl::retry_after_catch_up(
+    const std::string& key, const ObjPtr& seen,
+    const std::function<Future<void>(const ObjPtr&)>& attempt, int retries,
+    const Result<void>& r) {
+  if (!may_retry(r.status(), retries)) return make_ready_future(r);
+  return pool_->async([this, key, o = seen, attempt, retries, st = r.status()]() -> Future<void> {
+    auto changed = catch_up(key, o);
+    if (!changed.ok() || !*changed) return make_ready_future(Result<void>(st));
+    return with_current_object_async(key, attempt, retries + 1);
   });
 }
 

@@ -4,10 +4,13 @@
   the anchor is the GitHub slug of one of its headings (or of the same file's);
 - every code block of the guides (docs/guide-*.md) is a verbatim excerpt of an example under
   examples/ (which tests/docs/CMakeLists.txt builds and runs), so no guide code goes untested;
+- every file and folder that docs/architecture.md names (`store/src/gpu.cpp`, `gpu.cpp`,
+  `base/thread_pool.hpp`, `tests/common/`, `*_cmd.cpp`) is in the repository;
 - scripts/plot_bench.py turns the fixtures (tests/docs/fixtures/*.json) into PNG files,
   says which charts it skipped, and names the file and field of malformed input.
 """
 
+import fnmatch
 import json
 import os
 import re
@@ -140,6 +143,90 @@ def test_the_link_checker_finds_dead_links(tmp_path):
 def test_no_dead_links_in_readme_and_docs():
     dead = [d for f in markdown_files() for d in dead_links(f)]
     assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+# A token of a doc names a file when it ends in one of these, a folder when it ends in "/".
+FILE_EXTENSIONS = (".cpp", ".hpp", ".h", ".c", ".cc", ".cu", ".py", ".md", ".txt", ".cmake",
+                   ".sh", ".json", ".toml", ".cfg")
+PATH_TOKEN = re.compile(r"[\w.*<>\-]+(?:/[\w.*<>\-]+)*/?")
+
+
+def named_paths(text):
+    """The file and folder names in `text`, in order, each once: tokens ending in one of
+    FILE_EXTENSIONS (after any trailing '.', as at the end of a sentence) or in '/'.
+    Placeholders (`tests/<component>/`) are not names."""
+    out = []
+    for m in PATH_TOKEN.finditer(text):
+        tok = m.group(0)
+        if tok.endswith("/"):
+            is_dir = len(tok) > 1
+        else:
+            tok = tok.rstrip(".")
+            is_dir = False
+        if "<" in tok or ">" in tok or not (is_dir or tok.endswith(FILE_EXTENSIONS)):
+            continue
+        if tok.strip("./*") and tok not in out:
+            out.append(tok)
+    return out
+
+
+def repo_paths(root):
+    """(files, folders) of the source tree below `root`, as '/'-separated paths relative to
+    it; build trees (a CMakeCache.txt), hidden and __pycache__ folders left out."""
+    files, dirs = [], []
+    for here, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != "__pycache__"
+                            and not os.path.exists(os.path.join(here, d, "CMakeCache.txt")))
+        rel = os.path.relpath(here, root).replace(os.sep, "/")
+        prefix = "" if rel == "." else rel + "/"
+        dirs += [prefix + d for d in subdirs]
+        files += [prefix + n for n in names]
+    return files, dirs
+
+
+def missing_paths(names, files, dirs):
+    """The names (from named_paths) that no file or folder matches. A name matches a path
+    equal to it or ending in "/" + it (`gpu.cpp`, `base/thread_pool.hpp` for
+    base/include/strata/base/thread_pool.hpp); '*' matches within one path component."""
+    missing = []
+    for name in names:
+        is_dir = name.endswith("/")
+        pattern = name.rstrip("/")
+        candidates = dirs if is_dir else files
+        if not any(fnmatch.fnmatchcase(c, pattern) or fnmatch.fnmatchcase(c, "*/" + pattern)
+                   for c in candidates
+                   if c.count("/") >= pattern.count("/")
+                   and fnmatch.fnmatchcase(c.rsplit("/", 1)[-1], pattern.rsplit("/", 1)[-1])):
+            missing.append(name)
+    return missing
+
+
+def test_the_path_checker_finds_missing_names(tmp_path):
+    for f in ["store/src/gpu.cpp", "base/include/strata/base/thread_pool.hpp", "cli/tune_cmd.cpp",
+              "tests/common/temp_dir.hpp", "build/store/src/gone.cpp"]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    (tmp_path / "build" / "CMakeCache.txt").write_text("")
+    text = ("store/src/gpu.cpp holds it (gpu.cpp, base/thread_pool.hpp); *_cmd.cpp, tests/common/,\n"
+            "tests/<component>/, Status/Result, put/get. Gone: store/src/old.cpp, gone.cpp, src/gpu.cpp\n"
+            "thread_pool.hpp. bench_*.cpp, tests/gone/, strata.h.")
+    names = named_paths(text)
+    assert names == ["store/src/gpu.cpp", "gpu.cpp", "base/thread_pool.hpp", "*_cmd.cpp",
+                     "tests/common/", "store/src/old.cpp", "gone.cpp", "src/gpu.cpp",
+                     "thread_pool.hpp", "bench_*.cpp", "tests/gone/", "strata.h"], names
+    files, dirs = repo_paths(str(tmp_path))
+    assert missing_paths(names, files, dirs) == ["store/src/old.cpp", "gone.cpp", "bench_*.cpp",
+                                                 "tests/gone/", "strata.h"]
+
+
+def test_architecture_names_only_files_that_exist():
+    doc = os.path.join(ROOT, "docs", "architecture.md")
+    names = named_paths(open(doc, encoding="utf-8").read())
+    assert len(names) > 50, names  # the components' boxes name files
+    files, dirs = repo_paths(ROOT)
+    missing = missing_paths(names, files, dirs)
+    assert not missing, ("docs/architecture.md names files or folders that are not in the "
+                         "repository: " + ", ".join(missing))
 
 
 GUIDE_LANGS = {"cpp": ".cpp", "c": ".c", "python": ".py"}

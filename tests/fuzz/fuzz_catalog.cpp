@@ -1,6 +1,7 @@
 // Fuzz target: decoding of a store's catalog (store/src/catalog_sqlite.cpp: object and chunk
-// rows, shapes; store_validate.cpp: the nvme_dirs and chunk_bytes records, row damage,
-// overlapping extents) and the read-only open of a store over it.
+// rows, shapes; store_dirs.cpp: the nvme_dirs record; store_open.cpp: the chunk_bytes
+// record; store_damage.cpp: row damage, overlapping extents) and the read-only open of a
+// store over it.
 //
 // Input: SQL text run against a fresh catalog (the schema Catalog::open creates), e.g. the
 // INSERT statements of a real store's catalog (corpus/catalog, made by fuzz_seeds). Only
@@ -18,8 +19,10 @@
 #include "catalog_sqlite.hpp"
 #include "fuzz_check.hpp"
 #include "fuzz_temp_dir.hpp"
+#include "store_damage.hpp"
+#include "store_dirs.hpp"
 #include "store_impl.hpp"
-#include "store_validate.hpp"
+#include "store_shapes.hpp"
 #include "strata/base/logging.hpp"
 #include "strata/store/store.hpp"
 

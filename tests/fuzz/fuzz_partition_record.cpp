@@ -7,7 +7,7 @@
 
 #include "fuzz_check.hpp"
 #include "partition_record.hpp"
-#include "store_validate.hpp"
+#include "store_shapes.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata;

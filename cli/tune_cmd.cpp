@@ -22,7 +22,7 @@
 //  4. The store's data path: with the chosen engine settings and store.chunk_bytes, N
 //     objects put to the NVMe tier of a fresh store in DIR/strata-tune-store (striped over
 //     the paths) and got back, checksums on, beside the raw engine on the same bytes --
-//     `strata bench store`'s measurement (bench_store.hpp), medians of the rounds. These
+//     `strata bench store`'s measurement (bench_store_cmd.hpp), medians of the rounds. These
 //     become measured.store_{read,write}_bytes_per_s, which `strata plan` prefers: the
 //     offloaded step goes through this path, not the raw engine's.
 //  5. Host: a STREAM-style copy (the kernel threads copy disjoint slices of one buffer to
@@ -45,9 +45,9 @@
 #include <string>
 #include <vector>
 
-#include "bench_adam.hpp"
+#include "bench_adam_cmd.hpp"
 #include "bench_limits.hpp"
-#include "bench_store.hpp"
+#include "bench_store_cmd.hpp"
 #include "command.hpp"
 #include "io_pass.hpp"
 #include "progress.hpp"

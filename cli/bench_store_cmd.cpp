@@ -20,7 +20,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "bench_store.hpp"
+#include "bench_store_cmd.hpp"
 #include "command.hpp"
 #include "config_option.hpp"
 #include "striped_file.hpp"

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_adam.hpp"
+#include "bench_adam_cmd.hpp"
 #include "bench_limits.hpp"
 #include "command.hpp"
 #include "strata/base/dtype.hpp"
