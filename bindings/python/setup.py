@@ -54,7 +54,7 @@ setup(
     description="Tiered tensor store (GPU HBM / pinned DRAM / NVMe) and offloaded optimizer",
     packages=["strata", "strata.torch", "strata.torch.optim", "strata.torch.offload"],
     package_dir={"strata": "strata"},
-    package_data={"strata": ["*.pyi", "py.typed"], "strata.torch": ["*.pyi"]},
+    package_data={"strata": ["*.pyi", "py.typed"]},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"torch": ["torch"]},
