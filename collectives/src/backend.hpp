@@ -56,6 +56,26 @@ class CompositeQueue {
   bool shut_down_ = false;
 };
 
+/// What the Gloo and NCCL communicators have alike: the bootstrap (rendezvous client,
+/// environment, options), the composite queue, and the accessors over them. The backend's
+/// destructor calls composite_.shutdown() first (composites use its operation queue).
+class BootstrappedCommunicator : public Communicator {
+ public:
+  int rank() const override { return boot_->env.rank; }
+  int size() const override { return boot_->env.world_size; }
+  const CommunicatorOptions& options() const override { return boot_->options; }
+  RendezvousClient& store() override { return *boot_->client; }
+  Future<void> run_composite_async(std::function<Status()> op) override {
+    return composite_.run(std::move(op));
+  }
+
+ protected:
+  explicit BootstrappedCommunicator(std::unique_ptr<Bootstrap> boot) : boot_(std::move(boot)) {}
+
+  std::unique_ptr<Bootstrap> boot_;  // destroyed last: after the backend's own members
+  CompositeQueue composite_;         // one worker: composites in submission order
+};
+
 /// Turns a transport failure into a Status naming the lost rank when the store knows one
 /// (polls lost_ranks() for up to ~1 s since the server may notice the death a little after
 /// the peers do). `timed_out` selects DeadlineExceeded when no rank is known lost.

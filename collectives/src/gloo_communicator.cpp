@@ -146,12 +146,12 @@ Status describe_gloo_failure(Bootstrap& boot, std::string_view what, const std::
 // Gloo's ReduceScatterHalvingDoubling keeps element counts and byte sizes in `int`.
 constexpr size_t kReduceScatterMaxBytes = size_t{1} << 30;
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public BootstrappedCommunicator {
  public:
   GlooCommunicator(std::unique_ptr<Bootstrap> boot, std::unique_ptr<ThreadPool> queue,
                    std::shared_ptr<gloo::transport::Device> dev,
                    std::shared_ptr<gloo::rendezvous::Context> ctx)
-      : boot_(std::move(boot)), dev_(std::move(dev)), ctx_(std::move(ctx)),
+      : BootstrappedCommunicator(std::move(boot)), dev_(std::move(dev)), ctx_(std::move(ctx)),
         queue_(std::move(queue)) {}
 
   ~GlooCommunicator() override {
@@ -161,15 +161,8 @@ class GlooCommunicator final : public Communicator {
     dev_.reset();
   }
 
-  int rank() const override { return boot_->env.rank; }
-  int size() const override { return boot_->env.world_size; }
   Backend backend() const override { return Backend::kGloo; }
-  const CommunicatorOptions& options() const override { return boot_->options; }
   int device() const override { return -1; }
-  RendezvousClient& store() override { return *boot_->client; }
-  Future<void> run_composite_async(std::function<Status()> op) override {
-    return composite_.run(std::move(op));
-  }
 
   Future<void> all_gather_async(const void* send, void* recv, size_t count,
                                 DType dtype) override {
@@ -294,12 +287,10 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  std::unique_ptr<Bootstrap> boot_;
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Status broken_;  // touched only on the queue thread
   std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
-  CompositeQueue composite_;           // one worker: composites in submission order
 };
 
 }  // namespace

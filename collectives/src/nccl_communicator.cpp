@@ -51,11 +51,11 @@ ncclRedOp_t nccl_op(DType t, ReduceOp op) {
   return op == ReduceOp::kSum ? ncclSum : ncclMax;
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public BootstrappedCommunicator {
  public:
   NcclCommunicator(std::unique_ptr<Bootstrap> boot, std::unique_ptr<ThreadPool> queue,
                    int device, ncclComm_t comm, cudaStream_t stream, int* scratch)
-      : boot_(std::move(boot)), device_(device), comm_(comm), stream_(stream), scratch_(scratch),
+      : BootstrappedCommunicator(std::move(boot)), device_(device), comm_(comm), stream_(stream), scratch_(scratch),
         queue_(std::move(queue)) {}
 
   ~NcclCommunicator() override {
@@ -73,15 +73,8 @@ class NcclCommunicator final : public Communicator {
     cudaFree(scratch_);
   }
 
-  int rank() const override { return boot_->env.rank; }
-  int size() const override { return boot_->env.world_size; }
   Backend backend() const override { return Backend::kNccl; }
-  const CommunicatorOptions& options() const override { return boot_->options; }
   int device() const override { return device_; }
-  RendezvousClient& store() override { return *boot_->client; }
-  Future<void> run_composite_async(std::function<Status()> op) override {
-    return composite_.run(std::move(op));
-  }
 
   Future<void> all_gather_async(const void* send, void* recv, size_t count,
                                 DType dtype) override {
@@ -182,7 +175,6 @@ class NcclCommunicator final : public Communicator {
     return broken_;
   }
 
-  std::unique_ptr<Bootstrap> boot_;
   int device_;
   ncclComm_t comm_;
   cudaStream_t stream_;
@@ -190,7 +182,6 @@ class NcclCommunicator final : public Communicator {
   Status broken_;
   bool aborted_ = false;
   std::unique_ptr<ThreadPool> queue_;  // one worker: operations in submission order
-  CompositeQueue composite_;           // one worker: composites in submission order
 };
 
 }  // namespace
