@@ -196,21 +196,45 @@ TEST(OffloadPipeline, MixedPlacementAndHostBudget) {
   expect_parity(*run, adam_factory(), kAdamHp, 2);
 }
 
+/// Reference tensors beside `run`'s, and step 1's fp32 gradient of each, attached to it.
+struct AttachedGrads {
+  std::vector<RefTensor> ref;
+  std::vector<std::vector<float>> grads;
+};
+
+AttachedGrads attach_reference_grads(Run& run, const UpdateRule& rule) {
+  AttachedGrads a;
+  for (uint32_t t = 0; t < kSizes.size(); ++t) {
+    a.ref.emplace_back(rule, values(t, kSizes[t]));
+    a.grads.push_back(grad_for(t, 1, kSizes[t]));
+    EXPECT_TRUE(run.opt->set_grad(run.handles[t], a.grads.back().data(), DType::kFloat32).ok());
+  }
+  return a;
+}
+
+/// Every tensor of `run` is bit-identical to its reference stepped with gradient scale
+/// `scale` (master and second moment).
+void expect_stepped_with_scale(Run& run, const UpdateRule& rule, AttachedGrads& a,
+                               float scale) {
+  for (uint32_t t = 0; t < kSizes.size(); ++t) {
+    ASSERT_TRUE(a.ref[t].step(rule, a.grads[t].data(), scale).ok());
+    auto got = dump(*run.opt, run.handles[t]);
+    EXPECT_TRUE(bit_equal(got[0], a.ref[t].param)) << "t" << t;
+    EXPECT_TRUE(bit_equal(got[2], a.ref[t].states[1])) << "t" << t;
+  }
+}
+
 TEST(OffloadPipeline, ClippingByGlobalNorm) {
   auto run = adam_nvme_run(30000);
   ASSERT_NE(run, nullptr);
   auto rule = must(adam_factory()(kAdamHp));
-  std::vector<RefTensor> ref;
-  std::vector<std::vector<float>> grads;
+  AttachedGrads a = attach_reference_grads(*run, *rule);
   std::vector<GradView> views;
   double sumsq = 0.0;
-  for (uint32_t t = 0; t < kSizes.size(); ++t) {
-    ref.emplace_back(*rule, values(t, kSizes[t]));
-    grads.push_back(grad_for(t, 1, kSizes[t]));
-    for (float g : grads.back()) sumsq += static_cast<double>(g) * g;
-    OFFLOAD_ASSERT_OK(run->opt->set_grad(run->handles[t], grads.back().data(), DType::kFloat32));
+  for (auto& g : a.grads) {
+    for (float x : g) sumsq += static_cast<double>(x) * x;
+    views.push_back({g.data(), DType::kFloat32, g.size()});
   }
-  for (auto& g : grads) views.push_back({g.data(), DType::kFloat32, g.size()});
   const float grad_scale = 0.5f;
   const double max_norm = 1.0;
   StepOptions so;
@@ -224,12 +248,7 @@ TEST(OffloadPipeline, ClippingByGlobalNorm) {
   EXPECT_DOUBLE_EQ(st->clip_coef, max_norm / (st->grad_norm + 1e-6));
   const double norm = *global_l2_norm(views) * grad_scale;
   const float scale = static_cast<float>(grad_scale * clip_coefficient(norm, max_norm));
-  for (uint32_t t = 0; t < kSizes.size(); ++t) {
-    OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads[t].data(), scale));
-    auto got = dump(*run->opt, run->handles[t]);
-    EXPECT_TRUE(bit_equal(got[0], ref[t].param)) << "t" << t;
-    EXPECT_TRUE(bit_equal(got[2], ref[t].states[1])) << "t" << t;
-  }
+  expect_stepped_with_scale(*run, *rule, a, scale);
 }
 
 TEST(OffloadPipeline, GivenGradSummaryDecidesTheGateWithoutAScan) {
@@ -239,13 +258,7 @@ TEST(OffloadPipeline, GivenGradSummaryDecidesTheGateWithoutAScan) {
   auto run = adam_nvme_run(30000);
   ASSERT_NE(run, nullptr);
   auto rule = must(adam_factory()(kAdamHp));
-  std::vector<RefTensor> ref;
-  std::vector<std::vector<float>> grads;
-  for (uint32_t t = 0; t < kSizes.size(); ++t) {
-    ref.emplace_back(*rule, values(t, kSizes[t]));
-    grads.push_back(grad_for(t, 1, kSizes[t]));
-    OFFLOAD_ASSERT_OK(run->opt->set_grad(run->handles[t], grads.back().data(), DType::kFloat32));
-  }
+  AttachedGrads a = attach_reference_grads(*run, *rule);
   StepOptions so;
   so.max_grad_norm = 0.5;
   so.grad_summary = StepOptions::GradSummary{3.25, true, NormArithmetic::kTorch};
@@ -260,12 +273,7 @@ TEST(OffloadPipeline, GivenGradSummaryDecidesTheGateWithoutAScan) {
   EXPECT_EQ(st->grad_norm, 3.25);
   const float scale = torch_clip_coefficient(3.25f, 0.5);
   EXPECT_EQ(st->clip_coef, static_cast<double>(scale));
-  for (uint32_t t = 0; t < kSizes.size(); ++t) {
-    OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads[t].data(), scale));
-    auto got = dump(*run->opt, run->handles[t]);
-    EXPECT_TRUE(bit_equal(got[0], ref[t].param)) << "t" << t;
-    EXPECT_TRUE(bit_equal(got[2], ref[t].states[1])) << "t" << t;
-  }
+  expect_stepped_with_scale(*run, *rule, a, scale);
 }
 
 TEST(OffloadPipeline, NonFiniteGradientSkipsTheStep) {

@@ -237,7 +237,7 @@ class Checkpoints:
         first)."""
         core, handle = self.table.core, self.table.handle
         state: Dict[int, Dict[str, Any]] = {}
-        names = [core.state_name(k) for k in range(core.num_states())]
+        names = self.table.state_names()
         index: Dict[int, int] = {}
         groups = []
         start = 0
@@ -261,11 +261,6 @@ class Checkpoints:
                     st["master_param"] = torch.from_numpy(core.read_param(h)).view(p.shape)
                 state[i] = st
         return {"state": state, "param_groups": groups}
-
-    def state_names(self) -> List[str]:
-        """The state streams' names (torch's: exp_avg, exp_avg_sq[, max_exp_avg_sq])."""
-        core = self.table.core
-        return [core.state_name(k) for k in range(core.num_states())]
 
     def check_loaded_groups(self, groups: Any, param_groups: List[Dict[str, Any]],
                             amsgrad: List[bool]) -> list:
@@ -295,7 +290,7 @@ class Checkpoints:
 
     def check_loaded_states(self, states: Dict[Any, Any], saved_ids: list) -> None:
         """load_state_dict: every saved state entry fits its parameter (nothing set)."""
-        names = self.state_names()
+        names = self.table.state_names()
         for sid, p in zip(saved_ids, self.table.params):
             st = states.get(sid)
             if st is None:
@@ -315,7 +310,7 @@ class Checkpoints:
     def load_states(self, states: Dict[Any, Any], saved_ids: list) -> None:
         """load_state_dict: every parameter's master, states and step from its saved entry
         (checked by check_loaded_states; no entry restarts it)."""
-        names = self.state_names()
+        names = self.table.state_names()
         core, table = self.table.core, self.table
         for sid, p in zip(saved_ids, table.params):
             st = states.get(sid)

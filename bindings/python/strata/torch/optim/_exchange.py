@@ -100,12 +100,13 @@ class TensorExchange:
             buf = self._pinned_buf(h, "grad", g.numel(), g.dtype if g.dtype in GRAD_DTYPES
                                    else torch.float32, True)
         host = host_grad(g, out=buf)
+        in_place = not on_gpu and host.data_ptr() == g.data_ptr() and host.dtype == g.dtype
         if on_gpu:
             self.bytes_moved["device_to_host"] += host.numel() * host.element_size()
-        elif host.data_ptr() != g.data_ptr() or host.dtype != g.dtype:
+        elif not in_place:
             self.bytes_moved["host_copies"] += host.numel() * host.element_size()
         # the tensor strata reads is remembered by its owner: g itself when read in place
-        owner = buf if on_gpu else (g if host.data_ptr() == g.data_ptr() else host)
+        owner = buf if on_gpu else (g if in_place else host)
         self._set(opt.set_grad, self._grad, h, owner, host)
         self.bytes_moved["host_grads_read"] += host.numel() * host.element_size()
         if not p.is_cuda and p.is_contiguous():

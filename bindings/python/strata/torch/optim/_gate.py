@@ -26,6 +26,8 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from .._common import all_finite
+
 #: (grad_norm, nonfinite, arithmetic): what strata's step takes as ``grad_summary``
 Summary = Tuple[float, bool, str]
 
@@ -73,7 +75,6 @@ def torch_summary(grads: List[torch.Tensor], max_grad_norm: float) -> Optional[S
     """
     if not max_grad_norm > 0:
         return None
-    from .._common import all_finite
     norms = [torch.norm(g.detach(), 2.0) for g in grads]
     finite = all(all_finite(g, n) for g, n in zip(grads, norms))
     device = grads[0].device if grads else "cpu"  # as clip_grad_norm_: on the first's

@@ -101,6 +101,11 @@ class ParamTable:
         self.handle[id(p)] = h
         self._marks[h] = _mark(p)
 
+    def state_names(self) -> List[str]:
+        """The names of ``core``'s state streams (torch's: exp_avg, exp_avg_sq[,
+        max_exp_avg_sq]), in stream order."""
+        return [self.core.state_name(k) for k in range(self.core.num_states())]
+
     def param_of(self, h: int) -> torch.Tensor:
         """The parameter of strata handle ``h``."""
         return self.params[self._pos[h]]

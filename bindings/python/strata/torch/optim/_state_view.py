@@ -75,15 +75,11 @@ class StateView(collections.abc.MutableMapping):
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def _names(self) -> List[str]:
-        o = self._table.core
-        return [o.state_name(k) for k in range(o.num_states())]
-
     def _handle_of(self, p: Any) -> Optional[int]:
         return self._table.handle.get(id(p)) if torch.is_tensor(p) else None
 
     def _check_value(self, h: int, key: str, value: Any) -> None:
-        names = self._names()
+        names = self._table.state_names()
         p = self._table.param_of(h)
         if key == "step":
             step = float(value.item() if torch.is_tensor(value) else value)
@@ -103,7 +99,7 @@ class StateView(collections.abc.MutableMapping):
         self._before_read()  # not an overlapped step's speculative state
         o, p = self._table.core, self._table.param_of(h)
         values: Dict[str, Any] = {"step": torch.tensor(float(o.step_count(h)))}
-        for k, name in enumerate(self._names()):
+        for k, name in enumerate(self._table.state_names()):
             values[name] = torch.from_numpy(o.read_state(h, k)).view(p.shape)
         return _Entry(self, h, values)
 
@@ -115,7 +111,7 @@ class StateView(collections.abc.MutableMapping):
         if not self._cache:
             return
         o = self._table.core
-        names = self._names()
+        names = self._table.state_names()
         for h, e in self._cache.items():
             for key in e.changed():
                 v = e[key]
