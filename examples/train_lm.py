@@ -12,11 +12,13 @@ twice from the same seed on the same batches:
      update exactly like torch.optim; --arithmetic simd uses the vectorized kernels);
   2. with torch.optim.AdamW (everything in DRAM), the reference.
 
-strata's optimizer runs with overlap_backward=True (each parameter's update starts during
-backward, bit-identical to the step after it; --no-overlap turns it off) and clips inside
-its step (max_grad_norm=, the rule of torch.nn.utils.clip_grad_norm_, which the torch run
-calls by hand: its norm is summed in another order, so with clipping on the two runs differ
-by ~1e-6, within --param-tolerance; --max-grad-norm 0 makes them bit-identical).
+Both runs use the same training loop, clipping by hand with
+torch.nn.utils.clip_grad_norm_(model.parameters(), --max-grad-norm). strata's optimizer runs
+with overlap_backward=True (each parameter's update starts during backward, bit-identical to
+the step after it; a step the clipping rescales is redone after backward; --no-overlap turns
+it off). --clip-in-step has strata clip inside its step instead (max_grad_norm=: the rule of
+clip_grad_norm_ over the optimizer's parameters in param_groups order, which the torch run
+then clips over). Either way the two runs are bit-identical.
 
 It prints the loss, tokens/s and the bytes moved per tier at every step of run 1, then both
 final losses (mean over a fixed held-out set) and the largest absolute difference between
@@ -203,10 +205,13 @@ def train(args, name, make_optimizer, train_data, val_batches, vocab, device, ve
         loss = loss_of(model, x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        # torch clips by hand; strata's optimizer clips inside step() (max_grad_norm=, the
-        # same rule as clip_grad_norm_), which lets overlap_backward keep its early updates
-        if args.max_grad_norm > 0 and not isinstance(opt, strata_torch.OffloadAdamW):
+        if args.max_grad_norm > 0 and not args.clip_in_step:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        elif args.max_grad_norm > 0 and not isinstance(opt, strata_torch.OffloadAdamW):
+            # strata clips inside step() (max_grad_norm=): clip_grad_norm_'s rule over the
+            # optimizer's parameters in param_groups order
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]],
+                                           args.max_grad_norm)
         opt.step()
         dt = time.perf_counter() - t0
         first_loss = loss.item() if first_loss is None else first_loss
@@ -255,6 +260,9 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--max-grad-norm", type=float, default=1.0,
                     help="clip gradients by global norm (0 = off; default 1.0)")
+    ap.add_argument("--clip-in-step", action="store_true",
+                    help="strata clips inside its step (max_grad_norm=) instead of the "
+                         "training loop's clip_grad_norm_")
     ap.add_argument("--dir", default=default_dir,
                     help=f"directory of the strata store (default {default_dir}; "
                          "its previous contents are replaced)")
@@ -317,7 +325,8 @@ def main():
                                    lr=args.lr, betas=(0.9, 0.95), store=store, tier=args.tier,
                                    host_budget=args.host_budget, num_threads=threads,
                                    arithmetic=args.arithmetic,
-                                   max_grad_norm=max(args.max_grad_norm, 0.0),
+                                   max_grad_norm=(max(args.max_grad_norm, 0.0)
+                                                  if args.clip_in_step else 0.0),
                                    overlap_backward=not args.no_overlap)
 
     def make_torch(model):

@@ -106,8 +106,7 @@ def run_child(args) -> None:
             model, batches, vocab = build(args)
         handle.attach(model, overwrite=True)
         opt = st.OffloadAdamW(param_groups(model, args.weight_decay), lr=args.lr,
-                              store=store, arithmetic="torch", overwrite=True,
-                              max_grad_norm=args.max_grad_norm)
+                              store=store, arithmetic="torch", overwrite=True)
         handle.reset_stats()  # count the training, not the construction's initialization
     else:
         model, batches, vocab = build(args)
@@ -119,7 +118,7 @@ def run_child(args) -> None:
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
         loss.backward()
-        if handle is None and args.max_grad_norm > 0:
+        if args.max_grad_norm > 0:  # the same loop for both: p.grad is the stored gradient
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()
         opt.zero_grad()

@@ -1,7 +1,8 @@
 """The gradient store of parameter offload (strata.torch.offload_parameters): gradients of
 offloaded parameters moved to the store as torch produces them, reduce-scattered to their
 owners over ranks, read back by the optimizer's step; torch's accumulation and zero_grad
-semantics (see offload/_handle.py).
+semantics, and what ``p.grad`` is between backward and step (an OffloadedGrad,
+offload/_grad_tensor.py: reads, in-place edits, ``p.grad = None`` / ``= t``).
 
 Thread-safety: as ParameterOffload (the training thread; hooks run on torch's autograd
 thread, the caller's for CPU models).
@@ -14,6 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from .._common import all_finite, host_grad, no_torch_function as _no_tf, watch_accumulation
+from ._grad_tensor import OffloadedGrad, make_grad
 from ._record import ParamRecord, tensor_of
 
 
@@ -25,19 +27,27 @@ class GradInfo(NamedTuple):
     has_grad: bool
     #: every element is finite (True without a gradient)
     finite: bool
-    #: ``torch.norm(grad, 2.0)`` (0-d fp32; this rank's slice when partitioned) when the
-    #: optimizer asked for norms (clipping), else None
+    #: ``torch.norm(grad, 2.0)`` (0-d, the gradient's dtype; this rank's slice when
+    #: partitioned) when known without reading the gradient, else None (it was edited)
     norm: Optional[torch.Tensor]
 
 
 class GradientStore:
     """The gradients of one ParameterOffload's parameters that a strata optimizer holds.
 
+    Per parameter (its ParamRecord): ``has_grad`` (a gradient since the last zero_grad /
+    ``p.grad = None``), ``grad_zero`` (it is all zeros: nothing stored), ``grad_norm`` /
+    ``grad_finite`` (known without a read, or None when an edit made them unknown),
+    ``grad_ops`` (scalings recorded, replayed at the next read), ``grad_mem`` (the
+    materialized gradient, shaped, on the parameter's device, or None), ``grad_mark`` (its
+    ``_version`` when norm/finite were last taken from it), ``grad_dirty`` (it differs from
+    the stored one), ``grad_obj`` (the OffloadedGrad that ``p.grad`` returns).
+
     :param store: the strata.Store holding them (``<key>#grad`` objects).
     :param records: the offload's ParamRecords (the list itself, which the offload edits).
     :param tier: the store tier of the gradient objects.
-    :param inflight_budget: bytes of gradient writes in flight at most (half the working
-        set).
+    :param inflight_budget: bytes of gradient writes in flight at most, and of materialized
+        gradients in memory at most (half the working set each).
     :param comm: a Communicator (ZeRO-3: gradients are reduce-scattered) or None.
     :param average_gradients: with ``comm``, divide the reduced sums by the rank count.
     :param stats: the offload's counters (``grad_bytes_written``/``grad_bytes_read``).
@@ -55,19 +65,20 @@ class GradientStore:
         self._on_backward = on_backward
         self._writes: Dict[int, Tuple[Any, torch.Tensor]] = {}  # record index -> (future, grad)
         self._inflight = 0
-        self._accumulators: List[Tuple[ParamRecord, Any]] = []
-        #: keep each gradient's L2 norm (an optimizer clips)
-        self.keep_norms = False
+        self._accumulators: Dict[int, Any] = {}  # id(record) -> its AccumulateGrad node
+        self._materialized: Dict[int, ParamRecord] = {}  # id(record) -> record, oldest first
+        self._materialized_bytes = 0
 
-    def bind(self, s: ParamRecord, keep_norms: bool) -> None:
+    def bind(self, s: ParamRecord, keep_norms: bool = True) -> None:
         """A strata optimizer holds ``s``'s parameter: its gradients go to the store from
-        now on (``keep_norms``: their L2 norms are kept for clipping)."""
+        now on (a gradient already in ``p.grad`` is moved at the next collect()). Norms are
+        always kept (the finiteness test computes them anyway). Idempotent."""
         s.to_store = True
-        self.keep_norms = self.keep_norms or keep_norms
         p = s.param
-        if p.requires_grad and not any(a[0] is s for a in self._accumulators):
-            acc = watch_accumulation(p, lambda s=s: self._grad_ready(s))
-            self._accumulators.append((s, acc))
+        if p.requires_grad and id(s) not in self._accumulators:
+            self._accumulators[id(s)] = watch_accumulation(p, lambda s=s: self._grad_ready(s))
+
+    # ---- backward ------------------------------------------------------------------------
 
     def _grad_ready(self, s: ParamRecord) -> None:
         """``s.param.grad`` was accumulated by torch: moved to the store (added to the
@@ -85,15 +96,15 @@ class GradientStore:
                           keep_dtype=True)
             if self.comm is not None:  # ZeRO-3: every rank gets the sum of its slice
                 g = self._reduce_scatter(s, g)
-            if s.has_grad and s.grad_zero:  # torch: zeroed grad += g
-                g = g.add(0.0)
-                s.grad_zero = False
+            if s.has_grad and s.grad_zero and not s.grad_ops and s.grad_mem is None:
+                g = g.add(0.0)  # torch: zeroed grad += g
             elif s.has_grad:
                 old = self.read(s)
                 old.add_(g)
                 g = old
+            self._forget_values(s)
             s.has_grad = True
-            s.grad_norm = torch.norm(g, 2.0) if self.keep_norms else None
+            s.grad_norm = torch.norm(g, 2.0)
             s.grad_finite = all_finite(g, s.grad_norm)
         self._write(s, g)
 
@@ -107,9 +118,14 @@ class GradientStore:
         return out
 
     def _write(self, s: ParamRecord, g: torch.Tensor) -> None:
+        """Stores ``g`` (flat, CPU) as ``s``'s gradient, asynchronously (waited for at
+        flush(), a read, or when the writes in flight exceed their budget)."""
+        if s.index in self._writes:
+            self._wait(s.index)  # one write per object in flight: they complete in order
         nbytes = g.numel() * g.element_size()
         while self._writes and self._inflight + nbytes > self.inflight_budget:
             self._wait(next(iter(self._writes)))
+        s.grad_zero = False
         if g.numel() == 0:  # a rank owning no element of a small parameter
             return
         fut = self.store.put_async(s.grad_key, g, tier=self.tier, overwrite=True)
@@ -124,8 +140,9 @@ class GradientStore:
 
     def collect(self) -> None:
         """Gradients still in ``p.grad`` of parameters whose gradients go to the store (a
-        parameter that did not require grad when the optimizer took it, so that no hook
-        watched it) moved to the store as the hook would have; then flush()."""
+        parameter bound after its backward, one that did not require grad when the
+        optimizer took it, or ``p.grad = t`` assigned by the user) moved to the store as the
+        hook would have; then flush()."""
         for s in self.records:
             if s.to_store:
                 with _no_tf():
@@ -139,34 +156,216 @@ class GradientStore:
         while self._writes:
             self._wait(next(iter(self._writes)))
 
-    def read(self, s: ParamRecord) -> torch.Tensor:
-        """``s``'s accumulated gradient, a new flat tensor of ``s.state_numel`` elements of
-        the parameter's dtype (zeros after ``zero_grad(set_to_none=False)``)."""
+    # ---- reads (the step, accumulation) ----------------------------------------------------
+
+    def _read_stored(self, s: ParamRecord) -> torch.Tensor:
+        """The stored gradient with the recorded scalings applied: a new flat CPU tensor of
+        ``s.state_numel`` elements of the parameter's dtype."""
         if s.grad_zero:
-            return torch.zeros(s.state_numel, dtype=s.dtype)
-        if s.index in self._writes:
-            self._wait(s.index)
-        if s.state_numel == 0:
-            return torch.zeros(0, dtype=s.dtype)
-        g = tensor_of(self.store.get(s.grad_key), s.dtype)
-        self.stats["grad_bytes_read"] += g.numel() * g.element_size()
+            g = torch.zeros(s.state_numel, dtype=s.dtype)
+        elif s.state_numel == 0:
+            g = torch.zeros(0, dtype=s.dtype)
+        else:
+            if s.index in self._writes:
+                self._wait(s.index)
+            g = tensor_of(self.store.get(s.grad_key), s.dtype)
+            self.stats["grad_bytes_read"] += g.numel() * g.element_size()
+        for op, c in s.grad_ops:
+            getattr(g, op)(c)  # the very torch operation recorded, in the gradient's dtype
         return g
 
-    def info(self, s: ParamRecord) -> GradInfo:
-        """``s``'s gradient bookkeeping (no I/O)."""
-        return GradInfo(s.has_grad, s.grad_finite, s.grad_norm)
+    def read(self, s: ParamRecord) -> torch.Tensor:
+        """``s``'s accumulated gradient as the step takes it: a flat CPU tensor of
+        ``s.state_numel`` elements of the parameter's dtype (zeros after
+        ``zero_grad(set_to_none=False)``), with every edit made through ``p.grad``; the
+        caller may change it (a new tensor, or the materialized one, which the step
+        consumes)."""
+        if s.grad_mem is not None:
+            with _no_tf():
+                return s.grad_mem.detach().reshape(-1).cpu().contiguous()
+        return self._read_stored(s)
+
+    def info(self, s: ParamRecord) -> "GradInfo":
+        """``s``'s gradient bookkeeping: no I/O unless an edit through ``p.grad`` made its
+        finiteness unknown (then it is read)."""
+        if not s.has_grad:
+            return GradInfo(False, True, None)
+        self._sync_mem(s)
+        if s.grad_finite is None:
+            g = self._read_stored(s)
+            s.grad_finite = all_finite(g)
+        return GradInfo(True, s.grad_finite, self.known_norm(s))
+
+    # ---- p.grad (offload/_grad_tensor.py) ----------------------------------------------------
+
+    def get(self, s: ParamRecord) -> Optional[torch.Tensor]:
+        """What ``p.grad`` is: the tensor in the parameter's own gradient field when there is
+        one (during backward, or one assigned by ``p.grad = t``), else the OffloadedGrad of
+        the stored gradient, else None."""
+        with _no_tf():
+            own = s.param.grad
+        if own is not None or not s.has_grad:
+            return own
+        if s.grad_obj is None:
+            s.grad_obj = make_grad(s)
+        return s.grad_obj
+
+    def assign(self, s: ParamRecord, value: Optional[torch.Tensor]) -> None:
+        """``p.grad = value``: None drops the gradient (the step skips the parameter, as
+        torch.optim does); a tensor becomes the gradient (checked by torch as for any
+        parameter, kept in the parameter's gradient field until the step or the next
+        backward, so it stays aliased as in torch); an OffloadedGrad (``p.grad = p.grad``,
+        or another parameter's) is taken by value."""
+        if type(value) is OffloadedGrad:
+            if value._grad_record is s:
+                return
+            value = value._grad_record.owner.grads.materialize(value._grad_record).clone()
+        with _no_tf():
+            s.param.grad = value  # torch's checks (shape, dtype, device) and assignment
+        self._drop(s)
+
+    def assign_value(self, s: ParamRecord, value: torch.Tensor) -> None:
+        """``p.grad.data = value``: the gradient's values become ``value`` (aliased)."""
+        with _no_tf():
+            if tuple(value.shape) != s.shape or value.dtype != s.dtype or \
+                    value.device != s.device:
+                raise RuntimeError(f"offloaded parameter {s.name!r}: p.grad.data = t needs t "
+                                   f"of shape {list(s.shape)}, dtype {s.dtype} and device "
+                                   f"{s.device} (got {list(value.shape)}, {value.dtype}, "
+                                   f"{value.device})")
+        self._forget_values(s)
+        self._hold(s, value)
+        s.grad_dirty = True
+        s.grad_mark = -1  # norm and finiteness taken from it at the next info()
+
+    def zero_one(self, s: ParamRecord) -> None:
+        """``p.grad.zero_()``: the gradient is zeros (nothing read or written)."""
+        self._forget_values(s)
+        s.grad_zero = True
+        s.grad_norm = torch.zeros((), dtype=s.dtype)
+        s.grad_finite = True
+
+    def scale(self, s: ParamRecord, op: str, c: Any) -> bool:
+        """``p.grad.mul_(c)`` / ``div_(c)`` with a scalar ``c``: recorded (replayed at the
+        next read; a materialized gradient is scaled at once). Returns False when it must run
+        on the values instead (a gradient that is materialized)."""
+        if s.grad_mem is not None:
+            return False
+        cf = float(c)
+        if (op == "mul_" and cf == 1.0) or (op == "div_" and cf == 1.0):
+            if not torch.is_tensor(c) or c.dtype.is_floating_point:
+                return True  # x * 1.0 == x for every x (NaN and -0.0 included): no change
+        if s.grad_zero and cf == cf and abs(cf) != float("inf") and (op == "mul_" or cf != 0):
+            return True  # zeros stay zeros
+        s.grad_ops.append((op, c.detach().clone() if torch.is_tensor(c) else c))
+        s.grad_norm = None
+        if not (cf == cf and (abs(cf) <= 1.0 if op == "mul_" else abs(cf) >= 1.0)):
+            s.grad_finite = None  # a factor that may overflow: tested at the next read
+        return True
+
+    def known_norm(self, s: ParamRecord) -> Optional[torch.Tensor]:
+        """``torch.norm(grad, 2.0)`` when known without a read (a new 0-d tensor on the
+        parameter's device), else None."""
+        self._sync_mem(s)
+        n = s.grad_norm
+        if n is None or s.device.type != "cpu":
+            return None  # (a CUDA gradient's norm is computed on its device)
+        return n.clone()
+
+    def materialize(self, s: ParamRecord) -> torch.Tensor:
+        """The gradient's values as a tensor of the parameter's shape and device (read from
+        the store unless in memory), kept in memory (edits are kept) within the budget."""
+        if s.grad_mem is not None:
+            return s.grad_mem
+        if s.owned is not None:
+            raise RuntimeError(
+                f"offloaded parameter {s.name!r}: its gradient is partitioned over the ranks "
+                "(ZeRO-3): each rank holds the reduced sum of its slice only, so p.grad's "
+                "values cannot be read or edited (scaling, zeroing and p.grad = None work); "
+                "read this rank's slice with ParameterOffload.grad(p), or clip with the "
+                "optimizer's max_grad_norm=")
+        g = self._read_stored(s) if s.has_grad else None
+        if g is None:
+            raise RuntimeError(f"offloaded parameter {s.name!r} has no gradient")
+        if s.owned is None:
+            g = g.view(s.shape)
+        g = g.to(s.device)
+        dirty = bool(s.grad_zero or s.grad_ops)  # the stored object lacks these
+        s.grad_ops = []
+        self._hold(s, g)
+        s.grad_dirty = dirty
+        s.grad_mark = g._version
+        if s.grad_norm is None or s.grad_finite is None:
+            s.grad_mark = -1
+        return g
+
+    # ---- zero_grad -----------------------------------------------------------------------
 
     def zero(self, set_to_none: bool) -> None:
-        """The stored gradients as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
+        """Every stored gradient as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
         zeros (torch 1.13's default: the parameter is still stepped, with a zero
         gradient, and the next backward adds to zero) or none."""
         self.flush()
         for s in self.records:
             if set_to_none or not s.has_grad:
-                s.has_grad = False
-                s.grad_zero = False
-                s.grad_norm = None
+                self._drop(s)
             else:
-                s.grad_zero = True
-                s.grad_norm = torch.zeros((), dtype=torch.float32)
-            s.grad_finite = True
+                self.zero_one(s)
+
+    # ---- the materialized gradients ----------------------------------------------------------
+
+    def _hold(self, s: ParamRecord, g: torch.Tensor) -> None:
+        nbytes = g.numel() * g.element_size()
+        while self._materialized and self._materialized_bytes + nbytes > self.inflight_budget:
+            self._evict(next(iter(self._materialized.values())))
+        s.grad_mem = g
+        s.has_grad = True
+        self._materialized[id(s)] = s
+        self._materialized_bytes += nbytes
+
+    def _sync_mem(self, s: ParamRecord) -> None:
+        """Norm and finiteness of a materialized gradient changed since they were taken."""
+        g = s.grad_mem
+        if g is not None and g._version != s.grad_mark:
+            with _no_tf():
+                s.grad_norm = torch.norm(g.detach(), 2.0).cpu()
+                s.grad_finite = all_finite(g, s.grad_norm)
+            s.grad_mark = g._version
+            s.grad_dirty = True
+
+    def _evict(self, s: ParamRecord) -> None:
+        """A materialized gradient stored back (when it differs from the stored one) and
+        released."""
+        self._sync_mem(s)
+        g = s.grad_mem
+        if s.grad_dirty:
+            with _no_tf():
+                flat = g.detach().reshape(-1).cpu().contiguous().clone()
+            self._release_mem(s)
+            self._write(s, flat)
+        else:
+            self._release_mem(s)
+
+    def _release_mem(self, s: ParamRecord) -> None:
+        g = s.grad_mem
+        if g is not None:
+            self._materialized.pop(id(s), None)
+            self._materialized_bytes -= g.numel() * g.element_size()
+        s.grad_mem = None
+        s.grad_dirty = False
+
+    def _forget_values(self, s: ParamRecord) -> None:
+        """The gradient's values are replaced: recorded scalings and the materialized copy
+        dropped."""
+        self._release_mem(s)
+        s.grad_ops = []
+        s.grad_zero = False
+
+    def _drop(self, s: ParamRecord) -> None:
+        """No stored gradient (``p.grad = None``; the OffloadedGrad of the old one is
+        forgotten, as torch forgets the old tensor)."""
+        self._forget_values(s)
+        s.has_grad = False
+        s.grad_norm = None
+        s.grad_finite = True
+        s.grad_obj = None

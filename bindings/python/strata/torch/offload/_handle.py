@@ -104,18 +104,22 @@ class ParameterOffload:
 
     # ---- setup ---------------------------------------------------------------------------
 
-    def _offload(self, p: torch.nn.Parameter, name: str, key: str) -> ParamRecord:
-        """``p`` into the store as ``key`` (its current value) and released."""
+    def _offload(self, p: torch.nn.Parameter, name: str, key: str,
+                 store_value: bool = True) -> ParamRecord:
+        """``p`` into the store as ``key`` (its current value; ``store_value`` False: the
+        value stored there already is kept -- resume) and released."""
         s = ParamRecord(len(self.ws.records), name, key, p, self)
-        with _no_tf():
-            src = p.detach().reshape(-1).contiguous()
-            if src.device.type != "cpu":
-                src = src.cpu()
-        if self.comm is None:
-            self.store.put(key, src, tier=self.tier, overwrite=True)
-        else:  # collective: each rank keeps its slice
-            self.comm.put_partitioned(self.store, key, src, tier=self.tier, overwrite=True)
+        if self.comm is not None:
             s.owned = self.comm.owned_range(s.numel)
+        if store_value:
+            with _no_tf():
+                src = p.detach().reshape(-1).contiguous()
+                if src.device.type != "cpu":
+                    src = src.cpu()
+            if self.comm is None:
+                self.store.put(key, src, tier=self.tier, overwrite=True)
+            else:  # collective: each rank keeps its slice
+                self.comm.put_partitioned(self.store, key, src, tier=self.tier, overwrite=True)
         self.ws.records.append(s)
         make_offloaded(p, s)
         return s
@@ -204,8 +208,8 @@ class ParameterOffload:
         for i, (n, p) in enumerate(named):
             key = f"{self.key_prefix}{n}"
             s = old.pop(id(p), None)
-            if s is None:
-                s = self._offload(p, n, key)
+            if s is None:  # resume: the stored value is the parameter's, not the model's
+                s = self._offload(p, n, key, store_value=not resume)
                 self.ws.records.pop()
             elif s.key != key:  # from offload_init: to its named key
                 if not resume:
@@ -222,15 +226,6 @@ class ParameterOffload:
         self._model = model
         self._hook_handles.append(model.register_forward_pre_hook(self._forward_begin))
         self._hook_handles.append(model.register_forward_hook(self._forward_end))
-        original = model.zero_grad
-
-        def zero_grad(set_to_none: bool = False) -> None:
-            self.zero_grad(set_to_none)
-            original(set_to_none)
-
-        zero_grad.__doc__ = original.__doc__
-        model.zero_grad = zero_grad  # type: ignore[assignment]
-        self._model_zero_grad = original
         return self
 
     # ---- forward / backward --------------------------------------------------------------
@@ -374,7 +369,7 @@ class ParameterOffload:
                 return p.grad
         if not s.has_grad:
             return None
-        g = self.grads.read(s)
+        g = self.grads.read(s).clone()
         return g if s.owned is not None else g.view(s.shape)
 
     def collect_grads(self) -> None:
@@ -388,10 +383,11 @@ class ParameterOffload:
         self.grads.flush()
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """The stored gradients as torch's ``zero_grad(set_to_none)`` leaves ``p.grad``:
-        zeros (torch 1.13's default: the parameter is still stepped, with a zero gradient,
-        and the next backward adds to zero) or none. Called by the model's and strata
-        optimizers' ``zero_grad``."""
+        """Every stored gradient of this offload as torch's ``zero_grad(set_to_none)``
+        leaves ``p.grad``: zeros (torch 1.13's default: the parameter is still stepped, with
+        a zero gradient, and the next backward adds to zero) or none. (``model.zero_grad()``
+        and an optimizer's ``zero_grad()`` do the same for their parameters through
+        ``p.grad``.)"""
         self.grads.zero(set_to_none)
 
     # ---- statistics ----------------------------------------------------------------------
@@ -452,8 +448,6 @@ class ParameterOffload:
             self.ws.stop()
             for h in self._hook_handles:
                 h.remove()
-            if self._model is not None:
-                self._model.zero_grad = self._model_zero_grad  # type: ignore[assignment]
             if restore:
                 for s in self.ws.records:
                     self._restore(s)

@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .._common import no_torch_function as _no_tf
+from ._grad_tensor import has_grads, unwrap_grads
 from ._record import IN_MEMORY, ParamRecord
 
 #: properties read or set without the parameter's data
@@ -45,11 +46,20 @@ class OffloadedParameter(torch.nn.Parameter):
             kwargs = {}
         name = getattr(func, "__name__", "")
         if name == "__get__":
-            if func.__self__.__name__ in _META_GET:
+            prop = func.__self__.__name__
+            if prop == "grad" and type(args[0]) is OffloadedParameter:
+                s = args[0]._strata_record
+                if s.to_store:  # a strata optimizer's: the stored gradient
+                    return s.owner.grads.get(s)
+            if prop in _META_GET:
                 with _no_tf():
                     return func(*args, **kwargs)
         elif name == "__set__":
             prop = func.__self__.__name__
+            if prop == "grad" and type(args[0]) is OffloadedParameter:
+                s = args[0]._strata_record
+                if s.to_store:
+                    return s.owner.grads.assign(s, args[1])
             if prop in _META_SET:
                 with _no_tf():
                     return func(*args, **kwargs)
@@ -58,6 +68,8 @@ class OffloadedParameter(torch.nn.Parameter):
         elif name in _META_FN:
             with _no_tf():
                 return func(*args, **kwargs)
+        if has_grads(args) or has_grads(kwargs.values()):  # e.g. p.add_(p.grad, alpha=-lr)
+            args, kwargs = unwrap_grads(args, kwargs)
         records: List[ParamRecord] = []
         _gather(args, records)
         if kwargs:

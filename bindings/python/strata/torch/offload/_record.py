@@ -13,7 +13,7 @@ sets ``fetched``/``fetch_error`` under the working set's lock).
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ class ParamRecord:
     __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
                  "nbytes", "placeholder", "state", "resident", "pending", "fetched",
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
-                 "owned", "grad_norm", "to_store", "param", "owner", "__weakref__")
+                 "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
+                 "grad_dirty", "grad_obj", "param", "owner", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -81,11 +82,17 @@ class ParamRecord:
         self.fetch_error: Optional[BaseException] = None
         self.mark = 0  # p._version when materialized or last stored
         self.version = 0
+        # the gradient's bookkeeping (offload/_grads.py, GradientStore's doc)
         self.has_grad = False  # a gradient of this step is in the store (grad_key)
         self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros
-        self.grad_finite = True
-        self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), fp32
+        self.grad_finite: Optional[bool] = True  # None: unknown until read
+        self.grad_norm: Optional[torch.Tensor] = None  # torch.norm(grad, 2), if known
         self.to_store = False  # gradients go to the store (a strata optimizer holds it)
+        self.grad_ops: List[Tuple[str, Any]] = []  # p.grad.mul_(c)/div_(c) recorded
+        self.grad_mem: Optional[torch.Tensor] = None  # the gradient materialized
+        self.grad_mark = 0  # grad_mem._version when its norm was taken
+        self.grad_dirty = False  # grad_mem differs from the stored gradient
+        self.grad_obj: Any = None  # the OffloadedGrad p.grad returns
         self.param: Any = p
         self.owner = owner  # the ParameterOffload
         #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's

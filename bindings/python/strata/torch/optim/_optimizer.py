@@ -289,10 +289,10 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         self._opt.reset_stats()
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """As torch.optim.Optimizer.zero_grad; also forgets the stored gradients of
-        offloaded parameters (strata.torch.offload_parameters)."""
+        """As torch.optim.Optimizer.zero_grad (offloaded parameters' stored gradients
+        too, through their ``p.grad``: strata.torch.offload)."""
         for o in offloads(self._table.params):
-            o.zero_grad(set_to_none)
+            o.flush_grads()  # a write in flight fails here, not at an unrelated later call
         super().zero_grad(set_to_none)
 
     # ---- the step overlapped with backward --------------------------------------------------

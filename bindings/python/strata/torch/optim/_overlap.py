@@ -21,9 +21,10 @@ results are bit-identical to ``overlap_backward=False``; a redo costs the early 
 
 Speculation policy: a step that was clipped or skipped makes the next backward start no
 early updates (a clipped run usually stays clipped for a while, and each failed speculation
-costs its I/O twice); speculation resumes after a step that was neither. Hand-written
-clipping (``torch.nn.utils.clip_grad_norm_``, which rescales every gradient in place, also by
-1.0) fails every speculation: pass ``max_grad_norm=`` to the optimizer instead.
+costs its I/O twice); speculation resumes after a step that was neither (nor redone).
+Hand-written clipping (``torch.nn.utils.clip_grad_norm_``, which rescales every gradient in
+place) keeps the speculation when it does not clip (a factor of 1.0 changes no byte: the
+fingerprints match) and makes a redo when it does, as ``max_grad_norm=`` does.
 
 Gradient accumulation: wrap the backward passes that must not step in
 ``with opt.accumulating(): loss.backward()`` (like DDP's ``no_sync``). Without it, each
@@ -174,7 +175,9 @@ class BackwardOverlap:
         through ``.data`` (which bump no version counter) are caught by strata's fingerprints
         of the gradients (finish_step)."""
         for p, g, g_mark, p_mark, _, copied in self._started.values():
-            if (p.grad is not g or (g._version, g.data_ptr()) != g_mark
+            # A gradient changed in place (its _version moved) may hold the same bytes
+            # (clip_grad_norm_ rescaling by exactly 1.0): strata's fingerprints decide.
+            if (p.grad is not g or g.data_ptr() != g_mark[1]
                     or (p._version, p.data_ptr()) != p_mark):
                 return False
             if copied is not None and not torch.equal(host_grad(g), copied):
@@ -183,7 +186,8 @@ class BackwardOverlap:
 
     def after_step(self, stats: Dict[str, Any]) -> None:
         """Records whether the next backward speculates (see the module doc)."""
-        self._speculate = not stats["skipped"] and not stats["clip_coef"] < 1.0
+        self._speculate = (not stats["skipped"] and not stats["clip_coef"] < 1.0
+                           and not stats.get("rolled_back", False))
 
     def abort(self) -> None:
         """Rolls back the early updates (nothing changes); no-op when none is open."""

@@ -42,6 +42,12 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
         synchronizes after its copy-back).
     """
     if any(is_offloaded(p) for p in table.params):
+        if overlap is not None:  # parameters offloaded after the optimizer was built
+            overlap.abort()
+            raise ValueError("overlap_backward=True is not supported for offloaded parameters "
+                             "(strata.torch.offload_parameters was called after this optimizer "
+                             "was built): build the optimizer after offloading, with "
+                             "overlap_backward=False")
         stats, stepped = offloaded_step(table, exchange, max_grad_norm)
         return stats, stepped, False
     overlapped = overlap is not None and overlap.open
