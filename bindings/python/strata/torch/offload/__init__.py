@@ -21,11 +21,14 @@ update) are seen by its version counter and written back to the store when it is
 
 Gradients. With strata's OffloadAdam/OffloadAdamW over the parameters, each gradient is
 moved to the store as soon as torch has accumulated it (a hook on the parameter's
-AccumulateGrad node): ``p.grad`` is None afterwards, backward never holds the whole
-model's gradients, and micro-batches accumulate in the store exactly as torch's
-``p.grad += g`` would. ``optimizer.zero_grad()`` and ``model.zero_grad()`` clear them;
-:meth:`ParameterOffload.grad` reads one. With any other optimizer gradients stay in
-``p.grad`` as torch leaves them (its update then materializes each parameter).
+AccumulateGrad node): backward never holds the whole model's gradients, and micro-batches
+accumulate in the store exactly as torch's ``p.grad += g`` would. Between backward and step
+``p.grad`` is an :class:`OffloadedGrad` standing for the stored gradient: reads, in-place
+edits, ``clip_grad_norm_``, ``p.grad = None`` / ``= t`` and ``zero_grad`` give torch's
+results (offload/_grad_tensor.py; what each costs: docs/offload.md, "Gradients between
+backward and step"). :meth:`ParameterOffload.grad` reads one. With any other optimizer
+gradients stay in ``p.grad`` as torch leaves them (its update then materializes each
+parameter).
 
 Thread-safety: one thread at a time (torch's forward/backward thread); the working set's
 fetch thread is internal.
@@ -33,14 +36,16 @@ fetch thread is internal.
 Modules: _api.py (offload_parameters, offload_init), _handle.py (ParameterOffload),
 _parameter.py (OffloadedParameter, what autograd saves of it, is_offloaded / offload_of),
 _working_set.py (ParamRecord and its Residency, the WorkingSet: fetch, evict, prefetch),
-_grads.py (the GradientStore). The optimizer wing (strata.torch.optim) imports only the names
+_grads.py (the GradientStore), _grad_tensor.py (OffloadedGrad, ``p.grad`` of a stored
+gradient). The optimizer wing (strata.torch.optim) imports only the names
 below.
 """
 
 from ._api import offload_init, offload_parameters
+from ._grad_tensor import OffloadedGrad
 from ._grads import GradInfo
 from ._handle import ParameterOffload
 from ._parameter import OffloadedParameter, is_offloaded, offload_of
 
 __all__ = ["offload_parameters", "offload_init", "ParameterOffload", "OffloadedParameter",
-           "GradInfo", "is_offloaded", "offload_of"]
+           "GradInfo", "OffloadedGrad", "is_offloaded", "offload_of"]

@@ -184,7 +184,7 @@ def _per_tensor(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any
         if name in ("_foreach_mul_", "_foreach_div_") and len(args) == 2 and not kwargs:
             c = args[1][0] if isinstance(args[1], (list, tuple)) and len(args[1]) == 1 \
                 else args[1]
-            if _is_scalar(c) and grads.scale(g._grad_record, name[len("_foreach"):], c):
+            if _is_scalar(c) and grads.scale(g._grad_record, name[len("_foreach_"):], c):
                 return None
         return NotImplemented
     outs: List[Any] = []
