@@ -255,8 +255,8 @@ class GradientStore:
         if (op == "mul_" and cf == 1.0) or (op == "div_" and cf == 1.0):
             if not torch.is_tensor(c) or c.dtype.is_floating_point:
                 return True  # x * 1.0 == x for every x (NaN and -0.0 included): no change
-        if s.grad_zero and cf == cf and abs(cf) != float("inf") and (op == "mul_" or cf != 0):
-            return True  # zeros stay zeros
+        if s.grad_zero and 0.0 < cf < float("inf"):
+            return True  # zeros stay (positive) zeros
         s.grad_ops.append((op, c.detach().clone() if torch.is_tensor(c) else c))
         s.grad_norm = None
         if not (cf == cf and (abs(cf) <= 1.0 if op == "mul_" else abs(cf) >= 1.0)):
