@@ -21,7 +21,7 @@ from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
 from ._grads import GradientStore, GradInfo
 from ._parameter import make_offloaded, make_plain, record_of
-from ._record import IN_MEMORY, ParamRecord
+from ._record import IN_MEMORY, ParamRecord, shaped
 from ._working_set import WorkingSet
 
 
@@ -467,7 +467,7 @@ class ParameterOffload:
 
     def _restore(self, s: ParamRecord) -> None:
         """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
-        make_plain(s.param, self.ws.read(s).view(s.shape).to(s.device))
+        make_plain(s.param, shaped(s, self.ws.read(s).to(s.device)))
 
     def _close_store(self) -> None:
         if self._owns_store and self.store is not None and not self.store.closed:
