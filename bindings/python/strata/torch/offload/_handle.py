@@ -20,6 +20,8 @@ import strata
 
 from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
+from ._args import (check_bool, check_comm, check_key_prefix, check_store_and_path, check_tier,
+                    working_set_bytes)
 from ._fastpath import FastPaths
 from ._grads import GradientStore, GradInfo
 from ._hooks import ZeroGradPatch, install_model_hooks, remove_hooks
@@ -52,13 +54,13 @@ class ParameterOffload:
         self._owns_store = False
         self._owned_dir: Optional[str] = None
         self._model: Optional[torch.nn.Module] = None
-        if tier not in ("nvme", "host"):
-            raise ValueError(f"offload_parameters: tier must be 'nvme' or 'host', got {tier!r}")
-        budget = (strata.parse_size(working_set) if isinstance(working_set, str)
-                  else int(working_set))
-        if budget <= 0:
-            raise ValueError(f"offload_parameters: working_set must be > 0 bytes, got "
-                             f"{working_set!r}")
+        path = check_store_and_path(store, path)
+        tier, key_prefix = check_tier(tier), check_key_prefix(key_prefix)
+        budget = working_set_bytes(working_set)
+        for name, flag in (("prefetch", prefetch), ("resume", resume),
+                           ("average_gradients", average_gradients)):
+            check_bool(name, flag)
+        comm = check_comm(comm)
         if store is None:
             if path is None:
                 path = self._owned_dir = make_temp_dir("params-")
@@ -142,6 +144,8 @@ class ParameterOffload:
         :returns: self.
         """
         self._check_open()
+        check_bool("resume", resume)
+        check_bool("overwrite", overwrite)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
                             f"{type(model).__name__}")
