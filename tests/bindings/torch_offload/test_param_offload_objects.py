@@ -249,7 +249,8 @@ def test_pickle_refused_above_available_memory(tmp_path):
         try:
             torch.save(model, io.BytesIO())
         except strata.ResourceExhaustedError as e:
-            assert "checkpoint()" in str(e) and "state_dict()" in str(e), str(e)
+            assert "checkpoint()" in str(e) and "read(p)" in str(e), str(e)
+            assert "'0'" in str(e), str(e)  # names the parameter
             print("REFUSED")
         h.close(restore=False)
     """)

@@ -112,10 +112,10 @@ def reduce_parameter(p: Any, protocol: Any) -> Any:
             f"pickling offloaded parameter {s.name!r} (torch.save(model), copy.copy, "
             f"pickle): the {len(owner.ws.records)} parameters of its offload take "
             f"{total} bytes, more than the {avail} bytes of memory available, and pickling "
-            "holds every value at once. Use ParameterOffload.checkpoint() and "
-            "offload_parameters(model, store, resume=True) instead, or save "
-            "model.state_dict() one parameter at a time (each value is materialized as "
-            "it is read)")
+            "holds every value at once (so does model.state_dict(), a dict of every value). "
+            "Use ParameterOffload.checkpoint() and offload_parameters(model, store, "
+            "resume=True) instead, or save one parameter at a time: handle.read(p) for "
+            "each (name, p) of model.named_parameters()")
     with _no_tf():
         requires_grad = p.requires_grad
     return (torch._utils._rebuild_parameter,
