@@ -37,7 +37,9 @@ Modules: _api.py (offload_parameters, offload_init), _handle.py (ParameterOffloa
 _parameter.py (OffloadedParameter, what autograd saves of it, is_offloaded / offload_of),
 _working_set.py (ParamRecord and its Residency, the WorkingSet: fetch, evict, prefetch),
 _grads.py (the GradientStore), _grad_tensor.py (OffloadedGrad, ``p.grad`` of a stored
-gradient). The optimizer wing (strata.torch.optim) imports only the names
+gradient), _fastpath.py (torch's fused fast paths), _copy.py (deepcopy, pickling, repr),
+_hooks.py (the model's hooks), _args.py (argument checks), _memory.py. The optimizer wing
+(strata.torch.optim) imports only the names
 below.
 """
 

@@ -11,6 +11,7 @@ fetch thread is internal.
 from __future__ import annotations
 
 import shutil
+import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -19,33 +20,15 @@ import strata
 
 from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
+from ._args import (check_bool, check_comm, check_key_prefix, check_store_and_path, check_tier,
+                    working_set_bytes)
+from ._fastpath import FastPaths
 from ._grads import GradientStore, GradInfo
+from ._hooks import install_model_hooks, remove_hooks
+from ._memory import fix_mmap_threshold
 from ._parameter import make_offloaded, make_plain, record_of
-from ._record import IN_MEMORY, ParamRecord
+from ._record import IN_MEMORY, ParamRecord, shaped
 from ._working_set import WorkingSet
-
-
-def _fix_mmap_threshold() -> None:
-    """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once). glibc
-    raises the threshold to the size of each large block freed (up to 32 MiB), after which
-    blocks of that size come from the heap and freeing them no longer returns memory: the
-    parameter and gradient buffers that come and go then grow the resident set far past
-    the working set (measured: 880 MB instead of 480 MB peak on the 138.7 M-parameter
-    model of examples/train_offload.py). A no-op where glibc's mallopt is absent."""
-    global _MMAP_FIXED
-    if _MMAP_FIXED:
-        return
-    _MMAP_FIXED = True
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        M_MMAP_THRESHOLD = -3
-        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
-    except (OSError, AttributeError):
-        pass
-
-
-_MMAP_FIXED = False
 
 
 class ParameterOffload:
@@ -71,13 +54,13 @@ class ParameterOffload:
         self._owns_store = False
         self._owned_dir: Optional[str] = None
         self._model: Optional[torch.nn.Module] = None
-        if tier not in ("nvme", "host"):
-            raise ValueError(f"offload_parameters: tier must be 'nvme' or 'host', got {tier!r}")
-        budget = (strata.parse_size(working_set) if isinstance(working_set, str)
-                  else int(working_set))
-        if budget <= 0:
-            raise ValueError(f"offload_parameters: working_set must be > 0 bytes, got "
-                             f"{working_set!r}")
+        path = check_store_and_path(store, path)
+        tier, key_prefix = check_tier(tier), check_key_prefix(key_prefix)
+        budget = working_set_bytes(working_set)
+        for name, flag in (("prefetch", prefetch), ("resume", resume),
+                           ("average_gradients", average_gradients)):
+            check_bool(name, flag)
+        comm = check_comm(comm)
         if store is None:
             if path is None:
                 path = self._owned_dir = make_temp_dir("params-")
@@ -88,7 +71,7 @@ class ParameterOffload:
         self.tier = tier
         self.key_prefix = key_prefix
         self.working_set_bytes = budget
-        _fix_mmap_threshold()
+        fix_mmap_threshold()
         self._stats: Dict[str, float] = {}
         self.reset_stats()
         #: strata.distributed.Communicator of a ZeRO-3 job (None: one process)
@@ -98,6 +81,11 @@ class ParameterOffload:
         self.grads = GradientStore(store, self.ws.records, tier, budget // 2, self.comm,
                                    average_gradients, self._stats, self.begin_backward)
         self._hook_handles: List[Any] = []
+        #: the modules whose hooks are this offload's (offload/_hooks.py), weakly
+        self.hooked_modules: List["weakref.ReferenceType[torch.nn.Module]"] = []
+        self.fast = FastPaths(self)  # torch's fused fast paths (offload/_fastpath.py)
+        #: a deepcopy's offload (offload/_copy.py): the source's key_prefix (else None)
+        self.copy_of_prefix: Optional[str] = None
         self._init_count = 0  # parameters offloaded by offload_init, not yet attached
         self._closed = False
         strata._lifetime.register(self.store, self)
@@ -160,6 +148,8 @@ class ParameterOffload:
         :returns: self.
         """
         self._check_open()
+        check_bool("resume", resume)
+        check_bool("overwrite", overwrite)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
                             f"{type(model).__name__}")
@@ -224,13 +214,13 @@ class ParameterOffload:
         self.ws.records[:] = records
         self.store.flush()
         self._model = model
-        self._hook_handles.append(model.register_forward_pre_hook(self._forward_begin))
-        self._hook_handles.append(model.register_forward_hook(self._forward_end))
+        install_model_hooks(self, model)
         return self
 
     # ---- forward / backward --------------------------------------------------------------
 
     def _forward_begin(self, module: torch.nn.Module, inputs: Any) -> None:
+        self.fast.restore_stale()
         self.ws.begin_phase(("forward", module.training, torch.is_grad_enabled()))
 
     def _forward_end(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
@@ -317,6 +307,7 @@ class ParameterOffload:
     def release_all(self) -> None:
         """Every parameter released from memory (changed ones stored first), every fetch in
         flight finished: what a step that rewrites every value does first."""
+        self.fast.restore_stale()
         self.ws.release_all()
 
     def version(self, p: torch.Tensor) -> int:
@@ -427,8 +418,14 @@ class ParameterOffload:
         optimizer's checkpoint() holds the masters the parameters resume from; call both,
         or only the optimizer's: its resume writes the masters into the parameters.)"""
         self._check_open()
+        self.fast.restore_stale()
         self.write_back()
         self.store.flush()
+
+    @property
+    def closed(self) -> bool:
+        """close() was called (or setup failed)."""
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -436,21 +433,26 @@ class ParameterOffload:
 
     def close(self, restore: bool = True) -> None:
         """Ends the offload. ``restore``: the parameters get their values back in memory
-        (plain ``torch.nn.Parameter`` objects again, the same objects); else they keep only
-        their stored values (the store stays usable with resume=True). Idempotent."""
+        (plain ``torch.nn.Parameter`` objects again, the same objects; a deepcopy's offload
+        then deletes its store objects, see offload/_copy.py); else they keep only their
+        stored values (the store stays usable with resume=True). Idempotent."""
         if self._closed:
             return
         self._closed = True
         error: Optional[BaseException] = None
         try:
             self.flush_grads()
+            self.fast.restore_stale()
             self.ws.release_all()
             self.ws.stop()
             for h in self._hook_handles:
                 h.remove()
+            remove_hooks(self)
             if restore:
                 for s in self.ws.records:
                     self._restore(s)
+                    if self.copy_of_prefix is not None:  # a deepcopy's objects: temporary
+                        self._delete_object(s)
             self.store.flush()
         except BaseException as e:  # noqa: BLE001 (raised after the release)
             error = e
@@ -461,7 +463,7 @@ class ParameterOffload:
 
     def _restore(self, s: ParamRecord) -> None:
         """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
-        make_plain(s.param, self.ws.read(s).view(s.shape).to(s.device))
+        make_plain(s.param, shaped(s, self.ws.read(s).to(s.device)))
 
     def _close_store(self) -> None:
         if self._owns_store and self.store is not None and not self.store.closed:

@@ -90,6 +90,19 @@ class OffloadedParameter(torch.nn.Parameter):
         with _no_tf(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             return func(*args, **kwargs)
 
+    # copies, pickles and reprs: offload/_copy.py
+    def __deepcopy__(self, memo: dict) -> torch.nn.Parameter:
+        from ._copy import deepcopy_parameter
+        return deepcopy_parameter(self, memo)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        from ._copy import reduce_parameter
+        return reduce_parameter(self, protocol)
+
+    def __repr__(self, *args: Any, **kwargs: Any) -> str:
+        from ._copy import repr_parameter
+        return repr_parameter(self)
+
 
 def is_offloaded(p: Any) -> bool:
     """``p`` is a parameter offloaded by strata.torch.offload_parameters / offload_init
@@ -187,3 +200,16 @@ def unpack(x: Any) -> torch.Tensor:
         return data
     size, stride, off = x.geometry
     return data.as_strided(size, stride, data.storage_offset() + off)
+
+
+def present_plain(p: OffloadedParameter) -> None:
+    """``p`` (materialized, and pinned by the caller) shows itself as a plain
+    ``torch.nn.Parameter`` until :func:`present_offloaded`: torch's fused fast paths, which
+    skip any argument with ``__torch_function__``, see an ordinary parameter. The record
+    stays attached; in-place edits meanwhile move ``p._version`` as ever."""
+    p.__class__ = torch.nn.Parameter
+
+
+def present_offloaded(p: torch.nn.Parameter) -> None:
+    """Undoes :func:`present_plain`."""
+    p.__class__ = OffloadedParameter

@@ -28,6 +28,28 @@ def tensor_of(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return t.view(dtype) if t.dtype != dtype else t
 
 
+def dense_stride(p: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """``p.stride()`` when ``p`` (a plain tensor) is not contiguous but dense and
+    non-overlapping in some order of its dimensions (channels_last, channels_last_3d, a
+    transpose): the layout its materialized data keeps; None when it is contiguous, or
+    overlapping / with gaps (such a parameter is materialized contiguous)."""
+    if p.is_contiguous() or p.dim() < 2:
+        return None
+    order = sorted(range(p.dim()), key=lambda d: p.stride(d), reverse=True)
+    return tuple(p.stride()) if p.permute(order).is_contiguous() else None
+
+
+def shaped(s: "ParamRecord", flat: torch.Tensor) -> torch.Tensor:
+    """The flat row-major value ``flat`` (``s.numel`` elements, on ``s.device``) as ``s``'s
+    shape in its recorded layout (``s.stride``: a copy into a tensor of those strides; else
+    a view)."""
+    if s.stride is None:
+        return flat.view(s.shape)
+    out = torch.empty_strided(s.shape, s.stride, dtype=flat.dtype, device=flat.device)
+    out.copy_(flat.view(s.shape))
+    return out
+
+
 class Residency(enum.Enum):
     """Where an offloaded parameter's data is (``ParamRecord.state``)."""
 
@@ -60,7 +82,7 @@ class ParamRecord:
                  "nbytes", "placeholder", "state", "resident", "pending", "fetched",
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
                  "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
-                 "grad_dirty", "grad_obj", "param", "owner", "__weakref__")
+                 "grad_dirty", "grad_obj", "param", "owner", "stride", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -74,7 +96,12 @@ class ParamRecord:
         self.nbytes = p.numel() * p.element_size()
         #: the data of a released parameter: one element expanded to the shape (so
         #: shape, size(), numel() and dim() stay true without a fetch)
-        self.placeholder = torch.zeros((), dtype=p.dtype, device=p.device).expand(self.shape)
+        with torch.inference_mode(False):  # (offloaded under inference_mode: a normal tensor)
+            self.placeholder = torch.zeros((), dtype=p.dtype, device=p.device).expand(self.shape)
+        #: the materialized data's strides when the parameter was not contiguous (a
+        #: channels_last conv weight, a transposed one); None: contiguous. The store object
+        #: is always the value in row-major (logical) order.
+        self.stride: Optional[Tuple[int, ...]] = dense_stride(p)
         self.state = Residency.RELEASED
         self.resident: Optional[torch.Tensor] = None
         self.pending: Any = None

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .._common import no_torch_function as _no_tf
-from ._record import IN_MEMORY, ParamRecord, Residency, tensor_of
+from ._record import IN_MEMORY, ParamRecord, Residency, shaped, tensor_of
 
 
 class WorkingSet:
@@ -95,7 +95,8 @@ class WorkingSet:
         self._pos = 0
         self._next_use = {} if trace is None else {s: i for i, s in enumerate(trace)}
         if trace:
-            self._prefetch_from(0)
+            with torch.inference_mode(False):  # (the buffers of collective fetches)
+                self._prefetch_from(0)
 
     def end_phase(self) -> None:
         """Ends the current phase: its order of use becomes its kind's trace."""
@@ -128,7 +129,15 @@ class WorkingSet:
 
     def materialize(self, s: ParamRecord) -> torch.Tensor:
         """``s``'s data in memory (fetched or waited for when needed), as the parameter's
-        shape; counts a prefetch hit or miss and the time stalled."""
+        shape and layout; counts a prefetch hit or miss and the time stalled. The data is a
+        normal tensor also under ``torch.inference_mode()`` (an inference tensor would
+        break the next training forward that saves it for backward)."""
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return self._materialize(s)
+        return self._materialize(s)
+
+    def _materialize(self, s: ParamRecord) -> torch.Tensor:
         prev = self.protected
         self.protected = prev | {s.index}  # the prefetch that _record starts must not evict s
         try:
@@ -174,7 +183,7 @@ class WorkingSet:
     def _set_resident(self, s: ParamRecord, flat: torch.Tensor) -> None:
         if s.device.type != "cpu":
             flat = flat.to(s.device, non_blocking=False)
-        s.resident = flat.view(s.shape)
+        s.resident = shaped(s, flat)
         s.state = Residency.RESIDENT
         self._lru[s.index] = None
         self.resident_bytes += s.nbytes
@@ -227,7 +236,7 @@ class WorkingSet:
         if s.state not in IN_MEMORY:
             return
         with torch.no_grad(), _no_tf():
-            s.resident.view(-1).copy_(flat.view(-1))
+            s.resident.copy_(flat.view(s.shape))
             s.mark = s.param._version
         s.state = Residency.RESIDENT
 

@@ -1,0 +1,117 @@
+"""The argument checks of offload_parameters / offload_init / ParameterOffload: each bad
+argument is a TypeError (wrong type) or ValueError (bad value) that names the argument and
+the value given.
+
+Thread-safety: pure functions (they read the file system for ``path``).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from typing import Any, Optional
+
+import strata
+
+_WHERE = "offload_parameters"
+
+
+def _bad_type(name: str, value: Any, expected: str) -> TypeError:
+    return TypeError(f"{_WHERE}: {name} must be {expected}, got {value!r} "
+                     f"({type(value).__name__})")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` is a bool (True/False; not 0/1, not None).
+
+    :raises TypeError: naming ``name`` and the value."""
+    if not isinstance(value, bool):
+        raise _bad_type(name, value, "a bool (True or False)")
+    return value
+
+
+def working_set_bytes(value: Any) -> int:
+    """The ``working_set`` argument as bytes (int > 0): an int, or a size string such as
+    "64MiB" (strata.parse_size).
+
+    :raises TypeError: None, a bool, a float or another type.
+    :raises ValueError: <= 0, or a string that is not a size."""
+    if isinstance(value, str):
+        try:
+            n = strata.parse_size(value)
+        except (ValueError, strata.Error) as e:
+            raise ValueError(f"{_WHERE}: working_set {value!r} is not a byte size (e.g. "
+                             f"'64MiB' or 67108864): {e}") from None
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        n = int(value)
+    else:
+        raise _bad_type("working_set", value, "bytes as an int (e.g. 67108864) or a size "
+                        "string (e.g. '64MiB')")
+    if n <= 0:
+        raise ValueError(f"{_WHERE}: working_set must be > 0 bytes, got {value!r}")
+    return n
+
+
+def check_tier(value: Any) -> str:
+    """:raises TypeError: not a str. :raises ValueError: not "nvme" or "host"."""
+    if not isinstance(value, str):
+        raise _bad_type("tier", value, "'nvme' or 'host'")
+    if value not in ("nvme", "host"):
+        raise ValueError(f"{_WHERE}: tier must be 'nvme' or 'host', got {value!r}")
+    return value
+
+
+def check_key_prefix(value: Any) -> str:
+    """A non-empty str without NUL characters (the C API and the CLI read keys as C
+    strings; the store refuses an empty key).
+
+    :raises TypeError: not a str. :raises ValueError: empty, or containing NUL."""
+    if not isinstance(value, str):
+        raise _bad_type("key_prefix", value, "a non-empty str such as 'params/'")
+    if not value:
+        raise ValueError(f"{_WHERE}: key_prefix must not be empty (store keys are "
+                         "<key_prefix><parameter name>; e.g. 'params/')")
+    if "\x00" in value:
+        raise ValueError(f"{_WHERE}: key_prefix {value!r} contains a NUL character, which "
+                         "store keys cannot hold")
+    return value
+
+
+def check_store_and_path(store: Any, path: Any) -> Optional[str]:
+    """``store``: None or an open strata.Store; ``path``: None or a str / os.PathLike that
+    is a directory or does not exist yet. Returns ``path`` as a str (or None).
+
+    :raises TypeError: store not a strata.Store, path not a str or os.PathLike.
+    :raises ValueError: a closed store; a path that is a file (not a directory); both
+        store and path given."""
+    if store is not None:
+        if not isinstance(store, strata.Store):
+            raise _bad_type("store", store, "a strata.Store (strata.Store.open(dir)) or None")
+        if store.closed:
+            raise ValueError(f"{_WHERE}: store {store!r} is closed")
+        if path is not None:
+            raise ValueError(f"{_WHERE}: pass store or path, not both (path={path!r})")
+        return None
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise _bad_type("path", path, "a directory path (str or os.PathLike) or None")
+    p = os.fspath(path)
+    if not isinstance(p, str):
+        raise _bad_type("path", path, "a str path (not bytes)")
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ValueError(f"{_WHERE}: path {p!r} is a file, not a directory (the store's "
+                         "directory)")
+    return p
+
+
+def check_comm(value: Any) -> Any:
+    """None or a strata.distributed.Communicator.
+
+    :raises TypeError: another type."""
+    if value is None:
+        return None
+    import strata.distributed as sd
+    if not isinstance(value, sd.Communicator):
+        raise _bad_type("comm", value, "a strata.distributed.Communicator or None")
+    return value
