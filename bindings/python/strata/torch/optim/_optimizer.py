@@ -169,7 +169,11 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         if self._ready:  # after __init__: register the new group at once
             self._abort_overlap()
-            self._sync_params()
+            try:
+                self._sync_params()
+            except BaseException:
+                self.param_groups.pop()  # refused (e.g. DiskFullError): nothing added
+                raise
 
     def _sync_params(self) -> None:
         """param_groups' edits followed, changed parameters taken (optim/_registry.py)."""

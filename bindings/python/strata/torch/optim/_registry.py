@@ -144,6 +144,8 @@ class ParamRegistry:
             for k, v in defaults.items():
                 group.setdefault(k, v)
             self.check_group(group, f"param group {gi}: ")
+        if fresh:  # every new parameter's disk space first: one clear error, nothing added
+            self.table.core.check_disk_space([state_numel(p) for _, p in fresh])
         for gi in range(n_groups, len(param_groups)):
             self.register_group(gi, {**param_groups[gi], "params": []})
         for gi, p in fresh:
