@@ -109,7 +109,10 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
             without create, so a missing store or checkpoint creates nothing). The model's
             parameters must be given in the checkpoint's order and param groups: the same
             number of groups and of parameters (zero-size ones included), each with its
-            checkpointed element count. Masters are copied into the parameters, and like
+            checkpointed element count; after ``param_groups`` edits (a checkpoint with a
+            layout record, optim/_layout.py) parameters given with names are found by name
+            in any order, the others by position, and a parameter the checkpoint cannot
+            give is refused naming it. Masters are copied into the parameters, and like
             ``torch.optim.Optimizer.load_state_dict`` the checkpoint's hyperparameters
             (lr, betas, eps, weight_decay, amsgrad, maximize) replace the constructor's in
             ``param_groups`` -- a UserWarning names each constructor value that differs.

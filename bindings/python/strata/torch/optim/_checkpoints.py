@@ -249,7 +249,7 @@ class Checkpoints:
         """torch.optim.Adam's state dict of the state in ``table.core`` (see the optimizer's
         state_dict(): the caller takes changed parameters and optimizer.state edits
         first)."""
-        core, handle = self.table.core, self.table.handle
+        core = self.table.core
         state: Dict[int, Dict[str, Any]] = {}
         names = self.table.state_names()
         index: Dict[int, int] = {}
@@ -262,8 +262,8 @@ class Checkpoints:
             g["params"] = [index[id(p)] for p in group["params"]]
             start += len(group["params"])
             groups.append(g)
-        for h, p in self.table.kept():
-            if core.step_count(h) > 0:
+        for h, p in list(self.table.known()):
+            if id(p) not in index and core.step_count(h) > 0:
                 raise KeyError(
                     f"state_dict(): parameter '{core.param_info(h)['name']}' (shape "
                     f"{tuple(p.shape)}) has optimizer state but is in no param group, so "
@@ -271,7 +271,7 @@ class Checkpoints:
                     "it too): put it back into a group, or del optimizer.state[p]")
         for group in param_groups:
             for p in group["params"]:
-                h = handle.get(id(p))
+                h = self.table.handle_of(p)
                 i = index[id(p)]
                 if h is None or i in state or core.step_count(h) == 0:
                     continue

@@ -230,15 +230,24 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         ``model.load_state_dict``, ``p.clamp_()`` under no_grad, ``p.data = t``) has that
         value (fp16/bf16 widened to fp32) taken as its master first; unchanged ones are not
         copied. In-place edits through ``p.data`` are not seen: see mark_params_changed.
-        Parameters appended to the last group or in groups appended to ``param_groups``
-        are registered fresh; betas outside [0, 1) set in a group are stepped as torch
-        does. See optim/_param_table.py and docs/offload.md.
+        Edits of ``param_groups`` are followed as torch.optim's (state keyed by the
+        parameter: removed, reordered, replaced, moved, groups deleted or inserted; new
+        parameters registered fresh; a parameter in no group is not stepped and keeps its
+        state); a parameter moved to a group with other hyperparameters has its state
+        copied once (optim/_layout.py). Betas outside [0, 1) set in a group are stepped as
+        torch does. See optim/_param_table.py and docs/offload.md.
 
-        :raises ValueError: a param_groups edit strata cannot follow (naming the group), a
-            new group's hyperparameter out of range, capturable/differentiable/fused set
-            True in a group, or a beta2 making ``1 - beta2**t`` negative (torch's "math
-            domain error"); nothing is stepped.
+        :raises ValueError: a parameter listed twice in param_groups (naming both places:
+            "param group g, params[j]"), a new group's hyperparameter out of range (torch's
+            message, naming the group), a new parameter's dtype (naming its index),
+            amsgrad in a new group other than the optimizer's, capturable/differentiable/
+            fused set True in a group, a hyperparameter strata refuses
+            (InvalidArgumentError), or a beta2 making ``1 - beta2**t`` negative (torch's
+            "math domain error"); nothing is stepped.
+        :raises TypeError: a ``params`` entry that is not a tensor (naming group and index).
         :raises ZeroDivisionError: a beta1 making ``1 - beta1**t`` zero (as torch).
+        :raises strata.DiskFullError: the state of new or moved parameters does not fit
+            (checked before any is added).
         """
         self._check_open()
         loss = None
@@ -352,8 +361,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         whatever the tier; a process killed without closing resumes at its last
         checkpoint, even if the store was flushed since.
 
-        :raises ValueError: a param_groups edit strata cannot follow or a hyperparameter
-            it cannot hold (as step(); nothing is written).
+        :raises ValueError, TypeError: a param_groups listing or a hyperparameter strata
+            cannot follow (as step(); nothing is written).
 
         :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
             part-way before (resume from the last checkpoint).
