@@ -117,6 +117,41 @@ def test_full_disk_is_os_error_with_enospc(tmp_path, tiny_tmpfs):
         s.close()
 
 
+def test_up_front_disk_space_check_is_disk_full(tmp_path, mount_tmpfs):
+    """The offloaded optimizer's disk-space check before writing (create, add_param,
+    check_disk_space) raises the type a full disk raises during a write: DiskFullError,
+    errno ENOSPC, so ``except OSError`` catches both."""
+    fs = str(mount_tmpfs("20m"))
+    with strata.Store.open(fs + "/s", staging="4MiB", chunk_size="1MiB", workers=2) as s:
+        o = strata.OffloadedOptimizer.create(s, "adamw", default_placement="nvme")
+        try:
+            for call, where in ((lambda: o.check_disk_space([1 << 20]), "offload: "),
+                                (lambda: o.add_param("w", 1 << 20), "offload add_param 'w': ")):
+                with pytest.raises(OSError) as e:
+                    call()
+                err = e.value
+                assert isinstance(err, strata.DiskFullError), repr(err)
+                assert isinstance(err, strata.ResourceExhaustedError)
+                assert err.errno == errno.ENOSPC and err.code == "ResourceExhausted"
+                assert err.message.startswith(where + "not enough disk space"), err.message
+                assert fs + "/s" in err.message
+            assert o.num_params() == 0  # nothing added
+            assert o.add_param("small", 1000) == 0  # what fits still goes in
+        finally:
+            o.close(checkpoint=False)
+        # create's own check: the file system nearly full (under the 1 MiB catalog margin)
+        filler = os.path.join(fs, "filler")
+        with open(filler, "wb") as f:
+            free = os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize
+            f.write(b"\0" * max(0, free - (256 << 10)))
+        with pytest.raises(OSError) as e:
+            strata.OffloadedOptimizer.create(s, "adamw", key_prefix="b/",
+                                             default_placement="nvme")
+        assert isinstance(e.value, strata.DiskFullError) and e.value.errno == errno.ENOSPC
+        assert e.value.message.startswith("offload create: not enough disk space"), e.value
+        os.remove(filler)
+
+
 def test_full_budget_is_not_an_os_error(tmp_path):
     s = strata.Store.open(str(tmp_path / "root"), host_budget="1MiB", staging="4MiB",
                           chunk_size="1MiB", workers=2)

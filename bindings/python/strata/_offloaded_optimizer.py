@@ -68,6 +68,8 @@ class OffloadedOptimizer:
 
         :raises AlreadyExistsError: a checkpoint exists under ``key_prefix`` (use resume).
         :raises InvalidArgumentError: unknown optimizer or a bad hyperparameter/option.
+        :raises DiskFullError: (OSError errno ENOSPC) the store's file system lacks the
+            1 MiB the catalog needs (docs/offload.md, "Disk space").
         """
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, dict(hyperparams or {}), False, key_prefix, sub_group_numel,
@@ -137,9 +139,10 @@ class OffloadedOptimizer:
             "host" or "nvme".
         :raises InvalidArgumentError: a bad/duplicate name, a bad group or placement, an
             ``init`` of another dtype or size, numel > (2^63-1)/4.
-        :raises ResourceExhaustedError: DRAM or the NVMe tier is full, or a file system
-            lacks the disk space for the state with this tensor (the message names the
-            directory, the need and the free bytes). :raises IoError:"""
+        :raises ResourceExhaustedError: DRAM or the NVMe tier (nvme_budget) is full;
+            :class:`DiskFullError` (also OSError, errno ENOSPC) a file system lacks the disk
+            space for the state with this tensor (the message names the directory, the need
+            and the free bytes). :raises IoError:"""
         return self._o.add_param(name, numel, init, group, placement)
 
     def num_params(self) -> int:
@@ -350,6 +353,6 @@ class OffloadedOptimizer:
 
     def check_disk_space(self, more_numels: Sequence[int] = ()) -> None:
         """Returns when :meth:`disk_space` fits (e.g. a whole model before add_param).
-        :raises ResourceExhaustedError: it does not: the message names the directory, the
-            bytes needed and the bytes free."""
+        :raises DiskFullError: (OSError errno ENOSPC, a ResourceExhaustedError) it does not:
+            the message names the directory, the bytes needed and the bytes free."""
         self._o.check_disk_space(more_numels)

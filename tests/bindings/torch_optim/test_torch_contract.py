@@ -164,21 +164,28 @@ def test_params_appended_to_a_group_and_groups_appended_directly_are_stepped(tmp
     o1.close()
 
 
-def test_param_groups_edits_strata_cannot_follow_raise_naming_the_group(tmp_path):
+def test_param_groups_listing_a_parameter_twice_raises_naming_both_places(tmp_path):
+    """Every edit of param_groups is followed (tests/bindings/torch_optim/
+    test_torch_param_group_edits.py) except a parameter listed twice, which torch.optim
+    would step twice, and a non-tensor entry: refused before anything is stepped."""
     m, other = _linear(), _linear(seed=9)
     o = st.OffloadAdam([{"params": [m.weight]}, {"params": [m.bias]}], lr=0.01,
                        **_kw(tmp_path, "nvme"))
     before = [p.detach().clone() for p in (m.weight, m.bias, other.weight)]
     for p in (m.weight, m.bias, other.weight):
         p.grad = torch.ones_like(p)
-    for edit, msg in [
-            (lambda: o.param_groups[0].__setitem__("params", [other.weight]), "param group 0"),
-            (lambda: o.param_groups[1]["params"].append(m.weight), "param group 1"),
-            (lambda: o.param_groups.pop(), "param group 1"),
-            (lambda: o.param_groups[0]["params"].insert(0, other.weight), "param group 0")]:
+    for edit, error, msg in [
+            (lambda: o.param_groups[1]["params"].append(m.weight), ValueError,
+             r"param group 1, params\[1\]: a parameter listed twice in param_groups "
+             r"\(also at param group 0, params\[0\]\)"),
+            (lambda: o.param_groups[0]["params"].append(m.weight), ValueError,
+             r"param group 0, params\[1\]: a parameter listed twice in param_groups "
+             r"\(also at param group 0, params\[0\]\)"),
+            (lambda: o.param_groups[0]["params"].insert(0, "w"), TypeError,
+             r"param group 0, params\[0\] is a str")]:
         saved = [dict(g, params=list(g["params"])) for g in o.param_groups]
         edit()
-        with pytest.raises(ValueError, match=msg):
+        with pytest.raises(error, match=msg):
             o.step()
         o.param_groups[:] = saved
     _assert_same((m.weight, m.bias, other.weight), before)  # nothing stepped

@@ -138,14 +138,51 @@ def _data_blocks(root):
                for f in os.listdir(root) if f.endswith(".data"))
 
 
-def test_state_that_does_not_fit_is_refused_at_creation(small_fs):
+def _assert_disk_full(err, where):
+    """``err`` is the one exception type of a full disk: DiskFullError, an OSError with errno
+    ENOSPC (what ``except OSError`` catches) and a ResourceExhaustedError."""
+    import errno
+
     import strata
+    assert isinstance(err, strata.DiskFullError), type(err)
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC, err.errno
+    assert isinstance(err, strata.ResourceExhaustedError) and err.code == "ResourceExhausted"
+    assert f"[errno {errno.ENOSPC}]" in str(err) and where in err.message, str(err)
+
+
+def test_state_that_does_not_fit_is_refused_at_creation(small_fs):
     ps = _params(4, [(1024, 1024)])  # 12 MiB of state: 24 MiB with its new copies
-    with pytest.raises(strata.ResourceExhaustedError) as e:
+    with pytest.raises(OSError) as e:  # DiskFullError, as a full disk during a step
         st.OffloadAdamW(ps, path=str(small_fs / "s"))
+    _assert_disk_full(e.value, str(small_fs / "s"))
     msg = str(e.value)
     assert str(small_fs / "s") in msg and "more bytes" in msg and "bytes (" in msg, msg
     assert "2 x its state (12582912 bytes" in msg, msg
+
+
+def test_group_that_does_not_fit_is_refused_at_add_param_group(small_fs):
+    ours = _params(4, [(1000,)])
+    opt = st.OffloadAdamW(ours, path=str(small_fs / "s"))
+    try:
+        big = _params(5, [(1024, 1024)])
+        with pytest.raises(OSError) as e:
+            opt.add_param_group({"params": big})
+        _assert_disk_full(e.value, str(small_fs / "s"))
+        assert "offload: not enough disk space" in e.value.message, e.value.message
+        assert len(opt.param_groups) == 1  # nothing added
+    finally:
+        opt.close()
+
+
+def test_full_budget_is_not_a_full_disk(tmp_path):
+    """A full nvme_budget: a plain ResourceExhaustedError (not an OSError), as any budget."""
+    import strata
+    with strata.Store.open(str(tmp_path / "s"), staging="4MiB", chunk_size="1MiB",
+                           nvme_budget="4MiB") as store:
+        with pytest.raises(strata.ResourceExhaustedError) as e:
+            st.OffloadAdamW(_params(4, [(1024, 1024)]), store=store, tier="nvme")
+            assert not isinstance(e.value, OSError) and e.value.errno == 0, repr(e.value)
+            assert "budget" in e.value.message, e.value.message
 
 
 def test_state_that_fits_steps_and_disk_usage_stays_bounded(small_fs):

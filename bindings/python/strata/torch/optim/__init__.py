@@ -31,9 +31,10 @@ Thread-safety: like torch optimizers, one thread at a time.
 
 What they keep of torch.optim's contract (docs/offload.md): parameters changed outside the
 optimizer (``model.load_state_dict``, ``p.clamp_()``, ``p.data = t``) are stepped from
-their current value; ``param_groups`` edits are followed (new parameters and groups) or
-refused naming the group; ``optimizer.state[p]`` has torch's entries; torch's keyword
-arguments are accepted; one open optimizer per store and key prefix.
+their current value; ``param_groups`` edits are followed as torch.optim's (state follows
+the parameter object; a parameter listed twice is refused); ``optimizer.state[p]`` has
+torch's entries; torch's keyword arguments are accepted; one open optimizer per store and
+key prefix.
 
 Modules (imports point down this list; the offload wing, strata.torch.offload, is reached
 only through its package's public names):
@@ -43,8 +44,9 @@ only through its package's public names):
   state dicts, close)
 - _step.py: the step's three paths; _offloaded_step.py: the step over offloaded parameters;
   _overlap.py: the step overlapped with backward; _gate.py: the gate's inputs
-- _registry.py: param groups and parameters into strata; _param_table.py: parameters <->
-  strata handles, param_groups edits, changed parameters
+- _registry.py: param groups and parameters into strata; _layout.py: param_groups edits
+  (strata groups as hyperparameter slots, moves, the layout record for resume);
+  _param_table.py: parameters <-> strata handles, changed parameters
 - _checkpoints.py: create/resume, checkpoint layout, state dicts; _state_view.py:
   ``optimizer.state``; _exchange.py: gradients in, weights out
 - _hyperparams.py, _torch_kwargs.py, _names.py, _settings.py: torch's names and checks

@@ -109,7 +109,10 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
             without create, so a missing store or checkpoint creates nothing). The model's
             parameters must be given in the checkpoint's order and param groups: the same
             number of groups and of parameters (zero-size ones included), each with its
-            checkpointed element count. Masters are copied into the parameters, and like
+            checkpointed element count; after ``param_groups`` edits (a checkpoint with a
+            layout record, optim/_layout.py) parameters given with names are found by name
+            in any order, the others by position, and a parameter the checkpoint cannot
+            give is refused naming it. Masters are copied into the parameters, and like
             ``torch.optim.Optimizer.load_state_dict`` the checkpoint's hyperparameters
             (lr, betas, eps, weight_decay, amsgrad, maximize) replace the constructor's in
             ``param_groups`` -- a UserWarning names each constructor value that differs.
@@ -128,13 +131,15 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
         :raises PermissionError: the default directory belongs to another user.
         :raises strata.NotFoundError: ``resume`` and no store at ``path`` or no checkpoint
             under ``key_prefix``.
-        :raises strata.ResourceExhaustedError: the store's file system lacks the space the
+        :raises strata.DiskFullError: (an OSError, errno ENOSPC, and a
+            strata.ResourceExhaustedError) the store's file system lacks the space the
             state needs: 2 x (masters + moments: 12 bytes per parameter, 16 with amsgrad,
             each tensor rounded up to 4 KiB) + the pipeline's in-flight chunks + 1 MiB,
             because a step writes new copies beside the last checkpoint's (see
             docs/offload.md, "Disk space"); the message names the directory, the bytes
             needed and the bytes free. Checked before any state is written, here and in
-            :meth:`add_param_group`.
+            :meth:`add_param_group` (a refused group is not added). A full ``nvme_budget``
+            is a plain strata.ResourceExhaustedError.
         :raises strata.Error: the store cannot be opened (e.g. InvalidArgumentError for
             ``chunk_size=0``). On any error nothing is left behind: a temporary directory
             this constructor made is removed and a store it opened is closed.

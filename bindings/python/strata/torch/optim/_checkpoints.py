@@ -115,7 +115,8 @@ class Checkpoints:
         :param state: its StateView (invalidated).
         """
         groups = state_dict["param_groups"]
-        new_groups = self.check_loaded_groups(groups, param_groups, registry.amsgrad())
+        new_groups = self.check_loaded_groups(groups, param_groups,
+                                              [registry.amsgrad()] * len(groups))
         saved_ids = [sid for g in groups for sid in g["params"]]
         self.check_loaded_states(state_dict["state"], saved_ids)
         old_groups = [dict(g) for g in param_groups]
@@ -133,6 +134,19 @@ class Checkpoints:
             raise
         state.invalidate()
         self.load_states(state_dict["state"], saved_ids)
+        for h, p in self.table.kept():  # as torch: state replaced whole, theirs dropped
+            if self.table.core.step_count(h) > 0:
+                self.restart(h, p)
+
+    def restart(self, h: int, p: torch.Tensor) -> None:
+        """Handle ``h`` (parameter ``p``) restarts: zero moments, step 0 (its master is
+        taken from ``p`` when it steps again)."""
+        core = self.table.core
+        zeros = np.zeros(state_numel(p), dtype=np.float32)
+        for k in range(core.num_states()):
+            core.write_state(h, k, zeros)
+        core.set_step_count(h, 0)
+        self.table.forget(h)
 
     def remove(self) -> None:
         """overwrite=True: deletes the optimizer checkpointed under ``key_prefix`` (its
@@ -235,7 +249,7 @@ class Checkpoints:
         """torch.optim.Adam's state dict of the state in ``table.core`` (see the optimizer's
         state_dict(): the caller takes changed parameters and optimizer.state edits
         first)."""
-        core, handle = self.table.core, self.table.handle
+        core = self.table.core
         state: Dict[int, Dict[str, Any]] = {}
         names = self.table.state_names()
         index: Dict[int, int] = {}
@@ -248,9 +262,16 @@ class Checkpoints:
             g["params"] = [index[id(p)] for p in group["params"]]
             start += len(group["params"])
             groups.append(g)
+        for h, p in list(self.table.known()):
+            if id(p) not in index and core.step_count(h) > 0:
+                raise KeyError(
+                    f"state_dict(): parameter '{core.param_info(h)['name']}' (shape "
+                    f"{tuple(p.shape)}) has optimizer state but is in no param group, so "
+                    "it has no number (torch.optim.Optimizer.state_dict raises KeyError for "
+                    "it too): put it back into a group, or del optimizer.state[p]")
         for group in param_groups:
             for p in group["params"]:
-                h = handle.get(id(p))
+                h = self.table.handle_of(p)
                 i = index[id(p)]
                 if h is None or i in state or core.step_count(h) == 0:
                     continue

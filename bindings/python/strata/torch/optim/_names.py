@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-_INDEX = re.compile(r"p(\d+)(?::(.*))?\Z", re.S)
+INDEX = re.compile(r"p(\d+)(?::(.*))?\Z", re.S)
 
 
 def split_named(params: List[Any], group_index: int) -> Tuple[List[Any], Optional[List[str]]]:
@@ -42,14 +42,14 @@ def split_named(params: List[Any], group_index: int) -> Tuple[List[Any], Optiona
     return [p for _, p in params], [n for n, _ in params]
 
 
-def _escape(name: str) -> str:
+def escape(name: str) -> str:
     return "".join(c if "!" <= c <= "~" and c != "%" else
                    "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
 def strata_name(index: int, name: Optional[str]) -> str:
     """strata's name of model parameter ``index`` (see the module doc)."""
-    return f"p{index}" if not name else f"p{index}:{_escape(name)}"
+    return f"p{index}" if not name else f"p{index}:{escape(name)}"
 
 
 def checkpoint_handles(opt: Any, names: Dict[int, Optional[str]], key_prefix: str
@@ -63,13 +63,13 @@ def checkpoint_handles(opt: Any, names: Dict[int, Optional[str]], key_prefix: st
     """
     handles: Dict[int, int] = {}
     for h in range(opt.num_params()):
-        m = _INDEX.match(opt.param_info(h)["name"])
+        m = INDEX.match(opt.param_info(h)["name"])
         if not m:
             continue
         i, recorded = int(m.group(1)), m.group(2)
         handles[i] = h
         given = names.get(i)
-        if recorded is not None and given and recorded != _escape(given):
+        if recorded is not None and given and recorded != escape(given):
             raise ValueError(f"the checkpoint under '{key_prefix}' holds parameter {i} as "
                              f"'{recorded}', the model gives '{given}': give the parameters "
                              "in the checkpoint's order")

@@ -28,7 +28,7 @@ import strata
 
 from ..._data_dir import make_temp_dir
 from ..offload import offload_of
-from . import _hyperparams, _settings
+from . import _hyperparams, _layout, _settings
 from ._checkpoints import Checkpoints
 from ._exchange import TensorExchange, bump_version
 from ._overlap import BackwardOverlap
@@ -121,12 +121,13 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
                      host_budget=settings["host_budget"], num_threads=counts["num_threads"],
                      arithmetic=arithmetic), type(self).__name__)
             if resume:  # the registry registers the checkpoint's parameters while set
-                self._registry.resume_handles = self._checkpoints.check_layout(
-                    self.param_groups, self._registry.names_by_id)
+                self._registry.prepare_resume(self.param_groups, key_prefix)
             for gi, group in enumerate(self.param_groups):
                 self._registry.register_group(gi, group)
             if resume:
                 self._checkpoints.finish_legacy_resume(self._registry.resume_handles)
+                self._registry.finish_resume()
+            self._table.rebuild(self.param_groups)
         except BaseException:
             self.close()
             raise
@@ -169,11 +170,21 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         if self._ready:  # after __init__: register the new group at once
             self._abort_overlap()
-            self._sync_params()
+            try:
+                self._sync_params()
+            except BaseException:
+                self.param_groups.pop()  # refused (e.g. DiskFullError): nothing added
+                raise
 
-    def _sync_params(self) -> None:
-        """param_groups' edits followed, changed parameters taken (optim/_registry.py)."""
-        self._registry.sync_params(self.param_groups, self.defaults)
+    def _sync_params(self) -> bool:
+        """param_groups' edits followed, changed parameters taken (optim/_registry.py);
+        returns whether the parameters or their grouping changed. Parameters out of every
+        group (and tensors no parameter uses) are detached: no step reads them."""
+        changed = self._registry.sync_params(self.param_groups, self.defaults)
+        table = self._table
+        for h in [h for h, _ in table.kept()] + list(table.retired):
+            self._exchange.detach(self._opt, h)
+        return changed
 
     def _sync_hyperparams(self) -> None:
         """The groups' hyperparameters into strata when they changed."""
@@ -189,16 +200,21 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         """
         self._check_open()
         table = self._table
-        hs = [table.handle[id(p)] for p in (table.params if params is None else params)]
+        hs = [table.handle_of(p) for p in (table.params if params is None else params)]
+        if None in hs:
+            raise KeyError(f"mark_params_changed: parameter {hs.index(None)} of the given "
+                           "ones is not in this optimizer")
         for h in hs:
             table.forget(h)
 
-    def _sync_all(self) -> None:
+    def _sync_all(self) -> bool:
         """What every step, checkpoint and early update takes first: param_groups and
-        parameter edits, hyperparameters, optimizer.state edits."""
-        self._sync_params()
+        parameter edits, hyperparameters, optimizer.state edits. Returns whether the
+        parameters or their grouping changed."""
+        changed = self._sync_params()
         self._sync_hyperparams()
         self.state.write_back()
+        return changed
 
     # ---- stepping ------------------------------------------------------------------------
 
@@ -214,15 +230,24 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         ``model.load_state_dict``, ``p.clamp_()`` under no_grad, ``p.data = t``) has that
         value (fp16/bf16 widened to fp32) taken as its master first; unchanged ones are not
         copied. In-place edits through ``p.data`` are not seen: see mark_params_changed.
-        Parameters appended to the last group or in groups appended to ``param_groups``
-        are registered fresh; betas outside [0, 1) set in a group are stepped as torch
-        does. See optim/_param_table.py and docs/offload.md.
+        Edits of ``param_groups`` are followed as torch.optim's (state keyed by the
+        parameter: removed, reordered, replaced, moved, groups deleted or inserted; new
+        parameters registered fresh; a parameter in no group is not stepped and keeps its
+        state); a parameter moved to a group with other hyperparameters has its state
+        copied once (optim/_layout.py). Betas outside [0, 1) set in a group are stepped as
+        torch does. See optim/_param_table.py and docs/offload.md.
 
-        :raises ValueError: a param_groups edit strata cannot follow (naming the group), a
-            new group's hyperparameter out of range, capturable/differentiable/fused set
-            True in a group, or a beta2 making ``1 - beta2**t`` negative (torch's "math
-            domain error"); nothing is stepped.
+        :raises ValueError: a parameter listed twice in param_groups (naming both places:
+            "param group g, params[j]"), a new group's hyperparameter out of range (torch's
+            message, naming the group), a new parameter's dtype (naming its index),
+            amsgrad in a new group other than the optimizer's, capturable/differentiable/
+            fused set True in a group, a hyperparameter strata refuses
+            (InvalidArgumentError), or a beta2 making ``1 - beta2**t`` negative (torch's
+            "math domain error"); nothing is stepped.
+        :raises TypeError: a ``params`` entry that is not a tensor (naming group and index).
         :raises ZeroDivisionError: a beta1 making ``1 - beta1**t`` zero (as torch).
+        :raises strata.DiskFullError: the state of new or moved parameters does not fit
+            (checked before any is added).
         """
         self._check_open()
         loss = None
@@ -235,8 +260,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             if ov is not None:
                 ov.abort()  # the closure's backward started updates: redo them here
         table = self._table
-        if ov is not None and ov.open and (len(self.param_groups) != len(self._registry.pushed)
-                                           or table.new_params(self.param_groups)
+        if ov is not None and ov.open and (table.layout_changed(self.param_groups)
                                            or self.state.pending()
                                            or any(table.changed(table.handle[id(p)])
                                                   for p in table.params)):
@@ -310,7 +334,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         update of a backward; returns max_grad_norm, or None when that failed (step()
         raises it, as torch would, not backward)."""
         try:
-            self._sync_all()
+            if self._sync_all():
+                return None  # the grouping changed: the hooked parameter may be out of it
         except Exception:  # noqa: BLE001
             return None
         return self.max_grad_norm
@@ -336,8 +361,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         whatever the tier; a process killed without closing resumes at its last
         checkpoint, even if the store was flushed since.
 
-        :raises ValueError: a param_groups edit strata cannot follow or a hyperparameter
-            it cannot hold (as step(); nothing is written).
+        :raises ValueError, TypeError: a param_groups listing or a hyperparameter strata
+            cannot follow (as step(); nothing is written).
 
         :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
             part-way before (resume from the last checkpoint).
@@ -347,6 +372,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         self._check_open()
         self._abort_overlap()  # the state after the last completed step
         self._sync_all()
+        _layout.write_record(self._table, self.tier)
         self._opt.checkpoint()
 
     def state_dict(self) -> Dict[str, Any]:
@@ -414,7 +440,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         steps moves nothing. The checkpoint takes the current ``param_groups``
         (e.g. a scheduler's lr) and is skipped when nothing changed since the last one, for
         an optimizer whose constructor failed, and for one in a temporary directory (which
-        is removed). Then a store the optimizer opened is closed and its temporary
+        is removed); a ``param_groups`` that step() would refuse (a parameter listed twice)
+        is not taken: the checkpoint has the layout of the last step. Then a store the optimizer opened is closed and its temporary
         directory removed. Idempotent; afterwards step/checkpoint/state_dict/
         load_state_dict/add_param_group raise strata.FailedPreconditionError
         ("OffloadAdam is closed").
@@ -434,10 +461,13 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             # released without a checkpoint.
             keep = self._ready and self._owned_dir is None
             try:
-                if keep:
-                    self._sync_hyperparams()
-                    self._table.take_changed()  # parameters changed outside, as checkpoint()
+                if keep and self._registry.listing_error(self.param_groups) is None:
+                    self._sync_all()  # param_groups, parameters changed outside: as checkpoint()
+                elif keep:  # a param_groups step() refuses: the layout of the last sync
+                    self._table.take_changed()
                     self.state.write_back()
+                if keep:
+                    _layout.write_record(self._table, self.tier)
             except Exception as e:  # noqa: BLE001 (raised below, after the release)
                 error = e
                 keep = False

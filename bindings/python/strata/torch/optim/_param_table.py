@@ -1,16 +1,18 @@
 """The parameters of strata.torch's optimizers as ``param_groups`` shows them: which strata
-handle each has, edits of ``param_groups`` made after construction, and parameters changed
-outside the optimizer.
+handle each has (state keyed by the parameter object, as torch.optim's), and parameters
+changed outside the optimizer.
 
 Rules (documented in the package doc and docs/offload.md):
 
-* Each step (and each checkpoint() / state_dict()) walks ``param_groups``. Parameters
-  appended after the registered ones -- to the last group's ``params`` list, or in groups
-  appended to ``param_groups`` directly -- are registered fresh, as ``add_param_group``
-  would (masters from their current values, zero moments, step 0). Any other edit (a
-  registered parameter removed, replaced, reordered or moved to another group, a parameter
-  listed twice, a group removed) raises ValueError naming the group before anything is
-  stepped: strata never steps what ``param_groups`` does not show.
+* Each step (and each checkpoint() / state_dict()) walks ``param_groups`` (optim/_layout.py
+  plans what follows from it). A parameter keeps its strata handle -- its master, moments
+  and step count -- whatever group or position it is in now, as torch.optim's state follows
+  the tensor: parameters may be removed, reordered, replaced, moved between groups, groups
+  deleted or inserted. A parameter removed from every group keeps its handle and state
+  (``optimizer.state[p]`` still shows it) and continues from it when it comes back.
+  Parameters the optimizer has not seen are registered fresh, as ``add_param_group`` would
+  (masters from their current values, zero moments, step 0). A parameter listed twice
+  raises ValueError naming both places (torch would step it twice).
 * A parameter whose value changed since the optimizer last wrote it (``model.load_state_dict``,
   ``p.copy_``, ``p.clamp_()`` under ``torch.no_grad()``, ``p.data = t``) is noticed by its
   version counter (``p._version``) and storage address (``p.data_ptr()``); its current value
@@ -25,7 +27,7 @@ Thread-safety: as the optimizer (one thread at a time).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -74,32 +76,103 @@ def _mark(p: torch.Tensor) -> Tuple[Any, int]:
 
 
 class ParamTable:
-    """The registered parameters in registration order (their positions in the flattened
-    ``param_groups``) and their strata handles (equal to the positions except for a resumed
-    checkpoint of an earlier version, whose zero-size parameters were added last)."""
+    """The parameters the optimizer knows and their strata handles.
+
+    ``params`` / ``groups``: the parameters ``param_groups`` shows, in its order (flattened),
+    and the param group of each, as of the last :meth:`rebuild` (what a step steps);
+    ``handle``: id(param) -> strata handle of those. Parameters removed from every group keep
+    their handle (:meth:`handle_of`, :meth:`known`); ``slot``: handle -> strata param group
+    (whose hyperparameters its update uses; see optim/_layout.py)."""
 
     def __init__(self) -> None:
         #: the strata.OffloadedOptimizer holding the handles (None until it is created and
         #: after the optimizer closed)
         self.core: Any = None
-        #: by position: the parameter, its param group
+        #: the parameters of param_groups in its order, and their param group indices
         self.params: List[torch.Tensor] = []
         self.groups: List[int] = []
-        #: id(param) -> strata handle
+        #: id(param) -> strata handle, for the parameters of param_groups
         self.handle: Dict[int, int] = {}
-        #: strata handle -> position
-        self._pos: Dict[int, int] = {}
+        #: strata handle -> strata param group (fixed when the handle is made)
+        self.slot: Dict[int, int] = {}
+        #: strata handle -> the parameter it holds (every known one, in or out of groups)
+        self._param: Dict[int, torch.Tensor] = {}
+        #: id(param) -> handle, for known parameters in no group now
+        self._kept: Dict[int, int] = {}
+        #: handles no parameter uses any more (a parameter moved to another strata group),
+        #: with the parameter they held: reused if it moves back (see optim/_layout.py)
+        self.retired: Dict[int, torch.Tensor] = {}
+        #: handles of strata tensors that are not parameters (the layout record)
+        self.internal: List[int] = []
         #: by handle: (version, data_ptr) of its parameter when the optimizer last wrote or
         #: read it (None: take it at the next sync)
         self._marks: Dict[int, Optional[Tuple[int, int]]] = {}
+        self._layout: List[Tuple[int, int]] = []  # (group, id(param)) of the last rebuild
+        self.n_groups = 0  # len(param_groups) at the last rebuild
 
-    def add(self, p: torch.Tensor, h: int, group: int) -> None:
-        """Registers ``p`` (the next position) as strata handle ``h`` of ``group``."""
-        self._pos[h] = len(self.params)
+    def add(self, p: torch.Tensor, h: int, slot: int) -> None:
+        """Registers ``p`` as strata handle ``h`` of strata group ``slot``, appended to
+        ``params`` (the next :meth:`rebuild` puts it where param_groups has it)."""
         self.params.append(p)
-        self.groups.append(group)
+        self.groups.append(slot)
         self.handle[id(p)] = h
+        self._kept.pop(id(p), None)
+        self.slot[h] = slot
+        self._param[h] = p
         self._marks[h] = _mark(p)
+
+    def rehome(self, p: torch.Tensor, h: int, slot: int) -> None:
+        """``p``'s state moved to handle ``h`` (strata group ``slot``); its old handle is
+        retired."""
+        old = self.handle_of(p)
+        self.retired[old] = p
+        del self._param[old]
+        self.retired.pop(h, None)
+        self._param[h] = p
+        self.slot[h] = slot
+        self._marks[h] = self._marks.pop(old)
+        for m in (self.handle, self._kept):
+            if id(p) in m:
+                m[id(p)] = h
+
+    def rebuild(self, param_groups: List[Dict[str, Any]]) -> None:
+        """``params`` / ``groups`` / ``handle`` from ``param_groups`` (every parameter in it
+        known); the others known are kept out of groups."""
+        known = {id(p): h for h, p in self._param.items()}
+        self.params = [p for g in param_groups for p in g["params"]]
+        self.groups = [gi for gi, g in enumerate(param_groups) for _ in g["params"]]
+        self.handle = {id(p): known[id(p)] for p in self.params}
+        self._kept = {i: h for i, h in known.items() if i not in self.handle}
+        self._layout = self.layout(param_groups)
+        self.n_groups = len(param_groups)
+
+    @staticmethod
+    def layout(param_groups: List[Dict[str, Any]]) -> List[Tuple[int, int]]:
+        return [(gi, id(p)) for gi, g in enumerate(param_groups) for p in g["params"]]
+
+    def layout_changed(self, param_groups: List[Dict[str, Any]]) -> bool:
+        """``param_groups`` lists other parameters, or in another order or grouping, than
+        at the last :meth:`rebuild`."""
+        return self.layout(param_groups) != self._layout
+
+    def handle_of(self, p: Any) -> Optional[int]:
+        """The handle of known parameter ``p`` (in a group or not), else None."""
+        if not torch.is_tensor(p):
+            return None
+        h = self.handle.get(id(p))
+        return self._kept.get(id(p)) if h is None else h
+
+    def known(self) -> Iterator[Tuple[int, torch.Tensor]]:
+        """(handle, parameter) of every known parameter, those of param_groups first in
+        its order, then the ones in no group (in handle order)."""
+        for p in self.params:
+            yield self.handle[id(p)], p
+        for h in sorted(self._kept.values()):
+            yield h, self._param[h]
+
+    def kept(self) -> List[Tuple[int, torch.Tensor]]:
+        """(handle, parameter) of the known parameters in no group now."""
+        return [(h, self._param[h]) for h in sorted(self._kept.values())]
 
     def state_names(self) -> List[str]:
         """The names of ``core``'s state streams (torch's: exp_avg, exp_avg_sq[,
@@ -108,7 +181,7 @@ class ParamTable:
 
     def param_of(self, h: int) -> torch.Tensor:
         """The parameter of strata handle ``h``."""
-        return self.params[self._pos[h]]
+        return self._param[h]
 
     def mark(self, h: int) -> None:
         """The master of handle ``h`` and its parameter agree now (after a copy either way)."""
@@ -123,8 +196,9 @@ class ParamTable:
         return self._marks[h] != _mark(self.param_of(h))
 
     def take_changed(self) -> int:
-        """Every changed parameter's current value (widened to fp32) into its master in
-        ``core``; returns how many were taken."""
+        """Every changed parameter of param_groups: its current value (widened to fp32)
+        into its master in ``core`` (one out of groups is taken when it comes back);
+        returns how many were taken."""
         opt = self.core
         n = 0
         for o in offloads(self.params):
@@ -137,58 +211,3 @@ class ParamTable:
                 self.mark(h)
                 n += 1
         return n
-
-    def new_params(self, param_groups: List[Dict[str, Any]]) -> List[Tuple[int, Any]]:
-        """Checks ``param_groups`` against the registered parameters (see the module doc).
-
-        :returns: (group index, parameter) of each parameter to register, in order.
-        :raises ValueError: an edit strata cannot follow, naming the group.
-        """
-        n = len(self.params)
-        pos = 0
-        seen: Dict[int, int] = {}
-        fresh: List[Tuple[int, Any]] = []
-        for gi, group in enumerate(param_groups):
-            for p in group["params"]:
-                if id(p) in seen:
-                    raise ValueError(
-                        f"param group {gi}: a parameter is listed twice in param_groups "
-                        f"(also in param group {seen[id(p)]}); strata offloaded optimizers "
-                        "step each parameter once")
-                seen[id(p)] = gi
-                if pos < n:
-                    at = self._position(p)
-                    if at != pos or self.groups[pos] != gi:
-                        raise self._refusal(gi, pos, at)
-                elif id(p) in self.handle:
-                    raise self._refusal(gi, pos, self._position(p))
-                else:
-                    check_param(p, pos)
-                    fresh.append((gi, p))
-                pos += 1
-        if pos < n:
-            gi = self.groups[pos]
-            raise ValueError(
-                f"param group {gi}: registered parameter {pos} (and {n - pos - 1} after it) "
-                "is no longer in param_groups; strata offloaded optimizers follow "
-                "parameters appended to the last group or in new groups, but cannot remove "
-                "parameters or groups (set requires_grad=False / grad=None to stop "
-                "stepping a parameter, or build a new optimizer)")
-        return fresh
-
-    def _position(self, p: Any) -> Optional[int]:
-        h = self.handle.get(id(p))
-        return None if h is None else self._pos[h]
-
-    def _refusal(self, gi: int, pos: int, h: Optional[int]) -> ValueError:
-        """``h``: the position the parameter was registered at (None: not registered)."""
-        if h is None:
-            what = "holds a parameter the optimizer does not know"
-        elif self.groups[h] != gi:
-            what = f"holds registered parameter {h} of param group {self.groups[h]}"
-        else:
-            what = f"lists registered parameter {h} at position {pos}"
-        return ValueError(
-            f"param group {gi}: {what}, an edit of param_groups strata cannot follow "
-            "(registered parameters must stay where they were registered; new ones may be "
-            "appended to the last group or given in new groups, e.g. with add_param_group)")

@@ -1,9 +1,9 @@
 """How strata.torch's optimizers register their parameters with strata: each param group
 and parameter of ``param_groups`` becomes a strata param group / tensor of the C++
 optimizer (masters from the parameters' values, or, at a resume, the checkpoint's masters
-copied into the parameters), edits of ``param_groups`` are followed (see
-optim/_param_table.py for the rules), and the groups' hyperparameters are pushed to strata
-when they change (a scheduler's lr).
+copied into the parameters), edits of ``param_groups`` are followed (optim/_param_table.py
+for the rules, optim/_layout.py for which strata group each parameter's update uses), and
+the groups' hyperparameters are pushed to strata when they change (a scheduler's lr).
 
 Thread-safety: as the optimizer (one thread at a time).
 """
@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from ..offload import offload_of
-from . import _hyperparams, _names
+from . import _hyperparams, _layout, _names
 from ._checkpoints import Checkpoints
 from ._exchange import copy_master_to_param
 from ._param_table import ParamTable, check_param, state_numel
@@ -40,8 +40,14 @@ class ParamRegistry:
         self._clip = clip
         #: id(param) -> the name given with it (``(name, param)`` pairs)
         self.names_by_id: Dict[int, str] = {}
-        #: per group: the hyperparameters strata holds (what sync_hyperparams compares to)
+        #: per strata group (slot, optim/_layout.py): the hyperparameters strata holds
         self.pushed: List[Dict[str, float]] = []
+        #: id(group dict) -> the group, for every param group checked and registered (a
+        #: group dict not among them is new: filled with defaults and checked)
+        self._seen: Dict[int, Dict[str, Any]] = {}
+        #: resume with a layout record (optim/_layout.py): per group, the strata group whose
+        #: hyperparameters it takes (-1: none); None otherwise
+        self.resume_hp_slots: Optional[List[int]] = None
         #: resume: parameter index -> handle in the checkpoint (None: a zero-size parameter
         #: that a checkpoint of an earlier version did not hold; see optim/_checkpoints.py);
         #: None when not resuming
@@ -84,27 +90,54 @@ class ParamRegistry:
         checkpoint's group (its hyperparameters adopted) and masters."""
         core, table = self.table.core, self.table
         resuming = self.resume_handles is not None
+        self._seen[id(group)] = group
         if resuming:
-            _hyperparams.adopt_checkpoint(group, core.hyperparams(gi), self.flags.who, gi)
+            s = gi if self.resume_hp_slots is None else self.resume_hp_slots[gi]
+            if s >= 0:
+                _hyperparams.adopt_checkpoint(group, core.hyperparams(s), self.flags.who, gi)
         hp = _hyperparams.to_strata(group)
         if not resuming:  # the whole group's disk space first: one clear error
             core.check_disk_space([state_numel(p) for p in group["params"]])
         if gi >= core.num_param_groups():
             got = core.add_param_group(hp)
             assert got == gi, (got, gi)
-        self.pushed.append(hp)
+        if not resuming:
+            self.pushed.append(hp)
         for p in group["params"]:
-            if resuming:  # checked by Checkpoints.check_layout
+            if resuming:  # checked by Checkpoints.check_layout / _layout.resume_handles
                 pos = len(table.params)
                 h = self.resume_handles[pos]
                 if h is None:
                     h = self.checkpoints.add_legacy_empty_param(
                         _names.strata_name(pos, self.names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(core, h, p)
-                table.add(p, h, gi)
+                table.add(p, h, core.param_info(h)["group"])
                 self._bind(p)
             else:
                 self.register_param(gi, p)
+
+    def prepare_resume(self, param_groups: List[Dict[str, Any]], key_prefix: str) -> None:
+        """resume, before registering: which checkpointed tensor each given parameter
+        takes (``resume_handles``): by the layout record where the checkpoint has one
+        (optim/_layout.py: by name, else by position), else by position (Checkpoints
+        .check_layout).
+
+        :raises ValueError: a parameter the checkpoint cannot give (naming it)."""
+        record = _layout.read_record(self.table.core)
+        if record is None:
+            self.resume_handles = self.checkpoints.check_layout(param_groups, self.names_by_id)
+            return
+        self.resume_handles = _layout.resume_handles(self.table.core, record, param_groups,
+                                                     self.names_by_id, key_prefix)
+        self.resume_hp_slots = record["hp_slots"]
+        self.table.internal = list(record["records"])
+
+    def finish_resume(self) -> None:
+        """After a resume registered every group: each strata group's hyperparameters as
+        strata holds them."""
+        core = self.table.core
+        self.pushed = [_hyperparams.to_strata(_hyperparams.from_strata(core.hyperparams(s)))
+                       for s in range(core.num_param_groups())]
 
     def register_param(self, gi: int, p: torch.Tensor) -> None:
         """A new parameter of group ``gi``: master from its current value, zero moments."""
@@ -112,7 +145,7 @@ class ParamRegistry:
         o = offload_of(p)
         value = o.read_state(p) if o is not None else p.detach()
         init = value.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-        name = _names.strata_name(len(table.params), self.names_by_id.get(id(p)))
+        name = _names.strata_name(table.core.num_params(), self.names_by_id.get(id(p)))
         h = table.core.add_param(name, state_numel(p), init, group=gi, placement=self.tier)
         table.add(p, h, gi)
         self._bind(p)
@@ -125,40 +158,99 @@ class ParamRegistry:
         if o is not None:
             o.bind_optimizer(p, clip=bool(self._clip()))
 
-    def sync_params(self, param_groups: List[Dict[str, Any]], defaults: Dict[str, Any]) -> None:
-        """Follows ``param_groups`` (see optim/_param_table.py): checks it before anything is
-        registered, then registers groups appended to it directly (filled with
-        ``defaults`` as add_param_group does) and new parameters, and takes the current
-        value of every parameter changed outside the optimizer as its master.
+    def sync_params(self, param_groups: List[Dict[str, Any]], defaults: Dict[str, Any]) -> bool:
+        """Follows ``param_groups`` (optim/_param_table.py, optim/_layout.py): checks it
+        before anything changes, fills group dicts it has not seen with ``defaults`` (as
+        add_param_group does) and checks them, then sets strata's hyperparameters, moves
+        parameters whose group needs another strata group, registers new parameters (their
+        disk space checked at once first), and takes the current value of every parameter
+        changed outside the optimizer as its master.
 
-        :raises ValueError: an edit strata cannot follow, a new group's hyperparameter out
-            of range or a new parameter's dtype (naming the group / parameter).
+        :returns: whether the parameters or their grouping changed since the last sync.
+        :raises ValueError: a parameter listed twice (naming both places), a new group's
+            hyperparameter out of range or a new parameter's dtype (naming the group /
+            parameter); strata's InvalidArgumentError for a hyperparameter it refuses.
+        :raises TypeError: a ``params`` entry that is not a tensor (naming it).
+        :raises strata.DiskFullError: the new parameters' or moved ones' state does not fit.
         """
-        fresh = self.table.new_params(param_groups)
-        n_groups = len(self.pushed)
-        for gi in range(n_groups, len(param_groups)):
-            group = param_groups[gi]
-            if not isinstance(group.get("params"), list):
-                group["params"] = ([group["params"]] if torch.is_tensor(group["params"])
-                                   else list(group["params"]))
+        new = []
+        for gi, group in enumerate(param_groups):
+            if id(group) in self._seen:
+                continue
             for k, v in defaults.items():
                 group.setdefault(k, v)
+            new.append((gi, group))
+        for gi, group in enumerate(param_groups):
+            if torch.is_tensor(group.get("params")):
+                group["params"] = [group["params"]]
+            elif not isinstance(group.get("params"), list):
+                group["params"] = list(group["params"])
+        self._check_listing(param_groups)
+        for gi, group in new:
             self.check_group(group, f"param group {gi}: ")
-        for gi in range(n_groups, len(param_groups)):
-            self.register_group(gi, {**param_groups[gi], "params": []})
-        for gi, p in fresh:
-            self.register_param(gi, p)
+        changed = self.table.layout_changed(param_groups)
+        self._follow(param_groups)
+        self._seen.update((id(g), g) for _, g in new)
         self.table.take_changed()
+        return changed
+
+    def listing_error(self, param_groups: List[Dict[str, Any]]) -> Optional[Exception]:
+        """The error sync_params would raise for the listing of ``param_groups`` (a
+        parameter twice, a non-tensor), else None."""
+        try:
+            self._check_listing(param_groups)
+        except (TypeError, ValueError, KeyError) as e:
+            return e
+        return None
+
+    def _check_listing(self, param_groups: List[Dict[str, Any]]) -> None:
+        seen: Dict[int, str] = {}
+        i = 0
+        for gi, group in enumerate(param_groups):
+            for j, p in enumerate(group["params"]):
+                where = f"param group {gi}, params[{j}]"
+                if not torch.is_tensor(p):
+                    raise TypeError(f"{where} is a {type(p).__name__}: torch.optim can only "
+                                    "optimize Tensors")
+                if id(p) in seen:
+                    raise ValueError(
+                        f"{where}: a parameter listed twice in param_groups (also at "
+                        f"{seen[id(p)]}); strata offloaded optimizers step each parameter "
+                        "once (torch.optim would step it twice): list it once")
+                seen[id(p)] = where
+                if self.table.handle_of(p) is None:
+                    check_param(p, i)
+                i += 1
+
+    def _follow(self, param_groups: List[Dict[str, Any]]) -> None:
+        """The plan of optim/_layout.py carried out (hyperparameters first: a value strata
+        refuses changes no parameter)."""
+        table, core = self.table, self.table.core
+        plan = _layout.plan(table, param_groups, self.pushed)
+        for s, hp in plan.push.items():
+            core.set_hyperparams(s, hp)
+            self.pushed[s] = hp
+        grow = [state_numel(p) for p, _ in plan.fresh]
+        grow += [state_numel(p) for p, s in plan.moves
+                 if not any(q is p and table.slot[r] == s for r, q in table.retired.items())]
+        if grow:  # every new tensor's disk space first: one clear error, nothing added
+            core.check_disk_space(grow)
+        for hp in plan.new_slots:
+            core.add_param_group(hp)
+            self.pushed.append(hp)
+        for p, s in plan.moves:
+            _layout.move(table, p, s, _names.strata_name(
+                core.num_params(), self.names_by_id.get(id(p))), self.tier)
+        for p, s in plan.fresh:
+            self.register_param(s, p)
+        table.rebuild(param_groups)
 
     def sync_hyperparams(self, param_groups: List[Dict[str, Any]]) -> None:
-        """The registered groups' hyperparameters into strata (groups appended to
-        ``param_groups`` directly are registered by sync_params first)."""
-        for gi, group in enumerate(param_groups[:len(self.pushed)]):
-            hp = _hyperparams.to_strata(group)
-            if hp != self.pushed[gi]:
-                self.table.core.set_hyperparams(gi, hp)
-                self.pushed[gi] = hp
+        """The groups' hyperparameters into strata (after sync_params: parameters whose
+        group's values now differ from their strata group's are moved, see
+        optim/_layout.py)."""
+        self._follow(param_groups)
 
-    def amsgrad(self) -> List[bool]:
-        """Per registered group: whether strata's state streams were made with amsgrad."""
-        return [bool(hp["amsgrad"]) for hp in self.pushed]
+    def amsgrad(self) -> bool:
+        """Whether strata's state streams were made with amsgrad (one value for all)."""
+        return bool(self.pushed[0]["amsgrad"])

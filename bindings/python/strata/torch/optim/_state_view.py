@@ -7,7 +7,8 @@ when accessed.
   strata holds, whatever the parameter's dtype or device). Each access of a parameter
   after a step reads its state from strata (a copy: NVMe reads for the nvme tier); the
   dict is kept until the next step, so repeated access returns the same tensors.
-* ``len(opt.state)`` and iteration count the parameters that have stepped, as torch's;
+* ``len(opt.state)`` and iteration count the parameters that have stepped, as torch's,
+  those removed from every group included (their state stays, as in torch's);
   ``state[q]`` of a parameter that has not (or is not in the optimizer) is ``{}``
   (nothing is inserted).
 * Writing: edits of those tensors in place (``state[p]["exp_avg"].zero_()``), assignment
@@ -76,7 +77,7 @@ class StateView(collections.abc.MutableMapping):
     # ---- helpers ---------------------------------------------------------------------
 
     def _handle_of(self, p: Any) -> Optional[int]:
-        return self._table.handle.get(id(p)) if torch.is_tensor(p) else None
+        return self._table.handle_of(p)
 
     def _check_value(self, h: int, key: str, value: Any) -> None:
         names = self._table.state_names()
@@ -176,8 +177,7 @@ class StateView(collections.abc.MutableMapping):
     def __iter__(self) -> Iterator[torch.Tensor]:
         if self._table.core is None:
             return iter(())
-        hs = [(self._table.handle[id(p)], p) for p in self._table.params]
-        return iter([p for h, p in hs
+        return iter([p for h, p in self._table.known()
                      if h in self._cache or self._table.core.step_count(h) > 0])
 
     def __len__(self) -> int:
