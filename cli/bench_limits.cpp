@@ -85,7 +85,8 @@ Status check_free_space(const std::vector<DiskNeed>& needs, const std::string& w
   for (const auto& f : fss) {
     if (f.need > f.avail) {
       return resource_exhausted(what + " needs " + bytes_text(f.need) + " on the file system of " +
-                                f.names + ", which has " + bytes_text(f.avail) + " available");
+                                f.names + ", which has " + bytes_text(f.avail) + " available",
+                                ENOSPC);
     }
   }
   return Status::OK();

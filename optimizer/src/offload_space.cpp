@@ -2,6 +2,7 @@
 // on the store's NVMe directories with the copy-on-write headroom of a step, checked
 // against each file system's free space at create() and add_param().
 #include <algorithm>
+#include <cerrno>
 #include <map>
 #include <string>
 
@@ -99,7 +100,8 @@ Status OffloadedOptimizer::Impl::check_disk_space(const std::vector<uint64_t>& m
       "copies of them beside the last checkpoint's) + " + std::to_string(n.in_flight_bytes) +
       " bytes in flight + " + std::to_string(n.margin_bytes) +
       " bytes for the catalog (see docs/offload.md, Disk space). Free space there, or put the "
-      "store on a larger file system");
+      "store on a larger file system",
+      ENOSPC);
 }
 
 Result<DiskSpaceNeed> OffloadedOptimizer::disk_space(const std::vector<uint64_t>& more_numels) const {

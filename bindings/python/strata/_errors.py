@@ -29,9 +29,9 @@ whose ``errno`` is the OS's, so ``except OSError`` catches it as it catches any 
 error. A budget that is full (host_budget, nvme_budget) stays a plain ResourceExhaustedError.
 The optimizer's up-front disk-space check (``strata.OffloadedOptimizer.create`` /
 ``add_param`` / ``check_disk_space``, and so ``OffloadAdam(W)`` and their
-``add_param_group``: C++ ``check_disk_space`` in optimizer/src/offload_space.cpp, which
-reports no errno because no OS call failed) is the same condition found before writing: it
-raises DiskFullError too, with ``errno`` ENOSPC (see :data:`_UP_FRONT_DISK_FULL`).
+``add_param_group``: C++ ``check_disk_space`` in optimizer/src/offload_space.cpp) is the
+same condition found before writing: its status carries ENOSPC, so it raises DiskFullError
+too.
 
 Each instance has ``code`` (the StatusCode name, e.g. ``"NotFound"``), ``message`` (what
 went wrong, naming the key, path, offset or option) and ``errno`` (0 when no OS call failed;
@@ -136,19 +136,12 @@ class DiskFullError(_BY_CODE[5], OSError):  # type: ignore[misc,valid-type]
 
 #: errnos for which ResourceExhausted means "the disk (or quota) is full"
 _DISK_FULL_ERRNOS = frozenset({_errno.ENOSPC, _errno.EDQUOT})
-#: what the message of a ResourceExhausted without errno holds when the disk-space check made
-#: before writing found too little free space (optimizer/src/offload_space.cpp, the only
-#: such check whose status reaches Python; tests/bindings/test_errors.py and
-#: tests/bindings/torch_optim/test_torch_offload_io.py hold it to that message)
-_UP_FRONT_DISK_FULL = ": not enough disk space for "
 __all__ = ["Error", "DiskFullError"] + [cls.__name__ for cls in _BY_CODE[1:]]
 
 
 def _from_status(code: int, message: str, errno: int) -> Error:
     """Builds the exception for a strata::Status (called by the C++ translator)."""
     cls = _BY_CODE[code] if 0 < code < len(_BY_CODE) else globals()["InternalError"]
-    if cls is _BY_CODE[5] and errno == 0 and _UP_FRONT_DISK_FULL in message:
-        errno = _errno.ENOSPC  # the disk-space check before writing (see the module doc)
     if cls is _BY_CODE[5] and errno in _DISK_FULL_ERRNOS:
         cls = DiskFullError
     return cls(message, errno)
