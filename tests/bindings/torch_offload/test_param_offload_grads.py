@@ -238,14 +238,16 @@ def test_optimizer_built_before_the_offload_with_overlap_refuses(tmp_path):
     h.close()
 
 
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("order", ["offload_first", "optimizer_first", "no_optimizer"])
-def test_resume_of_parameters_returns_the_stored_values(tmp_path, order):
+def test_resume_of_parameters_returns_the_stored_values(tmp_path, order, tier):
     ref, model = make_pair()
     path = str(tmp_path / "s")
     store = strata.Store.open(path, durability="flush")
-    h = st.offload_parameters(model, store)
+    h = st.offload_parameters(model, store, tier=tier)
     ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=store, arithmetic="torch")
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=store, arithmetic="torch",
+                          tier=tier)
     for step in range(2):
         for m, o in ((ref, ropt), (model, opt)):
             o.zero_grad()
@@ -258,12 +260,12 @@ def test_resume_of_parameters_returns_the_stored_values(tmp_path, order):
     _, fresh = make_pair(seed=7)  # other values: the stored ones must win
     if order == "optimizer_first":
         opt = st.OffloadAdamW(fresh.parameters(), lr=1e-2, store=store, arithmetic="torch",
-                              resume=True)
-        h = st.offload_parameters(fresh, store, resume=True)
+                              tier=tier, resume=True)
+        h = st.offload_parameters(fresh, store, resume=True, tier=tier)
     else:
-        h = st.offload_parameters(fresh, store, resume=True)
+        h = st.offload_parameters(fresh, store, resume=True, tier=tier)
         opt = (st.OffloadAdamW(fresh.parameters(), lr=1e-2, store=store, arithmetic="torch",
-                               resume=True) if order == "offload_first" else None)
+                               tier=tier, resume=True) if order == "offload_first" else None)
     assert_same(ref, fresh, h)
     if opt is not None:  # training goes on as if never interrupted
         for step in range(2, 4):

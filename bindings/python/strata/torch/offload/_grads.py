@@ -69,10 +69,10 @@ class GradientStore:
         self._materialized: Dict[int, ParamRecord] = {}  # id(record) -> record, oldest first
         self._materialized_bytes = 0
 
-    def bind(self, s: ParamRecord, keep_norms: bool = True) -> None:
+    def bind(self, s: ParamRecord) -> None:
         """A strata optimizer holds ``s``'s parameter: its gradients go to the store from
-        now on (a gradient already in ``p.grad`` is moved at the next collect()). Norms are
-        always kept (the finiteness test computes them anyway). Idempotent."""
+        now on (a gradient already in ``p.grad`` is moved at the next collect()), each with
+        its norm (the finiteness test computes it anyway). Idempotent."""
         s.to_store = True
         p = s.param
         if p.requires_grad and id(s) not in self._accumulators:

@@ -323,13 +323,14 @@ class ParameterOffload:
 
     # ---- gradients (the GradientStore ``grads``) -------------------------------------------
 
-    def bind_optimizer(self, p: torch.Tensor, clip: bool) -> None:
+    def bind_optimizer(self, p: torch.Tensor) -> None:
         """A strata optimizer holds ``p``: its gradients go to the store from now on, moved
-        there as soon as torch has accumulated each (``clip``: their L2 norms are kept for
-        clipping). Called by OffloadAdam/AdamW.
+        there as soon as torch has accumulated each (with their L2 norms and finiteness),
+        and ``p.grad`` is the stored gradient (offload/_grad_tensor.py). Called by
+        OffloadAdam/AdamW at registration and at each step; idempotent.
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
-        self.grads.bind(self._record(p), clip)
+        self.grads.bind(self._record(p))
 
     def grad_info(self, p: torch.Tensor) -> GradInfo:
         """What is known of ``p``'s gradient since the last zero_grad without reading it:

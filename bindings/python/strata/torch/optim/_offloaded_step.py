@@ -77,7 +77,7 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
     holders = offloads(table.params)
     for p in table.params:  # also those offloaded after the optimizer took them: their
         if is_offloaded(p):  # gradients, still in p.grad, go to the store below
-            offload_of(p).bind_optimizer(p, clip=max_grad_norm > 0)
+            offload_of(p).bind_optimizer(p)
     for o in holders:
         o.collect_grads()
     entries: List[Tuple[torch.Tensor, int]] = []  # (param, handle) with a gradient

@@ -81,8 +81,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         #: the pipeline settings in effect (after the configuration file)
         self.settings: Dict[str, Any] = settings
         tier, arithmetic = settings["tier"], settings["arithmetic"]
-        self._registry = ParamRegistry(self._table, rule, flags, tier,
-                                       _weak_call(self, "_clipping", False))
+        self._registry = ParamRegistry(self._table, rule, flags, tier)
         super().__init__(params, defaults)  # checks the parameters' dtypes
         #: torch's per-parameter state, read from strata on access (see optim/_state_view.py)
         self.state = StateView(self._table, _weak_call(self, "_abort_overlap"))  # type: ignore
@@ -289,9 +288,6 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         if on_gpu:
             torch.cuda.synchronize()
         return loss
-
-    def _clipping(self) -> bool:
-        return self.max_grad_norm > 0
 
     @staticmethod
     def _has_grad(p: torch.Tensor) -> bool:

@@ -29,15 +29,11 @@ class ParamRegistry:
     :param rule: strata's rule ("adam" / "adamw"), whose checks are torch's.
     :param flags: the class's torch keyword arguments.
     :param tier: where new parameters' state lives.
-    :param clip: returns whether the optimizer clips (max_grad_norm > 0): offloaded
-        parameters then keep their gradients' norms. A weak callable.
     """
 
-    def __init__(self, table: ParamTable, rule: str, flags: TorchFlags, tier: str,
-                 clip: Callable[[], bool]):
+    def __init__(self, table: ParamTable, rule: str, flags: TorchFlags, tier: str):
         self.table, self.tier = table, tier
         self.rule, self.flags = rule, flags
-        self._clip = clip
         #: id(param) -> the name given with it (``(name, param)`` pairs)
         self.names_by_id: Dict[int, str] = {}
         #: per strata group (slot, optim/_layout.py): the hyperparameters strata holds
@@ -156,7 +152,7 @@ class ParamRegistry:
         """An offloaded parameter's gradients go to its offload's store from now on."""
         o = offload_of(p)
         if o is not None:
-            o.bind_optimizer(p, clip=bool(self._clip()))
+            o.bind_optimizer(p)
 
     def sync_params(self, param_groups: List[Dict[str, Any]], defaults: Dict[str, Any]) -> bool:
         """Follows ``param_groups`` (optim/_param_table.py, optim/_layout.py): checks it
