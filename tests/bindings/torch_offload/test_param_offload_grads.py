@@ -327,3 +327,114 @@ def test_max_grad_norm_of_offloaded_parameters_is_clip_grad_norm_over_the_model(
         assert opt.last_step["grad_norm"] == float(total) and opt.last_step["clip_coef"] < 1
         assert_same(ref, model, h)
     opt.close()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_offload_after_in_memory_steps(tmp_path, tier):
+    """A state-only optimizer steps in memory, then the model is offloaded mid-training:
+    what the in-memory steps attached to strata's handles is not stepped again."""
+    ref, model = make_pair()
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, arithmetic="torch", tier=tier)
+    h = None
+    for step in range(4):
+        if step == 2:
+            h = st.offload_parameters(model, path=str(tmp_path / "s"), working_set=4096,
+                                      tier=tier)
+        for m, o in ((ref, ropt), (model, opt)):
+            loss_of(m, *batch(step, 0)).backward()
+            o.step()
+            o.zero_grad()
+    assert_same(ref, model, h)
+    opt.close()
+    h.close()
+
+
+def test_closing_the_offload_while_its_optimizer_goes_on(tmp_path):
+    ref, model = make_pair()
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, arithmetic="torch")
+    h = st.offload_parameters(model, path=str(tmp_path / "s"), working_set=4096)
+    for step in range(4):
+        if step == 2:
+            h.close()  # the parameters come back in memory; the optimizer goes on
+        for m, o in ((ref, ropt), (model, opt)):
+            loss_of(m, *batch(step, 0)).backward()
+            o.step()
+            o.zero_grad()
+    for a, b in zip(ref.parameters(), model.parameters()):
+        assert type(b) is nn.Parameter and torch.equal(a, b)
+    opt.close()
+
+
+_KILLED_CHILD = """
+import os, signal, sys
+import torch, strata, strata.torch as st
+sys.path.insert(0, {here!r})
+from test_param_offload_grads import make_pair, batch, loss_of
+_, model = make_pair()
+store = strata.Store.open({path!r}, durability="flush")
+h = st.offload_parameters(model, store, working_set=4096, tier={tier!r})
+opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=store, arithmetic="torch", tier={tier!r})
+for step in range(3):
+    opt.zero_grad()
+    loss_of(model, *batch(step, 0)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+opt.checkpoint()
+h.checkpoint()
+opt.zero_grad()
+loss_of(model, *batch(3, 0)).backward()
+opt.step()  # not checkpointed: the parameters' objects hold it, the optimizer's state not
+store.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("order", ["offload_first", "optimizer_first"])
+def test_resume_after_a_kill_past_the_checkpoint_in_either_order(tmp_path, tier, order):
+    import os
+    import subprocess
+    import sys
+    path = str(tmp_path / "s")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", _KILLED_CHILD.format(here=here, path=path,
+                                                                     tier=tier)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]
+    ref, _ = make_pair()
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for step in range(5):
+        ropt.zero_grad()
+        loss_of(ref, *batch(step, 0)).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        ropt.step()
+    _, fresh = make_pair(seed=7)
+    store = strata.Store.open(path, durability="flush")
+    kw = dict(lr=1e-2, store=store, arithmetic="torch", tier=tier, resume=True)
+    if order == "optimizer_first":
+        opt = st.OffloadAdamW(fresh.parameters(), **kw)
+        h = st.offload_parameters(fresh, store, working_set=4096, tier=tier, resume=True)
+    else:
+        h = st.offload_parameters(fresh, store, working_set=4096, tier=tier, resume=True)
+        opt = st.OffloadAdamW(fresh.parameters(), **kw)
+    for step in range(3, 5):  # from the checkpoint (after step 2), not the killed step 3
+        opt.zero_grad()
+        loss_of(fresh, *batch(step, 0)).backward()
+        torch.nn.utils.clip_grad_norm_(fresh.parameters(), 0.5)
+        opt.step()
+    assert_same(ref, fresh, h)
+    opt.close()
+    h.close()
+    store.close()
+
+
+def test_resume_argument_errors(tmp_path):
+    _, model = make_pair()
+    with pytest.raises(ValueError, match="resume=True keeps the stored parameters"):
+        st.offload_parameters(model, path=str(tmp_path / "missing"), resume=True,
+                              overwrite=True)
+    with pytest.raises(ValueError, match="pass the store or the path of the earlier run"):
+        st.offload_parameters(model, resume=True)
+    assert not (tmp_path / "missing").exists()

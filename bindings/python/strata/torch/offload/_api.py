@@ -55,12 +55,15 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
     :raises TypeError: ``model`` is not a Module.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
-        offloaded already, ``working_set`` <= 0, an unknown tier, resume with overwrite, a
-        stored parameter of another size (resume).
+        offloaded already, ``working_set`` <= 0, an unknown tier, resume with overwrite,
+        resume without a store or path, a stored parameter of another size (resume).
     :raises strata.AlreadyExistsError: the store holds a parameter under the prefix (neither
         resume nor overwrite).
     :raises strata.NotFoundError: resume and a parameter missing from the store.
     """
+    if resume is True and overwrite is True:  # (before a store is opened for resume)
+        raise ValueError("offload_parameters: resume=True keeps the stored parameters that "
+                         "overwrite=True replaces: pass one of them")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
                               comm, average_gradients)
     try:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
+
+import torch
 
 import strata
+
+from ._parameter import record_of
 
 _WHERE = "offload_parameters"
 
@@ -115,3 +119,53 @@ def check_comm(value: Any) -> Any:
     if not isinstance(value, sd.Communicator):
         raise _bad_type("comm", value, "a strata.distributed.Communicator or None")
     return value
+
+
+def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
+                ) -> List[Tuple[str, torch.nn.Parameter]]:
+    """The checks of ``ParameterOffload.attach(model, resume, overwrite)`` (errors as
+    :func:`offload_parameters` documents them), before anything is stored.
+
+    :returns: ``model.named_parameters()`` as a list.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}")
+    if resume and overwrite:
+        raise ValueError("offload_parameters: resume=True keeps the stored parameters "
+                         "that overwrite=True replaces: pass one of them")
+    named = [(n, p) for n, p in model.named_parameters()]
+    for n, p in named:
+        if record_of(p) is not None and record_of(p).owner is not handle:
+            raise ValueError(f"offload_parameters: parameter {n!r} is offloaded already")
+        if not p.is_floating_point():
+            raise ValueError(f"offload_parameters: parameter {n!r} has dtype {p.dtype}; "
+                             "floating-point parameters only")
+        if p.is_sparse:
+            raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
+    existing = set(handle.store.keys(handle.key_prefix))
+    if handle.comm is not None:  # partitioned objects: named by their meta records
+        existing = {k[:-len("#partmeta")] for k in existing if k.endswith("#partmeta")}
+    for n, p in named:
+        key = f"{handle.key_prefix}{n}"
+        if resume and handle.comm is not None:
+            if key not in existing:
+                raise strata.NotFoundError(
+                    f"offload_parameters(resume=True): rank {handle.comm.rank}'s store holds "
+                    f"no part of parameter {n!r} (key {key!r})")
+        elif resume:
+            if key not in existing:
+                raise strata.NotFoundError(
+                    f"offload_parameters(resume=True): the store holds no parameter "
+                    f"{n!r} (key {key!r})")
+            info = handle.store.stat(key)
+            if info.nbytes != p.numel() * p.element_size():
+                raise ValueError(f"offload_parameters(resume=True): parameter {n!r} has "
+                                 f"{p.numel() * p.element_size()} bytes ({p.dtype}), the "
+                                 f"stored one {info.nbytes} ({info.dtype})")
+        elif key in existing and not overwrite:
+            raise strata.AlreadyExistsError(
+                f"offload_parameters: the store already holds parameter {n!r} (key "
+                f"{key!r}): pass resume=True to continue from the stored values, "
+                "overwrite=True to replace them, or another key_prefix")
+    return named

@@ -78,6 +78,15 @@ class GradientStore:
         if p.requires_grad and id(s) not in self._accumulators:
             self._accumulators[id(s)] = watch_accumulation(p, lambda s=s: self._grad_ready(s))
 
+    def unbind_all(self) -> None:
+        """The offload closes: every gradient stays in ``p.grad`` from now on, as torch
+        leaves it (the hooks on the accumulators become no-ops; stored gradients are
+        dropped)."""
+        for s in self.records:
+            self._drop(s)
+            s.to_store = False
+        self._accumulators.clear()
+
     # ---- backward ------------------------------------------------------------------------
 
     def _grad_ready(self, s: ParamRecord) -> None:

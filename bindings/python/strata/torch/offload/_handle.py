@@ -20,13 +20,13 @@ import strata
 
 from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
-from ._args import (check_bool, check_comm, check_key_prefix, check_store_and_path, check_tier,
-                    working_set_bytes)
+from ._args import (check_bool, check_comm, check_key_prefix, check_model, check_store_and_path,
+                    check_tier, working_set_bytes)
 from ._fastpath import FastPaths
 from ._grads import GradientStore, GradInfo
 from ._hooks import install_model_hooks, remove_hooks
 from ._memory import fix_mmap_threshold
-from ._parameter import make_offloaded, make_plain, record_of
+from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, record_of
 from ._record import IN_MEMORY, ParamRecord, shaped
 from ._working_set import WorkingSet
 
@@ -61,6 +61,9 @@ class ParameterOffload:
                            ("average_gradients", average_gradients)):
             check_bool(name, flag)
         comm = check_comm(comm)
+        if resume and store is None and path is None:
+            raise ValueError("offload_parameters(resume=True): pass the store or the path of "
+                             "the earlier run (a temporary store holds nothing to resume)")
         if store is None:
             if path is None:
                 path = self._owned_dir = make_temp_dir("params-")
@@ -97,6 +100,8 @@ class ParameterOffload:
         """``p`` into the store as ``key`` (its current value; ``store_value`` False: the
         value stored there already is kept -- resume) and released."""
         s = ParamRecord(len(self.ws.records), name, key, p, self)
+        with _no_tf():
+            s.offloaded_from = ((p._version, p.data_ptr()), not store_value)
         if self.comm is not None:
             s.owned = self.comm.owned_range(s.numel)
         if store_value:
@@ -136,7 +141,9 @@ class ParameterOffload:
         if record_of(p) is not None or not p.is_floating_point() or p.is_sparse:
             return
         self._init_count += 1
-        self._offload(p, f"#init{self._init_count}", f"{self.key_prefix}#init/{self._init_count}")
+        s = self._offload(p, f"#init{self._init_count}",
+                          f"{self.key_prefix}#init/{self._init_count}")
+        s.offloaded_from = None  # no optimizer can have held it
 
     def attach(self, model: torch.nn.Module, resume: bool = False,
                overwrite: bool = False) -> "ParameterOffload":
@@ -150,48 +157,9 @@ class ParameterOffload:
         self._check_open()
         check_bool("resume", resume)
         check_bool("overwrite", overwrite)
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"offload_parameters: model must be a torch.nn.Module, got "
-                            f"{type(model).__name__}")
         if self._model is not None:
             raise ValueError("offload_parameters: this ParameterOffload has a model already")
-        if resume and overwrite:
-            raise ValueError("offload_parameters: resume=True keeps the stored parameters "
-                             "that overwrite=True replaces: pass one of them")
-        named = [(n, p) for n, p in model.named_parameters()]
-        for n, p in named:
-            if record_of(p) is not None and record_of(p).owner is not self:
-                raise ValueError(f"offload_parameters: parameter {n!r} is offloaded already")
-            if not p.is_floating_point():
-                raise ValueError(f"offload_parameters: parameter {n!r} has dtype {p.dtype}; "
-                                 "floating-point parameters only")
-            if p.is_sparse:
-                raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
-        existing = set(self.store.keys(self.key_prefix))
-        if self.comm is not None:  # partitioned objects: named by their meta records
-            existing = {k[:-len("#partmeta")] for k in existing if k.endswith("#partmeta")}
-        for n, p in named:
-            key = f"{self.key_prefix}{n}"
-            if resume and self.comm is not None:
-                if key not in existing:
-                    raise strata.NotFoundError(
-                        f"offload_parameters(resume=True): rank {self.comm.rank}'s store holds "
-                        f"no part of parameter {n!r} (key {key!r})")
-            elif resume:
-                if key not in existing:
-                    raise strata.NotFoundError(
-                        f"offload_parameters(resume=True): the store holds no parameter "
-                        f"{n!r} (key {key!r})")
-                info = self.store.stat(key)
-                if info.nbytes != p.numel() * p.element_size():
-                    raise ValueError(f"offload_parameters(resume=True): parameter {n!r} has "
-                                     f"{p.numel() * p.element_size()} bytes ({p.dtype}), the "
-                                     f"stored one {info.nbytes} ({info.dtype})")
-            elif key in existing and not overwrite:
-                raise strata.AlreadyExistsError(
-                    f"offload_parameters: the store already holds parameter {n!r} (key "
-                    f"{key!r}): pass resume=True to continue from the stored values, "
-                    "overwrite=True to replace them, or another key_prefix")
+        named = check_model(self, model, resume, overwrite)
         self.ws.release_all()
         old = {id(s.param): s for s in self.ws.records}
         records: List[ParamRecord] = []
@@ -199,7 +167,10 @@ class ParameterOffload:
             key = f"{self.key_prefix}{n}"
             s = old.pop(id(p), None)
             if s is None:  # resume: the stored value is the parameter's, not the model's
-                s = self._offload(p, n, key, store_value=not resume)
+                # (unless it holds a resumed optimizer checkpoint's master: see
+                # offload/_parameter.py, note_checkpoint_value)
+                s = self._offload(p, n, key,
+                                  store_value=not resume or holds_checkpoint_value(p))
                 self.ws.records.pop()
             elif s.key != key:  # from offload_init: to its named key
                 if not resume:
@@ -265,6 +236,16 @@ class ParameterOffload:
             with _no_tf():
                 return s.resident.detach().reshape(-1)[b:e].cpu().clone()
         return self.ws.read_part(s)
+
+    def offloaded_from(self, p: torch.Tensor) -> Optional[Tuple[Tuple[int, int], bool]]:
+        """How ``p`` became offloaded, for an optimizer that held it in memory before:
+        ``((version, data_ptr), resumed)`` -- ``p._version`` and ``p.data_ptr()`` just before
+        the offload (equal to what the optimizer recorded when ``p`` was not changed in
+        memory since), and whether its value is the stored one of an earlier run
+        (``resume=True``) rather than ``p``'s; None for a parameter made under offload_init.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).offloaded_from
 
     def state_numel(self, p: torch.Tensor) -> int:
         """Elements of read_state(p): all of ``p``'s, or this rank's slice (ZeRO-3).
@@ -443,6 +424,7 @@ class ParameterOffload:
         error: Optional[BaseException] = None
         try:
             self.flush_grads()
+            self.grads.unbind_all()  # a strata optimizer over the parameters goes on in memory
             self.fast.restore_stale()
             self.ws.release_all()
             self.ws.stop()

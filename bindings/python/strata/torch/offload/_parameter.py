@@ -13,6 +13,7 @@ Thread-safety: one thread at a time (torch's forward/backward thread).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -120,6 +121,29 @@ def offload_of(p: Any) -> Any:
     object)."""
     r = record_of(p)
     return None if r is None else r.owner
+
+
+def note_checkpoint_value(p: torch.Tensor) -> None:
+    """``p``'s value in memory is now a resumed optimizer checkpoint's master (a strata
+    optimizer created with ``resume=True`` before the parameters are offloaded): a later
+    ``offload_parameters(..., resume=True)`` stores this value as the parameter's instead of
+    keeping the stored one, while ``p`` is not changed in memory meanwhile (its
+    ``_version``), so the weights and the optimizer's moments are the same checkpoint's,
+    whichever is created first."""
+    _CHECKPOINT_VALUES[id(p)] = (weakref.ref(p), p._version)
+
+
+def holds_checkpoint_value(p: torch.Tensor) -> bool:
+    """:func:`note_checkpoint_value` was called on ``p`` and ``p`` is unchanged since."""
+    entry = _CHECKPOINT_VALUES.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return False
+    with _no_tf():
+        return p._version == entry[1]
+
+
+#: id(parameter) -> (weak reference, its _version when noted): note_checkpoint_value
+_CHECKPOINT_VALUES: dict = {}
 
 
 def make_offloaded(p: torch.nn.Parameter, record: ParamRecord) -> None:

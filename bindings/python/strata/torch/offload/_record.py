@@ -82,7 +82,8 @@ class ParamRecord:
                  "nbytes", "placeholder", "state", "resident", "pending", "fetched",
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
                  "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
-                 "grad_dirty", "grad_obj", "param", "owner", "stride", "__weakref__")
+                 "grad_dirty", "grad_obj", "param", "owner", "stride", "offloaded_from",
+                 "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -122,6 +123,9 @@ class ParamRecord:
         self.grad_obj: Any = None  # the OffloadedGrad p.grad returns
         self.param: Any = p
         self.owner = owner  # the ParameterOffload
+        #: ((p._version, p.data_ptr()) just before the offload, whether the offload kept the
+        #: stored value instead of p's -- resume), for an optimizer that held p in memory
+        self.offloaded_from: Optional[Tuple[Tuple[int, int], bool]] = None
         #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
         #: store holds (key + "#part"); None: the whole tensor is one object ``key``
         self.owned: Optional[Tuple[int, int]] = None

@@ -80,6 +80,12 @@ class TensorExchange:
         overlapped step): the next attach() or detach() sets it again."""
         self._grad.pop(h, None)
 
+    def forget(self, h: int) -> None:
+        """Handle ``h``'s gradient and weight destination were set behind this object's back
+        (the step over offloaded parameters): the next attach() or detach() sets both."""
+        self._grad.pop(h, None)
+        self._copy.pop(h, None)
+
     def detach(self, opt: Any, h: int) -> None:
         """A parameter without a gradient: neither read nor written by the step."""
         self._set(opt.set_grad, self._grad, h, None, None)

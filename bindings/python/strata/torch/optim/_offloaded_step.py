@@ -110,6 +110,9 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
         return stats, []
     for o in holders:
         o.release_all()
+    for p in table.params:  # what earlier in-memory steps attached (a parameter offloaded
+        if is_offloaded(p):  # since): no batch may step it but its own
+            exchange.detach(table.core, table.handle[id(p)])
     budget = min(o.working_set_bytes for o in holders)
     memory: List[Tuple[torch.Tensor, int]] = []
     batch: List[Tuple[torch.Tensor, int]] = []
@@ -143,7 +146,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         o = offload_of(p)
         g = o.read_grad(p)
         copy = torch.empty(o.state_numel(p), dtype=p.dtype)
-        exchange.forget_grad(h)
+        exchange.forget(h)
         core.set_grad(h, g)
         core.set_param_copy(h, copy)
         attached.append((p, h, g, copy))

@@ -195,6 +195,23 @@ class ParamTable:
         """The parameter of ``h`` was changed outside the optimizer since the last mark."""
         return self._marks[h] != _mark(self.param_of(h))
 
+    def _offloaded_since(self, p: torch.Tensor, h: int) -> bool:
+        """``p`` was offloaded (strata.torch.offload_parameters) after this optimizer took it
+        in memory, unchanged there since the optimizer's last mark, and the offload stored
+        ``p``'s value (not resume; or resume of a value this optimizer's resumed checkpoint
+        gave p: offload/_parameter.py, note_checkpoint_value): the master and the stored
+        value agree already and the master stays (a bf16 master keeps its precision).
+        Returns True when so (marked)."""
+        old = self._marks[h]
+        o = offload_of(p)
+        if o is None or not isinstance(old, tuple) or not old or old[0] == "offloaded":
+            return False
+        was = o.offloaded_from(p)
+        if was is None or was[0] != old or was[1]:
+            return False  # changed in memory before, or an earlier run's value: take it
+        self.mark(h)
+        return True
+
     def take_changed(self) -> int:
         """Every changed parameter of param_groups: its current value (widened to fp32)
         into its master in ``core`` (one out of groups is taken when it comes back);
@@ -206,6 +223,8 @@ class ParamTable:
         for p in self.params:
             h = self.handle[id(p)]
             if self.changed(h):
+                if self._offloaded_since(p, h):
+                    continue
                 value = offload_of(p).read_state(p) if is_offloaded(p) else p
                 opt.write_param(h, as_f32_numpy(value))
                 self.mark(h)

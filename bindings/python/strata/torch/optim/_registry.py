@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..offload import offload_of
+from ..offload import note_checkpoint_value, offload_of
 from . import _hyperparams, _layout, _names
 from ._checkpoints import Checkpoints
 from ._exchange import copy_master_to_param
@@ -107,6 +107,8 @@ class ParamRegistry:
                     h = self.checkpoints.add_legacy_empty_param(
                         _names.strata_name(pos, self.names_by_id.get(id(p))), pos, gi)
                 copy_master_to_param(core, h, p)
+                if offload_of(p) is None:  # a later offload_parameters(resume=True) keeps it
+                    note_checkpoint_value(p)
                 table.add(p, h, core.param_info(h)["group"])
                 self._bind(p)
             else:
