@@ -3,7 +3,7 @@ phases as named ranges in ``torch.profiler`` (docs/offload.md, "A timeline").
 
 Switch. ``STRATA_TRACE=/path/trace.json`` (``%p`` in it: the process id) records from the
 import of ``strata.torch`` to the process's exit, when the file is written (the whole run:
-keep such runs short). :func:`trace` (a context manager) / :func:`start_trace` +
+keep such runs short; a process that recorded no event writes none). :func:`trace` (a context manager) / :func:`start_trace` +
 :func:`stop_trace` record a part of a run and write it on exit. One recording at a time
 per process. Off (the default), every event site is one attribute check
 (``TRACE.on``) or, for once-per-step sites, one call that checks it.
@@ -426,7 +426,9 @@ def _from_environment() -> None:
         return
     path = path.replace("%p", str(os.getpid()))
     start_trace()
-    atexit.register(lambda: TRACE.recording and stop_trace(path))
+    # (a process that recorded nothing -- e.g. a parent that only starts workers -- writes
+    # no file)
+    atexit.register(lambda: TRACE.recording and stop_trace(path if TRACE.events else None))
 
 
 _from_environment()
