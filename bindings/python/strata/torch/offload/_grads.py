@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from .._common import all_finite, host_grad, no_torch_function as _no_tf, watch_accumulation
+from .._trace import TRACE
 from ._grad_tensor import OffloadedGrad, make_grad
 from ._record import ParamRecord, tensor_of
 
@@ -138,6 +139,7 @@ class GradientStore:
         if g.numel() == 0:  # a rank owning no element of a small parameter
             return
         fut = self.store.put_async(s.grad_key, g, tier=self.tier, overwrite=True)
+        if TRACE.on: TRACE.grad_write_issued(s, fut, nbytes)  # noqa: E701
         self._writes[s.index] = (fut, g)
         self._inflight += nbytes
         self.stats["grad_bytes_written"] += nbytes
@@ -145,7 +147,9 @@ class GradientStore:
     def _wait(self, index: int) -> None:
         fut, g = self._writes.pop(index)
         self._inflight -= g.numel() * g.element_size()
+        done = TRACE.on and fut.done()
         fut.result()
+        if TRACE.on: TRACE.grad_write_done(fut, done)  # noqa: E701
 
     def collect(self) -> None:
         """Gradients still in ``p.grad`` of parameters whose gradients go to the store (a

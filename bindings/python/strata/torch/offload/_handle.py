@@ -20,6 +20,7 @@ import strata
 
 from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
+from .._trace import TRACE, traced
 from ._args import (check_bool, check_comm, check_key_prefix, check_model, check_store_and_path,
                     check_tier, working_set_bytes)
 from ._fastpath import FastPaths
@@ -192,15 +193,18 @@ class ParameterOffload:
 
     def _forward_begin(self, module: torch.nn.Module, inputs: Any) -> None:
         self.fast.restore_stale()
+        if TRACE.refresh(): TRACE.phase_begin("forward")  # noqa: E701
         self.ws.begin_phase(("forward", module.training, torch.is_grad_enabled()))
 
     def _forward_end(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         self.ws.end_phase()
+        if TRACE.on: TRACE.phase_end()  # noqa: E701
 
     def begin_backward(self) -> None:
         """Backward started using this offload's parameters (a gradient hook or a saved
         parameter's unpack): the working set follows the backward trace."""
         if self.ws.phase != ("backward",):
+            if TRACE.on: TRACE.backward_begin()  # noqa: E701
             self.ws.begin_phase(("backward",))
 
     # ---- values --------------------------------------------------------------------------
@@ -260,6 +264,7 @@ class ParameterOffload:
         :raises KeyError: ``p`` is not a parameter of this offload."""
         return self._record(p).index
 
+    @traced("write", "store")
     def write(self, p: torch.Tensor, value: torch.Tensor) -> None:
         """Stores ``value`` (any dtype, converted; ``state_numel(p)`` elements: the whole
         parameter, or this rank's slice with a communicator) as ``p``'s value; a
@@ -320,6 +325,7 @@ class ParameterOffload:
         :raises KeyError: ``p`` is not a parameter of this offload."""
         return self.grads.info(self._record(p))
 
+    @traced("read_grad", "store")
     def read_grad(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s accumulated gradient as the optimizer steps it: a new 1-d CPU tensor of
         ``state_numel(p)`` elements of ``p``'s dtype (this rank's reduced slice with a

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .._common import no_torch_function as _no_tf
+from .._trace import TRACE
 from ._record import IN_MEMORY, ParamRecord, Residency, shaped, tensor_of
 
 
@@ -149,6 +150,7 @@ class WorkingSet:
             self.stats["resident_hits"] += 1
             return s.resident
         t0 = time.perf_counter()
+        rf = TRACE.stall_begin(s) if TRACE.on else None
         if s.state is Residency.FETCHING:
             self.stats["prefetch_hits"] += 1
             s.pending.wait()
@@ -159,9 +161,11 @@ class WorkingSet:
             t1 = time.perf_counter()
             data = self.read(s)
             self.stats["fetch_seconds"] += time.perf_counter() - t1
+            if TRACE.on: TRACE.fetch_read(s, t1, time.perf_counter())  # noqa: E701
             self.stats["bytes_fetched"] += s.nbytes
             self._set_resident(s, data)
         self.stats["stall_seconds"] += time.perf_counter() - t0
+        if TRACE.on: TRACE.stall_end(rf, s, t0)  # noqa: E701
         return s.resident
 
     def read(self, s: ParamRecord) -> torch.Tensor:
@@ -278,6 +282,7 @@ class WorkingSet:
             s.param.data = s.placeholder
         s.resident = None
         s.state = Residency.RELEASED
+        if TRACE.on: TRACE.instant(f"evict {s.name}", "evict", {"nbytes": s.nbytes})  # noqa: E701
         self._lru.pop(s.index, None)
         self.resident_bytes -= s.nbytes
 
@@ -385,6 +390,7 @@ class WorkingSet:
             s.pending = threading.Event()
             s.state = Residency.FETCHING
             self.inflight_bytes += s.nbytes
+            if TRACE.on: TRACE.fetch_issued(s)  # noqa: E701
             self._queue.append(s)
             self._peak()
             if self._thread is None:
@@ -409,6 +415,7 @@ class WorkingSet:
             except BaseException as e:  # noqa: BLE001 (raised on the owner's thread)
                 err = e
             dt = time.perf_counter() - t0
+            if TRACE.on: TRACE.fetch_read(s, t0, t0 + dt)  # noqa: E701
             with self._lock:
                 self.stats["fetch_seconds"] += dt
                 if err is None:

@@ -32,6 +32,7 @@ import torch
 
 from ... import _strata as _core
 from .._common import all_finite
+from .._trace import TRACE, traced
 from ..offload import is_offloaded, offload_of
 from ._exchange import TensorExchange
 from ._gate import summarize
@@ -132,6 +133,7 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
     return stats, [(p, h) for p, h in entries if not is_offloaded(p)]
 
 
+@traced("step.batch", "optimizer")
 def _run_batch(table: ParamTable, exchange: TensorExchange,
                batch: List[Tuple[torch.Tensor, int]], memory: List[Tuple[torch.Tensor, int]],
                grad_scale: float, stats: Dict[str, Any]) -> None:
@@ -152,6 +154,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         attached.append((p, h, g, copy))
     try:
         st = core.step(max_grad_norm=0.0, grad_scale=grad_scale, skip_if_nonfinite=False)
+        if TRACE.on: TRACE.pipeline(st)  # noqa: E701
     finally:
         for p, h, _, _ in attached:
             core.set_grad(h, None)

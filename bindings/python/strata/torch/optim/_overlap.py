@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .._common import host_grad, watch_accumulation
+from .._trace import traced
 from ._exchange import TensorExchange
 from ._param_table import ParamTable
 
@@ -148,6 +149,7 @@ class BackwardOverlap:
             self._flush_bucket()
         self.backward_end = time.perf_counter()
 
+    @traced("early_update", "optimizer")
     def _flush_bucket(self) -> None:
         if not self._bucket:
             return
@@ -200,6 +202,7 @@ class BackwardOverlap:
         self._open = False
         self._table.core.abort_step()
 
+    @traced("finish_step", "optimizer")
     def finish(self, max_grad_norm: float, grad_summary: Any = None) -> Dict[str, Any]:
         """Completes the open step (strata's finish_step: its gate decides on skipping and
         clipping, from ``grad_summary`` when given -- see optim/_gate.py) after the caller

@@ -24,12 +24,14 @@ from ._exchange import TensorExchange
 from ._gate import torch_summary
 from ._offloaded_step import offloaded_step
 from ._overlap import BackwardOverlap
+from .._trace import traced
 from ._param_table import ParamTable
 
 #: (parameter, strata handle) of each parameter whose weights the step wrote
 Stepped = List[Tuple[torch.nn.Parameter, int]]
 
 
+@traced("step", "optimizer")
 def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[BackwardOverlap],
              max_grad_norm: float, torch_arithmetic: bool) -> Tuple[Dict[str, Any], Stepped,
                                                                    bool]:
