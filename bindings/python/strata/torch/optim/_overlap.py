@@ -14,8 +14,9 @@ Exactness. The early updates speculate that the step is not skipped (no inf/NaN 
 and not clipped (global norm within ``max_grad_norm``); ``step()`` computes the same gate as
 the ordinary step and, when it fails, the store rolls the early updates back (savepoints of
 the copy-on-write chunks) and the step is redone after backward. It is also redone when
-anything the early updates used changed before ``step()``: a gradient edited or replaced
-after backward (e.g. a hand-written clipping or unscaling), a parameter changed, a
+anything the early updates used changed before ``step()``: a gradient whose bytes were
+edited or that was replaced after backward (e.g. a hand-written clipping that clips, or
+unscaling), a parameter changed, a
 ``closure`` passed to step(), or hyperparameters set in between (strata compares them). So
 results are bit-identical to ``overlap_backward=False``; a redo costs the early I/O again.
 
