@@ -81,3 +81,20 @@ def test_max_grad_norm_is_clip_grad_norm_over_the_optimizer_order(tmp_path, tier
         assert sopt.last_step["clip_coef"] < 1.0
         assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters()))
     sopt.close()
+
+
+def test_a_nonfinite_gradient_skips_the_step_with_a_warning(tmp_path):
+    """strata skips a step whose gradients hold inf/NaN (torch.optim would write NaN into
+    the parameters): not silently -- a RuntimeWarning and last_step["skipped"]."""
+    model = make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, path=str(tmp_path / "s"),
+                          arithmetic="torch")
+    x, y = batches(1)[0]
+    loss_of(model, x, y).backward()
+    model[0].weight.grad[0, 0] = float("nan")
+    with pytest.warns(RuntimeWarning, match=r"skipped, a gradient holds inf or NaN"):
+        opt.step()
+    assert opt.last_step["skipped"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    opt.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -280,6 +281,10 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         self.bytes_moved["nvme_read"] += stats["bytes_read"]
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
         if stats["skipped"]:
+            warnings.warn(f"{type(self).__name__}.step(): skipped, a gradient holds inf or NaN "
+                          "(torch.optim would have stepped, writing NaN into the parameters); "
+                          "nothing changed (last_step['skipped'])", RuntimeWarning,
+                          stacklevel=2)
             return loss
         for p, h in stepped:
             self._exchange.copy_back(p, h)
