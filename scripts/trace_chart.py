@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws one iteration of a strata.torch trace (STRATA_TRACE / strata.torch.trace; docs/
 offload.md, "A timeline") as an SVG or PNG, and prints that iteration's figures as JSON.
 
@@ -9,7 +9,7 @@ the parameter reads of the fetch thread, the fetches in flight (issue to read), 
 step's gradient reads, batches, C++ pipelines and parameter writes, and the gradient writes
 in flight.
 
-    python3 scripts/trace_chart.py trace.json docs/img/timeline.svg --iteration 2
+    PYTHONPATH=build/python /usr/bin/python3 scripts/trace_chart.py trace.json docs/img/timeline.svg --iteration 2
 """
 
 import argparse
@@ -21,20 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def spans(events):
-    """(name, cat, tid, start_us, end_us, args) of X events and b/e pairs."""
-    out, open_ = [], {}
-    for e in events:
-        if e["ph"] == "X":
-            out.append((e["name"], e["cat"], e["tid"], e["ts"], e["ts"] + e["dur"],
-                        e.get("args", {})))
-        elif e["ph"] == "b":
-            open_[(e["cat"], e["id"])] = e
-        elif e["ph"] == "e" and (e["cat"], e["id"]) in open_:
-            b = open_.pop((e["cat"], e["id"]))
-            out.append((b["name"], b["cat"], b["tid"], b["ts"], e["ts"], b.get("args", {})))
-    return out
+from strata.torch import trace_spans as spans  # noqa: E402
 
 
 def window(sp, i):
@@ -147,7 +134,7 @@ def main():
     args = ap.parse_args()
     with open(args.trace) as f:
         ev = json.load(f)["traceEvents"]
-    sp = spans(ev)
+    sp = spans(ev, strict=False)
     fetch_tid = next((e["tid"] for e in ev if e["ph"] == "M"
                       and e["args"].get("name") == "strata-param-fetch"), None)
     t0, t1 = window(sp, args.iteration)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import strata.torch as st
+from strata.torch import trace_spans
 from strata.torch._trace import TRACE
 
 from test_param_offload import Net, model_bytes, train, trainable_groups
@@ -39,22 +40,6 @@ def _close(h, opt):
     h.close()
 
 
-def _spans(events):
-    """X events plus b/e pairs as (name, cat, tid, start, end, args)."""
-    out, open_ = [], {}
-    for e in events:
-        if e["ph"] == "X":
-            out.append((e["name"], e["cat"], e["tid"], e["ts"], e["ts"] + e["dur"],
-                        e.get("args", {})))
-        elif e["ph"] == "b":
-            open_[(e["cat"], e["id"])] = e
-        elif e["ph"] == "e":
-            b = open_.pop((e["cat"], e["id"]))
-            out.append((b["name"], b["cat"], b["tid"], b["ts"], e["ts"], b.get("args", {})))
-    assert not open_
-    return out
-
-
 def test_trace_events_and_identical_results(tmp_path):
     ref, h0, opt0 = _setup(tmp_path, "off")
     model, h, opt = _setup(tmp_path, "on")
@@ -72,7 +57,7 @@ def test_trace_events_and_identical_results(tmp_path):
     assert not TRACE.recording and TRACE.events == []
     threads = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
     assert "strata-param-fetch" in threads and "training (main thread)" in threads
-    spans = _spans(ev)
+    spans = trace_spans(ev)
     assert all(end >= start for _, _, _, start, end, _ in spans)
     cats = {c for _, c, *_ in spans} | {e.get("cat") for e in ev if e["ph"] == "i"}
     assert {"forward", "backward", "phase", "fetch", "store", "stall", "optimizer",

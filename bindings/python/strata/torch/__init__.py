@@ -10,14 +10,14 @@ The optimizer wing reaches offloaded parameters only through the offload wing's 
 names (``is_offloaded``, ``offload_of``, ``ParameterOffload``'s methods); ``_common.py``
 holds what both need once (the gradient-accumulator hook, the gradient-to-host copy, the
 finiteness test), ``_trace.py`` strata's timeline (``trace`` / ``start_trace`` /
-``stop_trace``, ``STRATA_TRACE``). See docs/architecture.md, "The Python layer".
+``stop_trace``, ``trace_spans``, ``STRATA_TRACE``). See docs/architecture.md, "The Python layer".
 """
 
 from __future__ import annotations
 
-from ._trace import start_trace, stop_trace, trace
+from ._trace import spans as trace_spans, start_trace, stop_trace, trace
 from .offload import OffloadedParameter, ParameterOffload, offload_init, offload_parameters
 from .optim import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
-           "OffloadedParameter", "trace", "start_trace", "stop_trace"]
+           "OffloadedParameter", "trace", "start_trace", "stop_trace", "trace_spans"]

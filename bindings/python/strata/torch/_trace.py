@@ -52,7 +52,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -393,6 +393,35 @@ def _tensors(x: Any) -> List[torch.Tensor]:
 
 
 # ---- the public switch -------------------------------------------------------------------
+
+def spans(events: List[Dict[str, Any]], strict: bool = True
+          ) -> List[Tuple[str, str, int, float, float, Dict]]:
+    """The spans of a trace's ``traceEvents``: each "X" (complete) event and each matched
+    "b"/"e" (async begin/end) pair as ``(name, cat, tid, start_us, end_us, args)``
+    (microseconds, the trace's clock); instant and metadata events are left out. Used by
+    scripts/trace_chart.py and the tests. Pure function.
+
+    :param strict: raise on an unmatched begin or end (else they are left out).
+    :raises ValueError: (strict) an "e" event without its "b", or a "b" never ended."""
+    out: List[Tuple[str, str, int, float, float, Dict]] = []
+    open_: Dict[Tuple[str, Any], Dict[str, Any]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            out.append((e["name"], e["cat"], e["tid"], e["ts"], e["ts"] + e["dur"],
+                        e.get("args", {})))
+        elif e["ph"] == "b":
+            open_[(e["cat"], e["id"])] = e
+        elif e["ph"] == "e":
+            b = open_.pop((e["cat"], e["id"]), None)
+            if b is None:
+                if strict:
+                    raise ValueError(f"trace: an end event without its begin: {e}")
+                continue
+            out.append((b["name"], b["cat"], b["tid"], b["ts"], e["ts"], b.get("args", {})))
+    if open_ and strict:
+        raise ValueError(f"trace: {len(open_)} begin events never ended")
+    return out
+
 
 def start_trace() -> None:
     """Starts recording strata's timeline (see the module doc).
