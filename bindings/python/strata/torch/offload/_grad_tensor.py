@@ -199,19 +199,8 @@ def _per_tensor(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any
 def _run_materialized(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """``func`` on the materialized values of every OffloadedGrad among its arguments;
     an in-place result that is one of them is returned as the OffloadedGrad."""
-    mats: Dict[int, Tuple[OffloadedGrad, torch.Tensor]] = {}
-
-    def sub(v: Any) -> Any:
-        if type(v) is OffloadedGrad:
-            m = v._grad_record.owner.grads.materialize(v._grad_record)
-            mats[id(m)] = (v, m)
-            return m
-        if isinstance(v, (list, tuple)) and any(type(w) is OffloadedGrad for w in v):
-            return type(v)(sub(w) for w in v)
-        return v
-
-    new_args = tuple(sub(a) for a in args)
-    new_kwargs = {k: sub(v) for k, v in kwargs.items()}
+    mats: Dict[int, OffloadedGrad] = {}
+    new_args, new_kwargs = unwrap_grads(args, kwargs, mats)
     from ._parameter import OffloadedParameter  # (import cycle: _parameter imports us)
     if _contains(new_args, OffloadedParameter) or _contains(new_kwargs.values(),
                                                             OffloadedParameter):
@@ -222,14 +211,19 @@ def _run_materialized(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     return _rewrap(out, mats)
 
 
-def unwrap_grads(args: Tuple[Any, ...], kwargs: Dict[str, Any]
+def unwrap_grads(args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                 mats: Optional[Dict[int, OffloadedGrad]] = None
                  ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """``args``/``kwargs`` with every OffloadedGrad replaced by its materialized values
-    (for operations dispatched to OffloadedParameter that also take a gradient, e.g. a
-    hand-written SGD's ``p.add_(p.grad, alpha=-lr)``)."""
+    (also for operations dispatched to OffloadedParameter that take a gradient, e.g. a
+    hand-written SGD's ``p.add_(p.grad, alpha=-lr)``); ``mats``, when given, maps
+    ``id(values)`` to the OffloadedGrad each stands for."""
     def sub(v: Any) -> Any:
         if type(v) is OffloadedGrad:
-            return v._grad_record.owner.grads.materialize(v._grad_record)
+            m = v._grad_record.owner.grads.materialize(v._grad_record)
+            if mats is not None:
+                mats[id(m)] = v
+            return m
         if isinstance(v, (list, tuple)) and any(type(w) is OffloadedGrad for w in v):
             return type(v)(sub(w) for w in v)
         return v
@@ -250,9 +244,9 @@ def _contains(values: Any, cls: type) -> bool:
     return False
 
 
-def _rewrap(out: Any, mats: Dict[int, Tuple[OffloadedGrad, torch.Tensor]]) -> Any:
+def _rewrap(out: Any, mats: Dict[int, OffloadedGrad]) -> Any:
     if torch.is_tensor(out) and id(out) in mats:
-        return mats[id(out)][0]
+        return mats[id(out)]
     if isinstance(out, (list, tuple)) and any(torch.is_tensor(o) and id(o) in mats for o in out):
         return type(out)(_rewrap(o, mats) for o in out)
     return out
