@@ -108,7 +108,10 @@ class GradientStore:
             if self.comm is not None:  # ZeRO-3: every rank gets the sum of its slice
                 g = self._reduce_scatter(s, g)
             if s.has_grad and s.grad_zero and not s.grad_ops and s.grad_mem is None:
-                g = g.add(0.0)  # torch: zeroed grad += g
+                # torch: zeroed grad += g (-0.0 becomes +0.0); in backward the gradient is
+                # autograd's own new tensor (AccumulateGrad clones one referenced
+                # elsewhere), so in place: no second buffer of it
+                g = g.add_(0.0) if in_backward else g.add(0.0)
             elif s.has_grad:
                 old = self.read(s)
                 old.add_(g)

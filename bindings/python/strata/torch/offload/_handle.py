@@ -347,14 +347,33 @@ class ParameterOffload:
         with _no_tf():
             return s.resident.detach().view(-1)
 
-    def committed(self, p: torch.Tensor) -> None:
+    def stage(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """A buffer for the next value of linked, materialized ``p`` (flat, its dtype), for
+        an update in backward to write, when the working set has room for it beside what it
+        holds; else None. End it with :meth:`committed` or :meth:`unstage`.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.ws.stage(self._record(p))
+
+    def unstage(self, p: torch.Tensor, buf: torch.Tensor) -> None:
+        """Drops a buffer of :meth:`stage` (its update was rolled back).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        self.ws.unstage(self._record(p), buf, value=False)
+
+    def committed(self, p: torch.Tensor, staged: Optional[torch.Tensor] = None) -> None:
         """The linked optimizer's step changed ``p``'s master (its value) behind the
-        offload: the materialized copy (the old value) is released, the version counted.
+        offload: ``staged`` (a buffer of :meth:`stage` holding the new value) becomes the
+        materialized data when ``p`` is still in memory; else the materialized copy (the
+        old value) is released. The version is counted.
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
         s = self._record(p)
         s.version += 1
-        self.ws.release(s, write_back=False)
+        if staged is not None:
+            self.ws.unstage(s, staged, value=True)
+        else:
+            self.ws.release(s, write_back=False)
 
     def write_back(self) -> None:
         """Stores every materialized parameter changed in place since it was fetched."""

@@ -63,6 +63,8 @@ class WorkingSet:
         self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
         self.resident_bytes = 0
         self.inflight_bytes = 0
+        #: bytes of new values staged for resident parameters (stage())
+        self.staged_bytes = 0
         #: record indices that eviction must not choose (one operation's arguments)
         self.protected: frozenset = frozenset()
         self._lock = threading.Lock()
@@ -254,6 +256,36 @@ class WorkingSet:
             s.mark = s.param._version
         s.state = Residency.RESIDENT
 
+    def stage(self, s: ParamRecord) -> Optional[torch.Tensor]:
+        """A new flat buffer of ``s``'s elements and dtype for its next value (a linked
+        optimizer's update in backward writes it), when ``s`` is resident and the budget
+        has room beside what is materialized and in flight (nothing is evicted for it);
+        else None. Counted in the working set until :meth:`unstage`."""
+        if (s.state is not Residency.RESIDENT or s.stride is not None
+                or s.device.type != "cpu"):
+            return None
+        used = self.resident_bytes + self.inflight_bytes + self.staged_bytes
+        if used + s.nbytes > self.budget:
+            return None
+        self.staged_bytes += s.nbytes
+        self._peak()
+        return torch.empty(s.numel, dtype=s.dtype)
+
+    def unstage(self, s: ParamRecord, buf: torch.Tensor, value: bool) -> None:
+        """Ends a buffer of :meth:`stage`: with ``value`` it holds ``s``'s new stored value,
+        which becomes its materialized data when ``s`` is still resident (else ``s`` is
+        released: the old data is stale); without, it is dropped."""
+        self.staged_bytes -= s.nbytes
+        if not value:
+            return
+        if s.state is Residency.RESIDENT and not self.dirty(s):
+            s.resident = buf.view(s.shape)
+            with _no_tf():
+                s.param.data = s.resident
+                s.mark = s.param._version
+        else:
+            self.release(s, write_back=False)
+
     def dirty(self, s: ParamRecord) -> bool:
         """The data of ``s`` in memory is newer than the store: ADOPTED, or RESIDENT and
         changed in place since it was materialized or stored."""
@@ -318,7 +350,7 @@ class WorkingSet:
                     self.inflight_bytes -= s.nbytes
 
     def _peak(self) -> None:
-        used = self.resident_bytes + self.inflight_bytes
+        used = self.resident_bytes + self.inflight_bytes + self.staged_bytes
         if used > self.stats["peak_working_set_bytes"]:
             self.stats["peak_working_set_bytes"] = used
 
@@ -328,7 +360,7 @@ class WorkingSet:
         not use again first (least recently used first), then the ones used furthest
         ahead. ``before``: a trace position; records used before it are never chosen (None:
         any). None when not enough can be freed under that rule."""
-        free = self.budget - self.resident_bytes - self.inflight_bytes
+        free = self.budget - self.resident_bytes - self.inflight_bytes - self.staged_bytes
         if free >= need:
             return []
         ahead, done = [], []
@@ -363,7 +395,8 @@ class WorkingSet:
         for v in victims:
             self.release(v)
         if before is None and self.inflight_bytes and (
-                self.resident_bytes + self.inflight_bytes + need > self.budget):
+                self.resident_bytes + self.inflight_bytes + self.staged_bytes + need
+                > self.budget):
             # on demand and still over: let the fetches in flight land, then evict again
             for s in self.records:
                 if s.state is Residency.FETCHING:

@@ -146,7 +146,8 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
     if gate["grad_scale"] != 1.0 or overlap.broken:
         overlap.abort()
         return _redo(table, exchange, max_grad_norm)
-    started = {id(p) for p in overlap.started_offloaded()}
+    started_off = overlap.started_offloaded()
+    started = {id(p): staged for p, staged in started_off}
     core = table.core
     memory = [(p, h) for p, h in entries if not is_offloaded(p) and not overlap.is_started(p)]
     rest = [(p, h) for p, h in entries if is_offloaded(p) and id(p) not in started]
@@ -157,9 +158,14 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
         exchange.attach(core, p, h)
     try:
         st = overlap.finish(0.0, None)
-    except strata.FailedPreconditionError:
-        # strata had to redo (hyperparameters changed since backward) and rolled back
-        return _redo(table, exchange, max_grad_norm)
+    except BaseException as e:
+        for p, staged in started_off:  # rolled back: the staged values are not the step's
+            if staged is not None:
+                offload_of(p).unstage(p, staged)
+        if isinstance(e, strata.FailedPreconditionError):
+            # strata had to redo (hyperparameters changed since backward) and rolled back
+            return _redo(table, exchange, max_grad_norm)
+        raise
     finally:
         for p, h in memory:
             exchange.detach(core, h)
@@ -171,7 +177,7 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
         stats[k] = st[k]
     for p, h in entries:
         if id(p) in started:
-            offload_of(p).committed(p)
+            offload_of(p).committed(p, started[id(p)])
             table.mark(h)
     if rest:
         _run_batches(table, exchange, rest, 1.0, stats)

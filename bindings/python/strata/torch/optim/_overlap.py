@@ -116,8 +116,9 @@ class BackwardOverlap:
         self.python_gate = False
         self.broken = False  # a taken gradient was edited since: step() redoes
         self.keeps_grads = False  # taken gradients are also stored (max_grad_norm set)
-        #: id(param) -> param: offloaded parameters whose update started in this backward
-        self._started_off: Dict[int, torch.nn.Parameter] = {}
+        #: id(param) -> (param, the buffer staged for its new value or None): offloaded
+        #: parameters whose update started in this backward
+        self._started_off: Dict[int, Tuple[torch.nn.Parameter, Optional[torch.Tensor]]] = {}
         #: buffers of transient entries (gradient, master view) until wait_started()
         self._transient: List[Any] = []
         self._transient_bytes = 0
@@ -246,8 +247,15 @@ class BackwardOverlap:
         o = offload_of(p)
         master = o.master_view(p)
         grad = grad.contiguous()
-        table.core.start_update([(table.handle[id(p)], grad, None, master, True)])
-        self._started_off[id(p)] = p
+        # the new value into a staged buffer when p stays materialized: no fetch after
+        staged = o.stage(p) if master is not None else None
+        try:
+            table.core.start_update([(table.handle[id(p)], grad, staged, master, True)])
+        except BaseException:
+            if staged is not None:
+                o.unstage(p, staged)
+            raise
+        self._started_off[id(p)] = (p, staged)
         self._transient.append((grad, master))
         self._transient_bytes += grad.numel() * 4
         if self._transient_bytes > o.working_set_bytes // 2:
@@ -255,8 +263,9 @@ class BackwardOverlap:
             self._transient, self._transient_bytes = [], 0
         return True
 
-    def started_offloaded(self) -> List[torch.nn.Parameter]:
-        """The offloaded parameters whose update started in this backward."""
+    def started_offloaded(self) -> List[Tuple[torch.nn.Parameter, Optional[torch.Tensor]]]:
+        """(parameter, staged buffer of its new value or None) of the offloaded parameters
+        whose update started in this backward."""
         return list(self._started_off.values())
 
     def _on_backward_end(self) -> None:
@@ -316,10 +325,15 @@ class BackwardOverlap:
         for pid in self._started:
             self._exchange.forget_grad(self._table.handle[pid])
         self._started.clear()
-        self._started_off.clear()
+        started_off, self._started_off = self._started_off, {}
         self._open = False
-        self._table.core.abort_step()
-        self._transient, self._transient_bytes = [], 0
+        try:
+            self._table.core.abort_step()
+        finally:
+            self._transient, self._transient_bytes = [], 0
+            for p, staged in started_off.values():
+                if staged is not None:
+                    offload_of(p).unstage(p, staged)
 
     @traced("finish_step", "optimizer")
     def finish(self, max_grad_norm: float, grad_summary: Any = None) -> Dict[str, Any]:
