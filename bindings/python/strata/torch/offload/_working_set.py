@@ -81,6 +81,11 @@ class WorkingSet:
         self._trace: Optional[List[int]] = None  # the trace followed (None: on demand)
         self._pos = 0  # entries of _trace matched so far
         self._next_use: Dict[int, int] = {}  # record index -> its position in _trace
+        #: phase kind -> (record index -> the trace position of its last use in the phase:
+        #: a parameter used again later, e.g. a tied embedding, is kept until then)
+        self.last_uses: Dict[Any, Dict[int, int]] = {}
+        self._last: Dict[int, int] = {}  # the current phase's last uses
+        self._last_use: Dict[int, int] = {}  # those of the trace followed
 
     # ---- phases and traces ----------------------------------------------------------------
 
@@ -98,6 +103,8 @@ class WorkingSet:
         self._trace = trace
         self._pos = 0
         self._next_use = {} if trace is None else {s: i for i, s in enumerate(trace)}
+        self._last = {}
+        self._last_use = self.last_uses.get(kind, {}) if trace is not None else {}
         if trace:
             with torch.inference_mode(False):  # (the buffers of collective fetches)
                 self._prefetch_from(0)
@@ -108,13 +115,18 @@ class WorkingSet:
             return
         if self._recorded:
             self.traces[self._phase] = self._recorded
+            self.last_uses[self._phase] = self._last
         self._phase = None
         self._trace = None
         self._next_use = {}
+        self._last_use = {}
 
     def _record(self, s: ParamRecord) -> None:
         """First use of ``s`` in the phase: follow or leave the trace, prefetch ahead."""
-        if self._phase is None or s.index in self._seen:
+        if self._phase is None:
+            return
+        self._last[s.index] = len(self._recorded)  # (its position, or the next one's)
+        if s.index in self._seen:
             return
         self._seen.add(s.index)
         self._recorded.append(s.index)
@@ -128,6 +140,7 @@ class WorkingSet:
             self.stats["trace_mismatches"] += 1
             self._trace = None
             self._next_use = {}
+            self._last_use = {}
 
     # ---- materialization ------------------------------------------------------------------
 
@@ -368,6 +381,8 @@ class WorkingSet:
             if i == protect or i in self.protected:
                 continue
             nu = self._next_use.get(i, -1)
+            if nu < self._pos:  # first use passed: still needed at its last use?
+                nu = self._last_use.get(i, -1)
             if nu >= self._pos:
                 ahead.append((nu, i))
             else:
