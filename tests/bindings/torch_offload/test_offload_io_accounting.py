@@ -8,7 +8,6 @@ import os
 import sys
 import sysconfig
 
-import pytest
 import torch.nn.functional as F
 
 import strata
@@ -20,19 +19,7 @@ from train_lm import param_groups  # noqa: E402
 from train_offload import PRESETS, build, bytes_moved, store_bytes  # noqa: E402
 
 
-def _proc_io():
-    """(read_bytes, write_bytes) of this process from /proc/self/io (None: not readable)."""
-    try:
-        with open("/proc/self/io") as f:
-            fields = dict(line.split(": ") for line in f.read().splitlines())
-        return int(fields["read_bytes"]), int(fields["write_bytes"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def test_counted_bytes_are_the_bytes_moved(tmp_path):
-    if _proc_io() is None:
-        pytest.skip("/proc/self/io is not readable here")
+def test_counted_bytes_are_the_bytes_moved(tmp_path, proc_io):
     args = argparse.Namespace(**PRESETS["tiny"], seed=0, corpus=sysconfig.get_paths()["stdlib"],
                               corpus_bytes=1 << 20)
     store = strata.Store.open(str(tmp_path / "s"), host_budget="16MiB", staging="16MiB",
@@ -46,13 +33,13 @@ def test_counted_bytes_are_the_bytes_moved(tmp_path):
     try:
         for it in range(3):
             x, y = batches.next()
-            before, io0 = store_bytes(h, opt), _proc_io()
+            before, io0 = store_bytes(h, opt), proc_io()
             loss = F.cross_entropy(model(x).view(-1, vocab), y.view(-1))
             loss.backward()
             opt.step()
             opt.zero_grad()
             store.flush()
-            moved, io1 = bytes_moved(before, store_bytes(h, opt)), _proc_io()
+            moved, io1 = bytes_moved(before, store_bytes(h, opt)), proc_io()
             if it == 0:
                 continue  # the first: files grow, the trace is made
             read, written = io1[0] - io0[0], io1[1] - io0[1]
