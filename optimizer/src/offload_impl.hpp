@@ -238,6 +238,7 @@ struct OffloadedOptimizer::Impl {
     DType grad_type = DType::kFloat32;
     void* copy = nullptr;
     DType copy_type = DType::kFloat32;
+    const float* master = nullptr;  // the master's values in memory (EarlyGrad::master)
   };
   /// Early updates already applied to some tensors: a step over the rest (see step_impl).
   struct StartedSet {

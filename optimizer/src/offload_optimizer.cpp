@@ -372,6 +372,7 @@ Result<ParamInfo> OffloadedOptimizer::param_info(ParamHandle h) const {
   i.group = t.group;
   i.step = t.state.step();
   i.has_grad = t.grad != nullptr;
+  i.master_key = t.keys.empty() ? std::string() : t.keys[0];
   return i;
 }
 

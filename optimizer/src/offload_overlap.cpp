@@ -70,7 +70,9 @@ void run_early_batches(OffloadedOptimizer::Impl* impl, OffloadedOptimizer::Impl:
         }
         // The gradients' fingerprints, before the update reads them: finish_step() compares
         // them with the gradients then (an edit through .data bumps no version counter).
-        for (uint32_t h : batch) e->grad_hash[h] = grad_fingerprint(*impl, e->entries[h]);
+        for (uint32_t h : batch) {
+          if (!e->entries[h].transient) e->grad_hash[h] = grad_fingerprint(*impl, e->entries[h]);
+        }
         auto bad = has_inf_or_nan(views, impl->pool.get());
         std::vector<Impl::Item> items;
         std::vector<size_t> batches;
@@ -114,6 +116,7 @@ bool grads_unchanged(const OffloadedOptimizer::Impl& impl,
                      const OffloadedOptimizer::Impl::EarlyStep& e,
                      const std::vector<uint32_t>& hs) {
   for (uint32_t h : hs) {
+    if (e.entries[h].transient) continue;  // its buffer is gone: the caller vouches for it
     if (grad_fingerprint(impl, e.entries[h]) != e.grad_hash[h]) return false;
   }
   return true;
@@ -273,9 +276,14 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
   bool valid = grads_same && !e->nonfinite && o.grad_scale == e->opts.grad_scale &&
                o.max_grad_norm == e->opts.max_grad_norm &&
                o.skip_if_nonfinite == e->opts.skip_if_nonfinite;
-  for (uint32_t h = 0; valid && h < impl->tensors.size(); ++h) {
+  bool transient = false;
+  for (uint32_t h = 0; h < impl->tensors.size(); ++h) {
     if (e->started[h] && e->used_hp[h] != impl->groups[impl->tensors[h].group].hp) valid = false;
+    transient = transient || (e->started[h] && e->entries[h].transient);
   }
+  // The global norm of a step with transient gradients comes from the caller (their
+  // buffers are gone): without grad_summary it cannot be computed.
+  if (transient && o.max_grad_norm > 0.0 && !o.grad_summary) valid = false;
   // Every batch that ran had its gradients scanned finite (a non-finite one made the
   // speculation invalid above): step_impl scans only the others.
   Impl::StartedSet set{&e->started, &e->entries, e->opts.grad_scale, false};
@@ -290,6 +298,15 @@ Result<StepStats> OffloadedOptimizer::finish_step(const StepOptions& o) {
   }
   if (!valid || mismatch) {
     STRATA_RETURN_IF_ERROR(roll_back(impl->store, e.get()));
+    for (uint32_t h = 0; h < impl->tensors.size(); ++h) {
+      if (e->started[h] && e->entries[h].transient) {
+        return failed_precondition("offload finish_step: the step must be redone (skipped, "
+                                   "clipped, or its options or hyperparameters changed) but "
+                                   "the gradient of '" + impl->tensors[h].name +
+                                   "' was not kept for a redo; every early update was rolled "
+                                   "back");
+      }
+    }
     set.redo = true;
     r = impl->step_impl(o, &set, nullptr);
     if (!r.ok()) return r.status();

@@ -17,6 +17,7 @@
 // the first. (Items of one tensor never share a batch: all but its last fill a slot.)
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 
 #include "offload_impl.hpp"
@@ -66,6 +67,10 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       const Tensor& t = tensors[it.t];
       for (int s = 0; s < S; ++s) {
         float* buf = slot_stream(j % B, s) + it.slot_off;
+        if (!write && s == 0 && it.master != nullptr) {  // the master is in memory already
+          std::memcpy(buf, it.master + it.begin, it.count * 4);
+          continue;
+        }
         fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
                            : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
       }
@@ -114,7 +119,7 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       const auto t_compute = Clock::now();
       st = apply_update(*groups[t.group].rule, sp, info, pool.get());
       stats.compute_seconds += seconds_since(t_compute);
-      stats.bytes_read += static_cast<uint64_t>(S) * it.count * 4;
+      stats.bytes_read += static_cast<uint64_t>(S - (it.master != nullptr ? 1 : 0)) * it.count * 4;
       stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
     }
     if (!st.ok()) break;
@@ -167,6 +172,7 @@ void OffloadedOptimizer::Impl::plan_items(
         it.grad_type = e->grad_type;
         it.copy = e->param_copy;
         it.copy_type = e->param_copy_type;
+        it.master = e->master;
       }
       items.push_back(it);
       fill += padded;

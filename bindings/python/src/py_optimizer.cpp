@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "errors.hpp"
 #include "py_convert.hpp"
@@ -279,43 +280,58 @@ class PyOptimizer {
     check(release_gil([&] { return opt.begin_step(so); }));
   }
 
-  /// start_update() of `entries`, a list of (handle, grad, param_copy or None): host
-  /// fp32/fp16/bf16 arrays of the parameter's numel elements, kept referenced until
-  /// finish_step()/abort_step().
+  /// start_update() of `entries`, a list of (handle, grad, param_copy or None[, master or
+  /// None[, transient]]): host fp32/fp16/bf16 arrays of the parameter's numel elements
+  /// (master: fp32, contiguous), kept referenced until finish_step()/abort_step() -- or,
+  /// transient ones (EarlyGrad::transient), until wait_started() also.
   void start_update(const py::list& entries) {
     std::vector<optimizer::EarlyGrad> gs;
-    std::vector<TensorRef> refs;
+    std::vector<TensorRef> refs, transient_refs;
     for (py::handle item : entries) {
       auto t = item.cast<py::tuple>();
-      if (t.size() != 3) throw StatusError(invalid_argument("start_update: entries are (handle, grad, param_copy)"));
+      if (t.size() < 3 || t.size() > 5)
+        throw StatusError(invalid_argument(
+            "start_update: entries are (handle, grad, param_copy[, master[, transient]])"));
       const uint32_t h = t[0].cast<uint32_t>();
-      auto info = check(o().param_info(h));
+      const auto& [name, numel] = entry_info(h);
       optimizer::EarlyGrad g;
       g.param = h;
+      g.transient = t.size() > 4 && t[4].cast<bool>();
+      auto& keep = g.transient ? transient_refs : refs;
       TensorRef gr = view_tensor(t[1], false, std::nullopt);
-      if (gr.device || gr.numel != info.numel)
-        throw StatusError(invalid_argument("start_update: the gradient of '" + info.name +
+      if (gr.device || gr.numel != numel)
+        throw StatusError(invalid_argument("start_update: the gradient of '" + name +
                                            "' must be a host array of " +
-                                           std::to_string(info.numel) + " elements"));
+                                           std::to_string(numel) + " elements"));
       static std::byte empty_dummy;
       g.grad = gr.numel == 0 ? static_cast<const void*>(&empty_dummy) : gr.data;
       g.grad_type = gr.dtype;
-      refs.push_back(std::move(gr));
+      keep.push_back(std::move(gr));
       if (!py::reinterpret_borrow<py::object>(t[2]).is_none()) {
         TensorRef cr = view_tensor(t[2], true, std::nullopt);
-        if (cr.device || cr.numel != info.numel)
-          throw StatusError(invalid_argument("start_update: the param copy of '" + info.name +
+        if (cr.device || cr.numel != numel)
+          throw StatusError(invalid_argument("start_update: the param copy of '" + name +
                                              "' must be a writable host array of " +
-                                             std::to_string(info.numel) + " elements"));
+                                             std::to_string(numel) + " elements"));
         g.param_copy = cr.numel == 0 ? nullptr : cr.data;
         g.param_copy_type = cr.dtype;
         refs.push_back(std::move(cr));
+      }
+      if (t.size() > 3 && !py::reinterpret_borrow<py::object>(t[3]).is_none()) {
+        TensorRef mr = view_tensor(t[3], false, std::nullopt);
+        if (mr.device || mr.numel != numel || mr.dtype != DType::kFloat32)
+          throw StatusError(invalid_argument("start_update: the master of '" + name +
+                                             "' must be a host float32 array of " +
+                                             std::to_string(numel) + " elements"));
+        g.master = numel == 0 ? nullptr : static_cast<const float*>(mr.data);
+        keep.push_back(std::move(mr));
       }
       gs.push_back(g);
     }
     auto& opt = o();
     check(release_gil([&] { return opt.start_update(gs); }));
     for (auto& r : refs) early_refs_.push_back(std::move(r));
+    for (auto& r : transient_refs) transient_refs_.push_back(std::move(r));
   }
 
   py::dict finish_step(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
@@ -324,6 +340,7 @@ class PyOptimizer {
     auto& opt = o();
     auto r = release_gil([&] { return opt.finish_step(so); });
     early_refs_.clear();
+    transient_refs_.clear();
     return stats_dict(check(std::move(r)));
   }
 
@@ -331,6 +348,7 @@ class PyOptimizer {
     auto& opt = o();
     Status st = release_gil([&] { return opt.abort_step(); });
     early_refs_.clear();
+    transient_refs_.clear();
     check(st);
   }
 
@@ -339,6 +357,7 @@ class PyOptimizer {
   void wait_started() {
     auto& opt = o();
     check(release_gil([&] { return opt.wait_started(); }));
+    transient_refs_.clear();  // their early updates ran: the buffers are no longer read
   }
 
   /// Reads (stream < 0: the master) into `out` (fp32, count elements) or a new array.
@@ -382,7 +401,8 @@ class PyOptimizer {
     return py::dict(
         "name"_a = i.name, "numel"_a = i.numel,
         "placement"_a = std::string(optimizer::placement_name(i.placement)),
-        "group"_a = i.group, "step"_a = i.step, "has_grad"_a = i.has_grad);
+        "group"_a = i.group, "step"_a = i.step, "has_grad"_a = i.has_grad,
+        "master_key"_a = i.master_key);
   }
 
  private:
@@ -416,6 +436,19 @@ class PyOptimizer {
   std::map<uint32_t, TensorRef> grads_;
   std::map<uint32_t, TensorRef> copies_;
   std::vector<TensorRef> early_refs_;  // start_update()'s arrays, until finish/abort
+  std::vector<TensorRef> transient_refs_;  // ... transient ones, until wait_started() too
+  /// (name, numel) of a handle, cached: start_update() runs during backward and must not
+  /// wait for the baton an early batch holds (param_info() takes it); a handle's name and
+  /// size never change.
+  std::unordered_map<uint32_t, std::pair<std::string, uint64_t>> entry_info_;
+  const std::pair<std::string, uint64_t>& entry_info(uint32_t h) {
+    auto it = entry_info_.find(h);
+    if (it == entry_info_.end()) {
+      auto i = check(o().param_info(h));
+      it = entry_info_.emplace(h, std::make_pair(i.name, i.numel)).first;
+    }
+    return it->second;
+  }
 };
 
 }  // namespace

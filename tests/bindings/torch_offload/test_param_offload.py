@@ -204,8 +204,6 @@ def test_errors(tmp_path):
     h = st.offload_parameters(m, path=str(tmp_path / "b"))
     with pytest.raises(ValueError, match="offloaded already"):
         st.offload_parameters(m, store=h.store, key_prefix="other/")
-    with pytest.raises(ValueError, match="overlap_backward"):
-        st.OffloadAdamW(m.parameters(), store=h.store, overlap_backward=True)
     h.close(restore=False)
     m2 = Net()
     with strata.Store.open(str(tmp_path / "b")) as s:
@@ -260,8 +258,8 @@ KILL_CHILD = textwrap.dedent("""
         opt.checkpoint()
         # die inside the next step, after its first batch stored new weights
         orig = h.write
-        def dying_write(p, v):
-            orig(p, v)
+        def dying_write(p, v, **kw):
+            orig(p, v, **kw)
             os.kill(os.getpid(), signal.SIGKILL)
         h.write = dying_write
         train(model, opt, {ckpt} + 1, start={ckpt})

@@ -227,15 +227,33 @@ def test_optimizer_built_before_the_offload_follows_it(tmp_path, tier):
     h.close()
 
 
-def test_optimizer_built_before_the_offload_with_overlap_refuses(tmp_path):
-    _, model = make_pair()
-    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, overlap_backward=True)
-    h = st.offload_parameters(model, path=str(tmp_path / "s"), working_set=4096)
-    loss_of(model, *batch(0, 0)).backward()
-    with pytest.raises(ValueError, match="overlap_backward=True is not supported"):
-        opt.step()
+@pytest.mark.parametrize("shared_store", [False, True])
+def test_optimizer_built_before_the_offload_with_overlap_follows_it(tmp_path, shared_store):
+    """overlap_backward=True built before the offload: the first step binds the gradients
+    (stepped after backward); in the offload's store the parameters are then linked to
+    their masters and updated inside backward (optim/_overlap.py)."""
+    ref, model = make_pair()
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    store = strata.Store.open(str(tmp_path / "s")) if shared_store else None
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, arithmetic="torch",
+                          overlap_backward=True, store=store)
+    if shared_store:
+        h = st.offload_parameters(model, store, working_set=4096)
+    else:
+        h = st.offload_parameters(model, path=str(tmp_path / "s"), working_set=4096)
+    started = []
+    for step in range(3):
+        for m, o in ((ref, ropt), (model, opt)):
+            o.zero_grad()
+            loss_of(m, *batch(step, 0)).backward()
+            o.step()
+        started.append(opt.last_step.get("tensors_started_early", 0))
+        assert_same(ref, model, h)
+    assert started == ([0, 8, 8] if shared_store else [0, 0, 0])
     opt.close()
     h.close()
+    if store is not None:
+        store.close()
 
 
 @pytest.mark.parametrize("tier", TIERS)

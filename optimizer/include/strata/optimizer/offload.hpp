@@ -205,6 +205,9 @@ struct ParamInfo {
   int group = 0;                           ///< param group index
   int64_t step = 0;                        ///< the tensor's step counter (torch state["step"])
   bool has_grad = false;                   ///< a gradient is attached
+  /// The store key of its fp32 master (kNvme: numel * 4 bytes, row-major; a reader such as
+  /// a parameter offload may Store::get() it while no step updates this tensor).
+  std::string master_key;
 };
 
 /// Where an optimizer put its kernel threads and its pinned pipeline memory (placement()):
@@ -300,12 +303,23 @@ struct OptimizerStats {
 /// receives the updated master as `param_copy_type` (kFloat32, kFloat16 or kBFloat16),
 /// numel elements of host memory: a buffer of the caller's, not the model's live weights,
 /// since backward may still read those (see OVERLAPPED STEP).
+///
+/// `master`, when not null, holds the tensor's current fp32 master values (numel elements,
+/// host memory, equal to its stored master: e.g. a parameter materialized for backward whose
+/// store object is this master): the early update copies them instead of reading the master
+/// stream from NVMe (4 bytes per element less read). `transient`: `grad` and `master` are
+/// valid only until the early update of this entry has run (wait_started() returned), not
+/// until finish_step(): finish_step() then does not compare the gradient's fingerprint, and a
+/// step that must be redone (see OVERLAPPED STEP) fails with FailedPrecondition after the
+/// rollback instead of reading them (the caller redoes it with gradients it kept).
 struct EarlyGrad {
   ParamHandle param = 0;
   const void* grad = nullptr;
   DType grad_type = DType::kFloat32;
   void* param_copy = nullptr;
   DType param_copy_type = DType::kFloat32;
+  const float* master = nullptr;
+  bool transient = false;
 };
 
 /// What the optimizer's state needs on disk (disk_space(); see DISK SPACE), bytes, summed
@@ -514,6 +528,8 @@ class OffloadedOptimizer {
   /// \error FailedPrecondition when no step is open.
   Status wait_started();
   /// Completes the open step (see OVERLAPPED STEP) with the gradients attached now:
+  /// (a redo with a `transient` entry started fails with FailedPrecondition "... was not kept
+  /// for a redo" after rolling every early update back: nothing changed, the step is closed)
   /// started tensors with the gradients given to start_update(), the others with
   /// set_grad()'s. `o` must equal begin_step()'s, else the early updates are rolled back and
   /// the step runs with `o`. Writes the param copies given to start_update() for started

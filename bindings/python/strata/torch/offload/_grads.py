@@ -90,9 +90,10 @@ class GradientStore:
 
     # ---- backward ------------------------------------------------------------------------
 
-    def _grad_ready(self, s: ParamRecord) -> None:
+    def _grad_ready(self, s: ParamRecord, in_backward: bool = True) -> None:
         """``s.param.grad`` was accumulated by torch: moved to the store (added to the
-        stored one when this step already has one, as torch's ``p.grad += g``)."""
+        stored one when this step already has one, as torch's ``p.grad += g``), or, in
+        backward, handed to a linked optimizer's update in backward (OptimizerLink.take)."""
         if not s.to_store:
             return
         self._on_backward()
@@ -116,6 +117,13 @@ class GradientStore:
             s.has_grad = True
             s.grad_norm = torch.norm(g, 2.0)
             s.grad_finite = all_finite(g, s.grad_norm)
+        if (in_backward and s.link is not None and s.grad_finite
+                and s.link.take(p, g.reshape(-1))):
+            # the update in backward took it: stored only for a redo
+            s.grad_early = "kept" if s.link.keeps_grads else "dropped"
+            if s.grad_early == "dropped":
+                s.grad_zero = False
+                return
         self._write(s, g)
 
     def _reduce_scatter(self, s: ParamRecord, g: torch.Tensor) -> torch.Tensor:
@@ -161,7 +169,7 @@ class GradientStore:
                 with _no_tf():
                     has = s.param.grad is not None
                 if has:
-                    self._grad_ready(s)
+                    self._grad_ready(s, in_backward=False)
         self.flush()
 
     def flush(self) -> None:
@@ -171,9 +179,23 @@ class GradientStore:
 
     # ---- reads (the step, accumulation) ----------------------------------------------------
 
+    @staticmethod
+    def _check_kept(s: ParamRecord) -> None:
+        """RuntimeError when ``s``'s gradient went to an update in backward unstored."""
+        if s.grad_early == "dropped":
+            raise RuntimeError(
+                f"offloaded parameter {s.name!r}: its gradient was taken by the update in "
+                "backward (overlap_backward=True) and not stored, so its values cannot be "
+                "read, scaled or accumulated (its norm can: clip_grad_norm_ that does not "
+                "clip works); pass max_grad_norm= to the optimizer (gradients are then also "
+                "stored for a redo, 4 bytes per parameter), wrap all but the last backward "
+                "of an accumulation in optimizer.accumulating(), or use "
+                "overlap_backward=False")
+
     def _read_stored(self, s: ParamRecord) -> torch.Tensor:
         """The stored gradient with the recorded scalings applied: a new flat CPU tensor of
         ``s.state_numel`` elements of the parameter's dtype."""
+        self._check_kept(s)
         if s.grad_zero:
             g = torch.zeros(s.state_numel, dtype=s.dtype)
         elif s.state_numel == 0:
@@ -270,6 +292,8 @@ class GradientStore:
                 return True  # x * 1.0 == x for every x (NaN and -0.0 included): no change
         if s.grad_zero and 0.0 < cf < float("inf"):
             return True  # zeros stay (positive) zeros
+        self._check_kept(s)
+        self._edited(s)
         s.grad_ops.append((op, c.detach().clone() if torch.is_tensor(c) else c))
         s.grad_norm = None
         if not (cf == cf and (abs(cf) <= 1.0 if op == "mul_" else abs(cf) >= 1.0)):
@@ -290,6 +314,8 @@ class GradientStore:
         the store unless in memory), kept in memory (edits are kept) within the budget."""
         if s.grad_mem is not None:
             return s.grad_mem
+        self._check_kept(s)
+        self._edited(s)  # (it may be edited in memory from now on)
         if s.owned is not None:
             raise RuntimeError(
                 f"offloaded parameter {s.name!r}: its gradient is partitioned over the ranks "
@@ -367,9 +393,17 @@ class GradientStore:
         s.grad_mem = None
         s.grad_dirty = False
 
+    @staticmethod
+    def _edited(s: ParamRecord) -> None:
+        """The gradient an update in backward took changes: the linked optimizer redoes."""
+        if s.grad_early is not None and s.link is not None:
+            s.link.edited(s.param)
+
     def _forget_values(self, s: ParamRecord) -> None:
         """The gradient's values are replaced: recorded scalings and the materialized copy
         dropped."""
+        self._edited(s)
+        s.grad_early = None
         self._release_mem(s)
         s.grad_ops = []
         s.grad_zero = False

@@ -28,7 +28,7 @@ from ._grads import GradientStore, GradInfo
 from ._hooks import install_model_hooks, remove_hooks
 from ._memory import fix_mmap_threshold
 from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, record_of
-from ._record import IN_MEMORY, ParamRecord, shaped
+from ._record import IN_MEMORY, ParamRecord, Residency, shaped
 from ._working_set import WorkingSet
 
 
@@ -265,11 +265,13 @@ class ParameterOffload:
         return self._record(p).index
 
     @traced("write", "store")
-    def write(self, p: torch.Tensor, value: torch.Tensor) -> None:
+    def write(self, p: torch.Tensor, value: torch.Tensor, is_master: bool = False) -> None:
         """Stores ``value`` (any dtype, converted; ``state_numel(p)`` elements: the whole
         parameter, or this rank's slice with a communicator) as ``p``'s value; a
         materialized copy is updated (one process) or released (ranks: the other slices
-        change too). Used by the optimizer's step and resume. No collective."""
+        change too). Used by the optimizer's step and resume. No collective.
+        ``is_master``: ``value`` is what the linked optimizer's master holds already (its
+        step wrote it): nothing is stored (see :meth:`link_master`)."""
         s = self._record(p)
         with _no_tf():
             flat = value.detach().reshape(-1).to(dtype=s.dtype, device="cpu").contiguous()
@@ -277,6 +279,13 @@ class ParameterOffload:
             raise ValueError(f"offloaded parameter {s.name!r}: {flat.numel()} elements "
                              f"written, {s.state_numel} expected")
         s.version += 1
+        if s.link is not None:
+            if not is_master:
+                self.ws.touch(s)
+                s.link.write_master(p, flat.to(torch.float32))
+                self._stats["param_bytes_written"] += flat.numel() * 4  # the fp32 master
+            self.ws.set_value(s, flat)
+            return
         self._stats["param_bytes_written"] += flat.numel() * flat.element_size()
         if s.owned is None:
             self.store.put(s.key, flat, tier=self.tier, overwrite=True)
@@ -284,6 +293,69 @@ class ParameterOffload:
             return
         if flat.numel():
             self.store.put(s.key + "#part", flat, tier=self.tier, overwrite=True)
+        self.ws.release(s, write_back=False)
+
+    # ---- the optimizer's master as the parameter's value ------------------------------------
+
+    def link_master(self, p: torch.Tensor, link: Any) -> None:
+        """From now on ``p``'s value is the fp32 master that ``link`` (a strata optimizer,
+        offload/_record.py OptimizerLink) keeps in this offload's store: fetches read it,
+        edits are written into it, and ``p``'s own object is no longer written (one copy on
+        disk instead of two; refreshed by :meth:`unlink_master`, :meth:`checkpoint` and
+        close). The master must hold ``p``'s current stored value. Only fp32 parameters of
+        one process.
+
+        :raises KeyError: ``p`` is not a parameter of this offload.
+        :raises ValueError: ``p`` is not fp32, or is partitioned over ranks."""
+        s = self._record(p)
+        if s.dtype != torch.float32 or s.owned is not None:
+            raise ValueError(f"offloaded parameter {s.name!r}: only an fp32 parameter of one "
+                             "process can be linked to an optimizer's master")
+        if s.link is link:
+            return
+        self.unlink_master(p)
+        self.ws.write_back(s)  # the master must hold the value: an edit in memory first
+        s.link = link
+
+    def unlink_master(self, p: torch.Tensor) -> None:
+        """``p``'s value is its own object again (the master's value copied there); no-op
+        when not linked.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if s.link is None:
+            return
+        self.ws.touch(s)
+        value = self.store.get(s.value_key)
+        self.store.put(s.key, value, tier=self.tier, overwrite=True)
+        s.link = None
+
+    def linked(self, p: torch.Tensor) -> bool:
+        """``p``'s value is a linked optimizer's master (:meth:`link_master`).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).link is not None
+
+    def master_view(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """The materialized value of linked ``p`` as a flat fp32 view of its memory, when it
+        is in memory, unchanged since fetched and contiguous (then equal to the master);
+        else None. The caller must not change it.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if (s.link is None or s.state is not Residency.RESIDENT or self.ws.dirty(s)
+                or s.stride is not None or s.device.type != "cpu"):
+            return None
+        with _no_tf():
+            return s.resident.detach().view(-1)
+
+    def committed(self, p: torch.Tensor) -> None:
+        """The linked optimizer's step changed ``p``'s master (its value) behind the
+        offload: the materialized copy (the old value) is released, the version counted.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        s.version += 1
         self.ws.release(s, write_back=False)
 
     def write_back(self) -> None:
@@ -392,7 +464,8 @@ class ParameterOffload:
         ``peak_working_set_bytes`` (most materialized + in-flight bytes at once),
         ``working_set_bytes`` (the budget), ``bytes_written_back`` (edited parameters
         stored), ``param_bytes_written`` (parameter values stored by :meth:`write`: an
-        optimizer's step or resume, bytes), ``grad_bytes_written`` / ``grad_bytes_read``
+        optimizer's step or resume, bytes; none for a linked parameter whose step wrote
+        its master, which the optimizer's own bytes_written counts), ``grad_bytes_written`` / ``grad_bytes_read``
         (gradients to / from the store, bytes).
         """
         out = dict(self._stats)
@@ -410,6 +483,11 @@ class ParameterOffload:
         self._check_open()
         self.fast.restore_stale()
         self.write_back()
+        for s in self.ws.records:  # linked: their own objects get the masters' values
+            if s.link is not None:
+                self.ws.touch(s)
+                self.store.put(s.key, self.store.get(s.value_key), tier=self.tier,
+                               overwrite=True)
         self.store.flush()
 
     @property
@@ -435,6 +513,8 @@ class ParameterOffload:
             self.grads.unbind_all()  # a strata optimizer over the parameters goes on in memory
             self.fast.restore_stale()
             self.ws.release_all()
+            for s in self.ws.records:
+                self.unlink_master(s.param)
             self.ws.stop()
             for h in self._hook_handles:
                 h.remove()

@@ -68,6 +68,30 @@ class Residency(enum.Enum):
 IN_MEMORY = (Residency.RESIDENT, Residency.ADOPTED)
 
 
+class OptimizerLink:
+    """What a strata optimizer that updates offloaded parameters inside backward
+    (strata.torch.optim, ``overlap_backward=True``) offers the offload of one of them, once
+    linked (:meth:`ParameterOffload.link_master`): the parameter's value IS the optimizer's
+    fp32 master (one object on disk, written once per step, read by forward and backward).
+    The offload calls, with the parameter ``p``:
+
+    * ``master_key(p)``: the store key of ``p``'s master (its value);
+    * ``before_access(p)``: before the offload reads or writes ``p``'s value in the store --
+      ends (rolls back) an update of ``p`` started in backward and not yet committed by the
+      step, since the stored master then holds the speculative value;
+    * ``write_master(p, flat)``: stores ``flat`` (fp32, 1-d) as ``p``'s value (an edit of
+      the materialized parameter written back);
+    * ``take(p, grad) -> bool``: ``grad`` (1-d CPU, ``p``'s dtype) is ``p``'s final gradient
+      of this backward; True when an update in backward took it (the offload then stores it
+      only when ``keeps_grads``);
+    * ``keeps_grads``: gradients taken are also stored, so that a redo (clipping, a skipped
+      step, an edit of ``p.grad``) can read them;
+    * ``edited(p)``: ``p.grad`` was changed after ``take`` (the update must be redone).
+
+    Documentation class: the optimizer's BackwardOverlap implements it.
+    """
+
+
 class ParamRecord:
     """One offloaded parameter: its store object, where its data is (``state``) and its
     gradient's bookkeeping (kept by the gradient store, offload/_grads.py).
@@ -83,7 +107,7 @@ class ParamRecord:
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
                  "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
                  "grad_dirty", "grad_obj", "param", "owner", "stride", "offloaded_from",
-                 "__weakref__")
+                 "link", "grad_early", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -126,6 +150,13 @@ class ParamRecord:
         #: ((p._version, p.data_ptr()) just before the offload, whether the offload kept the
         #: stored value instead of p's -- resume), for an optimizer that held p in memory
         self.offloaded_from: Optional[Tuple[Tuple[int, int], bool]] = None
+        #: the strata optimizer whose fp32 master of this parameter IS its value (an
+        #: :class:`OptimizerLink`; None: the value is the object ``key``)
+        self.link: Any = None
+        #: the gradient of this step went to the linked optimizer's update in backward:
+        #: "kept" (also stored, for a redo), "dropped" (not stored: its values are gone) or
+        #: None (it is where the fields above say)
+        self.grad_early: Optional[str] = None
         #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
         #: store holds (key + "#part"); None: the whole tensor is one object ``key``
         self.owned: Optional[Tuple[int, int]] = None
@@ -134,6 +165,12 @@ class ParamRecord:
         """The parameter's name in the model and its store key (offload_init's temporary
         key replaced by the model's name)."""
         self.name, self.key, self.grad_key = name, key, f"{key}#grad"
+
+    @property
+    def value_key(self) -> str:
+        """The store object holding the parameter's value: the linked optimizer's master,
+        else its own object."""
+        return self.link.master_key(self.param) if self.link is not None else self.key
 
     @property
     def state_numel(self) -> int:

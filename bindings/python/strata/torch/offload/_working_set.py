@@ -66,7 +66,8 @@ class WorkingSet:
         #: record indices that eviction must not choose (one operation's arguments)
         self.protected: frozenset = frozenset()
         self._lock = threading.Lock()
-        self._queue: "collections.deque[ParamRecord]" = collections.deque()
+        #: (record, the store key of its value) to fetch, in order
+        self._queue: "collections.deque[Any]" = collections.deque()
         self._wake = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
         self._stop = False
@@ -157,6 +158,7 @@ class WorkingSet:
             self._take(s)
         else:
             self.stats["prefetch_misses"] += 1
+            self.touch(s)
             self._make_room(s.nbytes, protect=s.index, before=None)
             t1 = time.perf_counter()
             data = self.read(s)
@@ -168,10 +170,18 @@ class WorkingSet:
         if TRACE.on: TRACE.stall_end(rf, s, t0)  # noqa: E701
         return s.resident
 
+    def touch(self, s: ParamRecord) -> None:
+        """Before ``s``'s stored value is read or written: a linked optimizer's update of it
+        in backward that the step has not committed yet is rolled back
+        (offload/_record.py, OptimizerLink)."""
+        if s.link is not None:
+            s.link.before_access(s.param)
+
     def read(self, s: ParamRecord) -> torch.Tensor:
         """``s``'s stored value, a new flat tensor (with a communicator: collective)."""
         if self.comm is None:
-            return tensor_of(self.store.get(s.key), s.dtype)
+            self.touch(s)
+            return tensor_of(self.store.get(s.value_key), s.dtype)
         out = torch.empty(s.numel, dtype=s.dtype)
         self.comm.fetch_partitioned(self.store, s.key, out)
         return out
@@ -257,11 +267,14 @@ class WorkingSet:
     def write_back(self, s: ParamRecord) -> None:
         """Stores the resident data of ``s`` when it changed (an edit of the parameter)."""
         if self.dirty(s):
+            self.touch(s)
             with _no_tf():
                 src = s.resident.detach().reshape(-1)
                 if src.device.type != "cpu":
                     src = src.cpu()
-                if s.owned is None:
+                if s.link is not None:
+                    s.link.write_master(s.param, src.contiguous())
+                elif s.owned is None:
                     self.store.put(s.key, src.contiguous(), overwrite=True)
                 elif s.owned[1] > s.owned[0]:  # this rank's slice (every rank edits alike)
                     self.store.put(s.key + "#part", src[s.owned[0]:s.owned[1]].contiguous(),
@@ -386,12 +399,14 @@ class WorkingSet:
             self.inflight_bytes += s.nbytes
             self._peak()
             return
+        self.touch(s)
+        key = s.value_key
         with self._lock:
             s.pending = threading.Event()
             s.state = Residency.FETCHING
             self.inflight_bytes += s.nbytes
             if TRACE.on: TRACE.fetch_issued(s)  # noqa: E701
-            self._queue.append(s)
+            self._queue.append((s, key))
             self._peak()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="strata-param-fetch",
@@ -407,11 +422,11 @@ class WorkingSet:
                     self._wake.wait()
                 if self._stop and not self._queue:
                     return
-                s = self._queue.popleft()
+                s, key = self._queue.popleft()
             data, err = None, None
             t0 = time.perf_counter()
             try:
-                data = tensor_of(self.store.get(s.key), s.dtype)
+                data = tensor_of(self.store.get(key), s.dtype)
             except BaseException as e:  # noqa: BLE001 (raised on the owner's thread)
                 err = e
             dt = time.perf_counter() - t0

@@ -30,6 +30,8 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
+import strata
+
 from ... import _strata as _core
 from .._common import all_finite
 from .._trace import TRACE, traced
@@ -63,18 +65,11 @@ def _norm(p: torch.Tensor) -> torch.Tensor:
     return n if n is not None else torch.norm(o.read_grad(p), 2.0)
 
 
-def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
-                   ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
-    """One step of the optimizer whose ParamTable ``table`` holds offloaded parameters (its
-    param_groups, hyperparameters and optimizer.state already synced by step()).
-
-    :returns: strata's step statistics summed over the batches (``skipped``, ``grad_norm``
-        and ``clip_coef`` from the gate, as the ordinary step reports them), and the
-        in-memory parameters stepped (for the caller's copy-back, as in the ordinary step).
-    :raises ValueError: a communicator's (ZeRO-3) parameters mixed with in-memory ones.
-    :raises strata.Error: the store's errors; parameters stepped in earlier batches keep
-        their new values (as a failed ordinary step, resume from the last checkpoint).
-    """
+def _gate(table: ParamTable, max_grad_norm: float
+          ) -> Tuple[List[Tuple[torch.Tensor, int]], Dict[str, Any], Dict[str, Any]]:
+    """The parameters with a gradient (param, handle) and the gate of the step over them
+    (strata's ``decide_gate`` on the summary of optim/_gate.py), and the step statistics
+    started with its ``skipped``, ``grad_norm``, ``clip_coef``."""
     holders = offloads(table.params)
     for p in table.params:  # also those offloaded after the optimizer took them: their
         if is_offloaded(p):  # gradients, still in p.grad, go to the store below
@@ -107,8 +102,96 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
                                  clip_coef=gate["clip_coef"])
     for k in _SUMMED:
         stats[k] = 0
+    stats.update(tensors_started_early=0, rolled_back=False, early_seconds=0.0)
+    return entries, gate, stats
+
+
+def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
+                   ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+    """One step of the optimizer whose ParamTable ``table`` holds offloaded parameters (its
+    param_groups, hyperparameters and optimizer.state already synced by step()).
+
+    :returns: strata's step statistics summed over the batches (``skipped``, ``grad_norm``
+        and ``clip_coef`` from the gate, as the ordinary step reports them), and the
+        in-memory parameters stepped (for the caller's copy-back, as in the ordinary step).
+    :raises ValueError: a communicator's (ZeRO-3) parameters mixed with in-memory ones.
+    :raises RuntimeError: a gradient an update in backward took without storing it
+        (optim/_overlap.py) is needed (naming the parameter).
+    :raises strata.Error: the store's errors; parameters stepped in earlier batches keep
+        their new values (as a failed ordinary step, resume from the last checkpoint).
+    """
+    entries, gate, stats = _gate(table, max_grad_norm)
     if gate["skipped"]:
         return stats, []
+    _run_batches(table, exchange, entries, gate["grad_scale"], stats)
+    return stats, [(p, h) for p, h in entries if not is_offloaded(p)]
+
+
+def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
+                     max_grad_norm: float
+                     ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+    """The step of an optimizer over offloaded parameters whose updates started in backward
+    (``overlap``: its open BackwardOverlap, optim/_overlap.py). The gate is computed here as
+    in :func:`offloaded_step`; a step that is skipped rolls the early updates back (nothing
+    changes); one that is clipped, or whose taken gradients were edited since, rolls them
+    back and runs :func:`offloaded_step` (from the stored gradients). Otherwise the early
+    updates are committed (strata's finish_step, which also steps the in-memory parameters
+    not started), then the offloaded parameters with a gradient that no early update took
+    (accumulated under ``accumulating()``, say) are stepped in batches. Same results as
+    :func:`offloaded_step`, bit for bit; same returns and errors."""
+    entries, gate, stats = _gate(table, max_grad_norm)
+    if gate["skipped"]:
+        overlap.abort()
+        return stats, []
+    if gate["grad_scale"] != 1.0 or overlap.broken:
+        overlap.abort()
+        return _redo(table, exchange, max_grad_norm)
+    started = {id(p) for p in overlap.started_offloaded()}
+    core = table.core
+    memory = [(p, h) for p, h in entries if not is_offloaded(p) and not overlap.is_started(p)]
+    rest = [(p, h) for p, h in entries if is_offloaded(p) and id(p) not in started]
+    for p in table.params:  # what earlier in-memory steps attached to offloaded parameters
+        if is_offloaded(p) and id(p) not in started:  # (the started ones: their early grads)
+            exchange.detach(core, table.handle[id(p)])
+    for p, h in memory:
+        exchange.attach(core, p, h)
+    try:
+        st = overlap.finish(0.0, None)
+    except strata.FailedPreconditionError:
+        # strata had to redo (hyperparameters changed since backward) and rolled back
+        return _redo(table, exchange, max_grad_norm)
+    finally:
+        for p, h in memory:
+            exchange.detach(core, h)
+    if TRACE.on: TRACE.pipeline(st)  # noqa: E701
+    for k in _SUMMED:
+        stats[k] += st[k]
+    for k in ("tensors_started_early", "early_seconds", "exposed_seconds",
+              "overlapped_seconds"):
+        stats[k] = st[k]
+    for p, h in entries:
+        if id(p) in started:
+            offload_of(p).committed(p)
+            table.mark(h)
+    if rest:
+        _run_batches(table, exchange, rest, 1.0, stats)
+    return stats, memory
+
+
+def _redo(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
+          ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+    """:func:`offloaded_step` after the early updates were rolled back."""
+    stats, stepped = offloaded_step(table, exchange, max_grad_norm)
+    stats["rolled_back"] = True
+    return stats, stepped
+
+
+def _run_batches(table: ParamTable, exchange: TensorExchange,
+                 entries: List[Tuple[torch.Tensor, int]], grad_scale: float,
+                 stats: Dict[str, Any]) -> None:
+    """Steps ``entries`` in batches bounded by the working set (see the module doc), every
+    gradient scaled by ``grad_scale``."""
+    holders = offloads(table.params)
     for o in holders:
         o.release_all()
     for p in table.params:  # what earlier in-memory steps attached (a parameter offloaded
@@ -124,13 +207,12 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
             continue
         need = offload_of(p).state_numel(p) * 4 * 2
         if batch and used + need > budget:
-            _run_batch(table, exchange, batch, memory, gate["grad_scale"], stats)
+            _run_batch(table, exchange, batch, memory, grad_scale, stats)
             memory, batch, used = [], [], 0
         batch.append((p, h))
         used += need
     if batch or memory:
-        _run_batch(table, exchange, batch, memory, gate["grad_scale"], stats)
-    return stats, [(p, h) for p, h in entries if not is_offloaded(p)]
+        _run_batch(table, exchange, batch, memory, grad_scale, stats)
 
 
 @traced("step.batch", "optimizer")
@@ -164,5 +246,6 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
     for k in _SUMMED:
         stats[k] += st[k]
     for p, h, _, copy in attached:
-        offload_of(p).write(p, copy)
+        o = offload_of(p)
+        o.write(p, copy, is_master=o.linked(p))  # a linked one's master is its value
         table.mark(h)

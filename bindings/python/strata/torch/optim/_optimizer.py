@@ -133,18 +133,15 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             raise
         self._registry.resume_handles = None
         overlap = settings["overlap_backward"]
-        if overlap and offloads(self._table.params):
-            self.close()
-            raise ValueError("overlap_backward=True is not supported for offloaded "
-                             "parameters (strata.torch.offload_parameters): their gradients "
-                             "go to the store during backward and are stepped in batches")
         if overlap:
             bucket = _settings.check_count("overlap_bucket_numel",
                                            settings["overlap_bucket_numel"]) or 1
             self._overlap = BackwardOverlap(self._table, self._exchange, self.bytes_moved,
-                                            _weak_call(self, "_prepare_early_step"), bucket)
+                                            _weak_call(self, "_prepare_early_step"), bucket,
+                                            store=self.store)
             for p in self._table.params:
                 self._overlap.watch(p)
+            self._overlap.link_offloaded()
             self._registry.on_new_param = self._overlap.watch
         self._ready = True
         strata._lifetime.register(self.store, self)  # closed before its store, and at exit
@@ -457,6 +454,11 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             return
         self._closed = True
         error: Optional[BaseException] = None
+        if self._opt is not None and getattr(self, "_overlap", None) is not None:
+            try:  # offloaded parameters linked to their masters get their own values back
+                self._overlap.unlink_all()
+            except Exception as e:  # noqa: BLE001 (raised below, after the release)
+                error = e
         if self._opt is not None:
             # A half-built optimizer, or one whose temporary store is deleted below, is
             # released without a checkpoint.

@@ -32,6 +32,23 @@ Gradient accumulation: wrap the backward passes that must not step in
 backward restarts the speculation (the earlier one is rolled back), still exact but with
 wasted I/O.
 
+Offloaded parameters (strata.torch.offload_parameters, fp32, one process): the update
+runs inside backward too, and the parameter's store object IS the optimizer's fp32 master
+(linked: ParameterOffload.link_master), so one iteration moves per parameter: forward's and
+backward's fetches (4 + 4 bytes read), the moments (8 read, 8 written) and the master (4
+written; not read: the early update copies the parameter materialized for backward). The
+gradient never goes to the store: the offload hands each final gradient to :meth:`take`
+(offload/_record.py, OptimizerLink), strata updates from it while backward goes on, and
+the buffer is released once its update ran (at most half the working set of them waits).
+Reading or writing a started parameter's value before step() (an eval forward, an edit,
+a checkpoint) rolls the early updates back first. The gate is then Python's (the norms the
+offload took in backward, in the model's order, as optim/_offloaded_step.py): step()
+commits the early updates when the step is neither skipped nor clipped and nothing they
+used changed; otherwise it rolls them back and steps as without overlap, from the
+gradients -- which are stored only when ``max_grad_norm`` is set (4 bytes more written per
+parameter; without it, a redo that needs them raises RuntimeError naming the parameter,
+after the rollback: nothing changed).
+
 Thread-safety: the hooks run on torch's autograd thread (the caller's, for CPU models);
 one backward at a time per optimizer.
 """
@@ -46,8 +63,9 @@ import torch
 
 from .._common import host_grad, watch_accumulation
 from .._trace import traced
+from ..offload import is_offloaded, offload_of
 from ._exchange import TensorExchange
-from ._param_table import ParamTable
+from ._param_table import ParamTable, offloads
 
 
 class BackwardOverlap:
@@ -71,7 +89,7 @@ class BackwardOverlap:
 
     def __init__(self, table: ParamTable, exchange: TensorExchange,
                  bytes_moved: Dict[str, int], prepare: Callable[[], Optional[float]],
-                 bucket_numel: int = 1):
+                 bucket_numel: int = 1, store: Any = None):
         self._table = table
         self._exchange = exchange
         self._bytes_moved = bytes_moved
@@ -90,14 +108,28 @@ class BackwardOverlap:
         self._callback_queued = False
         self.backward_end: Optional[float] = None  # time.perf_counter() at its end
         self._speculate = True  # the last step was neither clipped nor skipped
+        #: the optimizer's store: offloaded parameters in it are linked (their value is the
+        #: master), those of another store are stepped after backward
+        self._store = store
+        #: the open step's gate is Python's (the table holds offloaded parameters): strata's
+        #: begin_step speculates scale 1 with no clipping of its own
+        self.python_gate = False
+        self.broken = False  # a taken gradient was edited since: step() redoes
+        self.keeps_grads = False  # taken gradients are also stored (max_grad_norm set)
+        #: id(param) -> param: offloaded parameters whose update started in this backward
+        self._started_off: Dict[int, torch.nn.Parameter] = {}
+        #: buffers of transient entries (gradient, master view) until wait_started()
+        self._transient: List[Any] = []
+        self._transient_bytes = 0
+        self._master_keys: Dict[int, str] = {}  # id(param) -> its master's store key
 
     # ---- hooks -----------------------------------------------------------------------------
 
     def watch(self, p: torch.nn.Parameter) -> None:
         """Hooks parameter ``p``'s gradient accumulator (no-op when it needs no gradient or
         is hooked already)."""
-        if id(p) in self._accumulators or not p.requires_grad:
-            return
+        if id(p) in self._accumulators or not p.requires_grad or is_offloaded(p):
+            return  # (an offloaded parameter's gradient comes through take())
         self._accumulators[id(p)] = watch_accumulation(p, lambda p=p: self._on_grad(p))
 
     @contextlib.contextmanager
@@ -112,23 +144,12 @@ class BackwardOverlap:
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         table = self._table
         if (self._suspended or not self._speculate or table.core is None
-                or id(p) not in table.handle or p.grad is None):
-            return
+                or id(p) not in table.handle or is_offloaded(p) or p.grad is None):
+            return  # (an offloaded parameter's gradient comes through take())
         if id(p) in self._started or any(e[0] == id(p) for e in self._bucket):
             self.abort()  # a second backward before step(): start again (accumulation)
-        if not self._open:
-            # What step() takes first, taken before the early updates use it: edits of
-            # param_groups and parameters since the last step, optimizer.state edits, and
-            # the hyperparameters (e.g. a scheduler's step after the last opt.step()).
-            max_grad_norm = self._prepare()
-            if max_grad_norm is None:
-                return
-            table.core.begin_step(max_grad_norm=max_grad_norm)
-            self._open = True
-            self.backward_end = None
-        if not self._callback_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-            self._callback_queued = True
+        if not self._begin():
+            return
         g = host_grad(p.grad)
         staged = self._staged.get(id(p))
         if staged is None or staged.dtype != p.dtype or staged.numel() != p.numel():
@@ -143,6 +164,100 @@ class BackwardOverlap:
         self._bucket_numel += p.numel()
         if self._bucket_numel >= self.bucket_numel:
             self._flush_bucket()
+
+    def _begin(self) -> bool:
+        """Opens the overlapped step of this backward (no-op when open); False when step()'s
+        preparation failed (step() raises it)."""
+        if not self._open:
+            table = self._table
+            # What step() takes first, taken before the early updates use it: edits of
+            # param_groups and parameters since the last step, optimizer.state edits, and
+            # the hyperparameters (e.g. a scheduler's step after the last opt.step()).
+            max_grad_norm = self._prepare()
+            if max_grad_norm is None:
+                return False
+            self.python_gate = bool(offloads(table.params))
+            if self.python_gate:
+                self.link_offloaded()
+            self.keeps_grads = max_grad_norm > 0
+            self.broken = False
+            table.core.begin_step(max_grad_norm=0.0 if self.python_gate else max_grad_norm)
+            self._open = True
+            self.backward_end = None
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._callback_queued = True
+        return True
+
+    # ---- offloaded parameters (offload/_record.py, OptimizerLink) ------------------------------
+
+    def link_offloaded(self) -> None:
+        """Links every fp32 offloaded parameter of one process in the optimizer's store whose
+        master holds its current value (the step synced it: unchanged since)."""
+        table = self._table
+        for p in table.params:
+            o = offload_of(p)
+            if (o is None or o.linked(p) or p.dtype != torch.float32 or o.comm is not None
+                    or o.store is not self._store or id(p) not in table.handle
+                    or p.numel() == 0 or table.changed(table.handle[id(p)])):
+                continue
+            info = table.core.param_info(table.handle[id(p)])
+            if info["placement"] != "nvme":  # a host-tier master is no store object
+                continue
+            self._master_keys[id(p)] = info["master_key"]
+            o.link_master(p, self)
+
+    def unlink_all(self) -> None:
+        """The optimizer closes: every linked parameter's value goes back to its own object."""
+        self.abort()
+        for p in self._table.params:
+            o = offload_of(p)
+            if o is not None and not o.closed and o.linked(p):
+                o.unlink_master(p)
+
+    def master_key(self, p: torch.nn.Parameter) -> str:
+        return self._master_keys[id(p)]
+
+    def before_access(self, p: torch.nn.Parameter) -> None:
+        if self._open and id(p) in self._started_off:
+            self.abort()
+
+    def write_master(self, p: torch.nn.Parameter, flat: torch.Tensor) -> None:
+        self._table.core.write_param(self._table.handle[id(p)], flat.numpy())
+
+    def edited(self, p: torch.nn.Parameter) -> None:
+        if id(p) in self._started_off:
+            self.broken = True
+
+    def take(self, p: torch.nn.Parameter, grad: torch.Tensor) -> bool:
+        """Offloaded ``p``'s final gradient of this backward (1-d, CPU, fp32): its update
+        starts now, from the materialized value when it is in memory. False when it is not
+        taken (accumulating(), no speculation, ``p`` outside the optimizer; the offload
+        does not offer a non-finite gradient: that step is skipped)."""
+        table = self._table
+        if (self._suspended or not self._speculate or table.core is None
+                or id(p) not in table.handle or grad.dtype != torch.float32):
+            return False
+        if id(p) in self._started_off:
+            self.abort()  # a second backward before step(): stepped after it instead
+            return False
+        if not self._begin():
+            return False
+        o = offload_of(p)
+        master = o.master_view(p)
+        grad = grad.contiguous()
+        table.core.start_update([(table.handle[id(p)], grad, None, master, True)])
+        self._started_off[id(p)] = p
+        self._transient.append((grad, master))
+        self._transient_bytes += grad.numel() * 4
+        if self._transient_bytes > o.working_set_bytes // 2:
+            table.core.wait_started()  # their updates ran: the buffers may go
+            self._transient, self._transient_bytes = [], 0
+        return True
+
+    def started_offloaded(self) -> List[torch.nn.Parameter]:
+        """The offloaded parameters whose update started in this backward."""
+        return list(self._started_off.values())
 
     def _on_backward_end(self) -> None:
         self._callback_queued = False
@@ -191,6 +306,7 @@ class BackwardOverlap:
         """Records whether the next backward speculates (see the module doc)."""
         self._speculate = (not stats["skipped"] and not stats["clip_coef"] < 1.0
                            and not stats.get("rolled_back", False))
+        self.link_offloaded()  # (parameters offloaded or registered since)
 
     def abort(self) -> None:
         """Rolls back the early updates (nothing changes); no-op when none is open."""
@@ -200,8 +316,10 @@ class BackwardOverlap:
         for pid in self._started:
             self._exchange.forget_grad(self._table.handle[pid])
         self._started.clear()
+        self._started_off.clear()
         self._open = False
         self._table.core.abort_step()
+        self._transient, self._transient_bytes = [], 0
 
     @traced("finish_step", "optimizer")
     def finish(self, max_grad_norm: float, grad_summary: Any = None) -> Dict[str, Any]:
@@ -214,10 +332,15 @@ class BackwardOverlap:
         table = self._table
         self._flush_bucket()
         started, self._started = self._started, {}
+        self._started_off = {}
         self._open = False
         for pid in started:
             self._exchange.forget_grad(table.handle[pid])
-        stats = table.core.finish_step(max_grad_norm=max_grad_norm, grad_summary=grad_summary)
+        try:
+            stats = table.core.finish_step(max_grad_norm=max_grad_norm,
+                                           grad_summary=grad_summary)
+        finally:
+            self._transient, self._transient_bytes = [], 0
         if not stats["skipped"]:
             with torch.no_grad():
                 for p, _, _, _, staged, _ in started.values():

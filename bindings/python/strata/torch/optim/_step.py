@@ -22,7 +22,7 @@ import torch
 from ..offload import is_offloaded
 from ._exchange import TensorExchange
 from ._gate import torch_summary
-from ._offloaded_step import offloaded_step
+from ._offloaded_step import finish_offloaded, offloaded_step
 from ._overlap import BackwardOverlap
 from .._trace import traced
 from ._param_table import ParamTable
@@ -44,13 +44,10 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
         synchronizes after its copy-back).
     """
     if any(is_offloaded(p) for p in table.params):
-        if overlap is not None:  # parameters offloaded after the optimizer was built
-            overlap.abort()
-            raise ValueError("overlap_backward=True is not supported for offloaded parameters "
-                             "(strata.torch.offload_parameters was called after this optimizer "
-                             "was built): build the optimizer after offloading, with "
-                             "overlap_backward=False")
-        stats, stepped = offloaded_step(table, exchange, max_grad_norm)
+        if overlap is not None and overlap.open:  # updates started in backward
+            stats, stepped = finish_offloaded(table, exchange, overlap, max_grad_norm)
+        else:
+            stats, stepped = offloaded_step(table, exchange, max_grad_norm)
         return stats, stepped, False
     overlapped = overlap is not None and overlap.open
     core = table.core
