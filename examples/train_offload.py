@@ -20,9 +20,13 @@ batches of the Python standard library's sources:
 It prints the model size, the training state size (what torch needs in memory: fp32
 parameters, gradients and the two Adam moments, 16 bytes per parameter), the limit, each
 run's per-step loss and time and its peak memory (the cgroup's peak charge and the
-process's VmHWM), and the parameter offload's counters. The last line is ``OK`` only when
-runs 1 and 2 agree bit for bit (every step's loss and every final parameter's bytes) and run
-3 was killed for memory; ``FAIL: ...`` otherwise (exit status 1).
+process's VmHWM), the parameter offload's counters, and before the last line the offloaded
+step's time over the in-memory one and its I/O bound: the bytes it moves from and to the
+store (store_bytes()) over the drive's read and write bandwidth given by --drive-read-gbps
+and --drive-write-gbps (scripts/main.sh passes those ``strata bench io`` measured just
+before, on the same directory; medians over the steps after the first). The last line is
+``OK`` only when runs 1 and 2 agree bit for bit (every step's loss and every final
+parameter's bytes) and run 3 was killed for memory; ``FAIL: ...`` otherwise (exit status 1).
 
     PYTHONPATH=build/python /usr/bin/python3 examples/train_offload.py             # main job
     ... --preset large --dir /nvme/strata     # parameters + gradients + Adam state > 24 GiB
@@ -36,6 +40,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -76,6 +81,42 @@ def build(args):
     return model, Batches(data, args.context, args.batch, args.seed + 1), len(chars)
 
 
+#: the counters of store_bytes(): bytes an offloaded iteration reads from the store ...
+READ_COUNTERS = ("bytes_fetched", "grad_bytes_read", "optimizer_bytes_read")
+#: ... and writes to it
+WRITE_COUNTERS = ("grad_bytes_written", "bytes_written_back", "param_bytes_written",
+                  "optimizer_bytes_written")
+
+
+def store_bytes(handle, opt) -> dict:
+    """The bytes an offloaded training has moved from and to its store so far (cumulative
+    counters, bytes, keyed by READ_COUNTERS and WRITE_COUNTERS; take the difference of two
+    calls for an iteration). From the ParameterOffload ``handle``'s stats(): parameters
+    fetched in forward and backward (``bytes_fetched``), gradients written in backward and
+    read by the step (``grad_bytes_written`` / ``grad_bytes_read``), edited parameters
+    stored (``bytes_written_back``), parameter values stored by the step
+    (``param_bytes_written``); from the strata optimizer ``opt``'s stats() (every step
+    of its C++ optimizer, those run during backward too): the fp32 masters and moments its
+    pipeline read and wrote (``optimizer_bytes_read`` / ``optimizer_bytes_written``). No
+    byte is in two of them: the pipeline takes the gradients and gives the updated values
+    in memory."""
+    st, ot = handle.stats(), opt.stats()
+    out = {k: int(st[k]) for k in READ_COUNTERS + WRITE_COUNTERS
+           if not k.startswith("optimizer_")}
+    out["optimizer_bytes_read"] = int(ot["bytes_read"])
+    out["optimizer_bytes_written"] = int(ot["bytes_written"])
+    return out
+
+
+def bytes_moved(before: dict, after: dict) -> dict:
+    """Two store_bytes() snapshots' difference: every counter's, and their sums ``read``
+    and ``written`` (bytes)."""
+    out = {k: after[k] - before[k] for k in READ_COUNTERS + WRITE_COUNTERS}
+    out["read"] = sum(out[k] for k in READ_COUNTERS)
+    out["written"] = sum(out[k] for k in WRITE_COUNTERS)
+    return out
+
+
 def vm_hwm() -> int:
     """This process's peak resident set (VmHWM), bytes."""
     with open("/proc/self/status") as f:
@@ -111,9 +152,11 @@ def run_child(args) -> None:
     else:
         model, batches, vocab = build(args)
         opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
-    losses, seconds = [], []
+    losses, seconds, moved = [], [], []
     for step in range(args.steps):
         x, y = batches.next()
+        if handle is not None:
+            before = store_bytes(handle, opt)
         t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
@@ -123,11 +166,14 @@ def run_child(args) -> None:
         opt.step()
         opt.zero_grad()
         seconds.append(time.perf_counter() - t0)
+        if handle is not None:
+            moved.append(bytes_moved(before, store_bytes(handle, opt)))
         losses.append(loss.item())
         print(f"  [{args.role}] step {step + 1}/{args.steps}: loss {losses[-1]:.6f}, "
               f"{seconds[-1]:.2f} s", flush=True)
     result = dict(losses=losses, seconds=seconds)
     if handle is not None:
+        result["bytes_moved"] = moved
         result["stats"] = handle.stats()
         result["digests"] = {n: digest(handle.read(p)) for n, p in handle.parameters}
         opt.close()
@@ -174,6 +220,11 @@ def main() -> int:
     ap.add_argument("--corpus", default=sysconfig.get_paths()["stdlib"])
     ap.add_argument("--corpus-bytes", type=int, default=1 << 20)
     ap.add_argument("--dir", default=None, help="store directory (default: under $STRATA_DIR)")
+    ap.add_argument("--drive-read-gbps", type=float, default=None,
+                    help="the drive's read bandwidth, GB/s (scripts/main.sh passes strata "
+                    "bench io's): the I/O bound of the offloaded step is printed")
+    ap.add_argument("--drive-write-gbps", type=float, default=None,
+                    help="the drive's write bandwidth, GB/s (as --drive-read-gbps)")
     ap.add_argument("--no-oom-demo", action="store_true",
                     help="skip run 3 (in-memory torch under the limit)")
     ap.add_argument("--no-reference", action="store_true",
@@ -183,6 +234,12 @@ def main() -> int:
     ap.add_argument("--role", choices=["offload", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for name in ("drive_read_gbps", "drive_write_gbps"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            ap.error(f"--{name.replace('_', '-')}: must be > 0, got {v}")
+    if (args.drive_read_gbps is None) != (args.drive_write_gbps is None):
+        ap.error("--drive-read-gbps and --drive-write-gbps go together")
     preset = dict(PRESETS[args.preset])
     reference = preset.pop("reference", True) and not args.no_reference
     for k, v in preset.items():
@@ -264,6 +321,8 @@ def main() -> int:
         if not reference:
             print(f"final loss: offloaded {a['losses'][-1]!r} (no in-memory reference)")
             ok = all(math.isfinite(x) for x in a["losses"])
+            if ok:
+                print(step_summary(args, n_params, a, None))
             print("OK" if ok else "FAIL: a loss is not finite")
             return 0 if ok else 1
         b = results["torch"]
@@ -280,8 +339,45 @@ def main() -> int:
     if failures:
         print("FAIL: " + "; ".join(failures))
         return 1
+    print(step_summary(args, n_params, results["offload"], results["torch"]))
     print("OK")
     return 0
+
+
+def steady(values: list) -> list:
+    """The steps after the first (which traces the parameters' order of use and creates
+    the optimizer's state), or the only one."""
+    return values[1:] or values
+
+
+def step_summary(args, n_params: int, a: dict, b) -> str:
+    """The lines printed before ``OK``: the offloaded step's time over the in-memory one
+    (``b``, None without the in-memory run), and the offloaded step's I/O bound, the bytes
+    it moved over the drive bandwidth given by --drive-read-gbps / --drive-write-gbps
+    (seconds; medians over the steps after the first)."""
+    med = statistics.median
+    t = med(steady(a["seconds"]))
+    n = len(a["seconds"])
+    steps = f"median of steps 2-{n}" if n > 2 else ("step 2" if n == 2 else "step 1")
+    lines = []
+    if b is not None:
+        tm = med(steady(b["seconds"]))
+        lines.append(f"offloaded / in-memory step time: {t / tm:.2f} ({t:.2f} s / {tm:.2f} s, "
+                     f"{steps})")
+    rd = med(x["read"] for x in steady(a["bytes_moved"]))
+    wr = med(x["written"] for x in steady(a["bytes_moved"]))
+    moved = (f"{(rd + wr) / 1e9:.2f} GB moved per step: read {rd / 1e9:.2f} GB "
+             f"({rd / n_params:.1f} B/parameter), written {wr / 1e9:.2f} GB "
+             f"({wr / n_params:.1f} B/parameter)")
+    if args.drive_read_gbps is None:
+        lines.append(f"offloaded step: {moved}; no drive bandwidth given "
+                     "(--drive-read-gbps, --drive-write-gbps), so no I/O bound")
+    else:
+        bound = rd / (args.drive_read_gbps * 1e9) + wr / (args.drive_write_gbps * 1e9)
+        lines.append(f"I/O bound of the offloaded step: {bound:.2f} s ({moved}; drive read "
+                     f"{args.drive_read_gbps:.2f}, write {args.drive_write_gbps:.2f} GB/s); "
+                     f"offloaded step / I/O bound {t / bound:.2f}")
+    return "\n".join(lines)
 
 
 def _load(path: str, rc: int, what: str) -> dict:

@@ -7,8 +7,9 @@
 # torch.optim.AdamW in memory (bit-identical losses and parameters) and the same in-memory
 # training under the limit (killed for memory): examples/train_offload.py, figures in
 # docs/offload.md. Before it: the machine's topology and the NVMe engine's bandwidth in the
-# same directory. Extra arguments go to train_offload.py (--preset large: a model whose
-# training state exceeds 24 GiB, offloaded run only).
+# same directory (its read and write bandwidths give the I/O bound of the offloaded step,
+# printed before the last line). Extra arguments go to train_offload.py (--preset large: a
+# model whose training state exceeds 24 GiB, offloaded run only).
 # Directory for NVMe-tier data: $STRATA_DIR (default /var/tmp/strata-<uid>, mode 0700, as
 # strata.default_data_dir()).
 set -euo pipefail
@@ -30,9 +31,25 @@ fi
 "$BUILD_DIR/strata" info --path "$DIR"
 # The write keeps its 1 GiB file for the read; removed when this script ends, however it ends.
 trap 'rm -f "$DIR/strata-bench-io.dat"' EXIT
-"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op write --keep
-"$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB --queue-depth 32 --op read
+# bench_io ARGS...: strata bench io on $DIR, its report printed; GBPS is its bandwidth (GB/s)
+bench_io() {
+  local out
+  out=$("$BUILD_DIR/strata" bench io --path "$DIR" --size 1GiB --block-size 1MiB \
+    --queue-depth 32 "$@")
+  echo "$out"
+  GBPS=$(sed -n 's/.* BW=\([0-9.]*\) GB\/s.*/\1/p' <<<"$out")
+  if [[ -z "$GBPS" ]]; then
+    echo "main.sh: no 'BW=... GB/s' in strata bench io's report" >&2
+    exit 1
+  fi
+}
+bench_io --op write --keep
+WRITE_GBPS=$GBPS
+bench_io --op read
+READ_GBPS=$GBPS
 rm -f "$DIR/strata-bench-io.dat"
 # Debian's numpy and torch belong to /usr/bin/python3; the module is built in $BUILD_DIR/python.
+# The bandwidths just measured give the I/O bound of the offloaded step it prints.
 STRATA_DIR="$DIR" PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" \
-  /usr/bin/python3 examples/train_offload.py "$@"
+  /usr/bin/python3 examples/train_offload.py --drive-read-gbps "$READ_GBPS" \
+  --drive-write-gbps "$WRITE_GBPS" "$@"

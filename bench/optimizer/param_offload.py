@@ -4,35 +4,41 @@ training with everything in memory (torch.optim.AdamW), on the main job's model.
 
 The model and batches are examples/train_offload.py's (its --preset: "main", the main
 job's GPT, 11 layers x d_model 1024, 138.7 M parameters, working set 64 MiB; "tiny" for a
-quick run). Two child processes (this script with a hidden --child flag, driven one
+quick run). Three child processes (this script with a hidden --child flag, driven one
 iteration per command over stdin/stdout pipes) train it from the same seed on the same
 batches:
 
   A. offloaded: the model built inside offload_init (parameters go to a strata store under
-     --path as they are made), attached, OffloadAdamW (--arithmetic, default simd) with its
-     state in the same store, parameter working set --working-set;
-  B. in memory: torch.optim.AdamW.
+     --path as they are made), attached, OffloadAdamW (--arithmetic, default simd;
+     --overlap-backward passes overlap_backward=True) with its state in the same store,
+     parameter working set --working-set;
+  B. in memory: torch.optim.AdamW;
+  R. resident: as A in a store of its own, with a working set that holds every parameter
+     (--resident-working-set, default twice the model's parameter bytes): nothing is
+     evicted, so what it costs over B is the offload's own work, not the drive's.
 
-One iteration = forward + backward (+ clip_grad_norm_ for B when --max-grad-norm > 0; A
-clips inside its step) + step + zero_grad, timed in the child. Each child runs --warmup
-untimed iterations, then the two alternate, one iteration each, --iters times (so machine
-noise hits both); figures are medians over those iterations. Per iteration of A, from
-ParameterOffload.stats() deltas: fetch and stall seconds, bytes fetched, prefetch hits and
-misses, gradient bytes written to / read from the store; from OffloadAdamW.last_step: the
-optimizer's bytes read and written; plus the updated weights stored (4 B per fp32
-parameter). Peak RSS is each child's VmHWM over the timed iterations (reset after the
-warm-up through /proc/self/clear_refs) and since its start.
+One iteration = forward + backward (+ clip_grad_norm_ for B when --max-grad-norm > 0; A and
+R clip inside their step; 0 = no clipping) + step + zero_grad, timed in the child. Each
+child runs --warmup untimed iterations, then the three take turns, one iteration each,
+--iters times, the first of each turn rotating (so machine noise hits all); figures are
+medians over those iterations. Per iteration of A, from ParameterOffload.stats() deltas:
+fetch and stall seconds, prefetch hits and misses; and every byte the iteration moved
+from and to the store (examples/train_offload.py's store_bytes(): parameters fetched,
+gradients written and read, edited parameters written back, parameter values stored by the
+step, the optimizer's masters and moments read and written, from OffloadAdamW.stats()).
+Peak RSS is each child's VmHWM over the timed iterations (reset after the warm-up through
+/proc/self/clear_refs) and since its start.
 
 The drive's sequential bandwidth is measured with fio (O_DIRECT, 1 MiB blocks, queue
 depth 32, io_uring, a file under --path) before and after the iterations; the median of
 those runs gives read and write GB/s and the I/O bound of an offloaded iteration,
 ``io_bound_seconds = bytes read / read B/s + bytes written / write B/s``: no offloaded
-iteration can be faster. ``io_bound_over_in_memory`` is that bound over the in-memory
-iteration: the best throughput ratio the drive allows is its inverse, so above 1.25 the
-drive cannot allow a ratio of 0.8.
+iteration can be faster (unless the store's host tier or the page cache serve it).
+``io_bound_over_in_memory`` is that bound over the in-memory iteration: the best throughput
+ratio the drive allows is its inverse, so above 1.25 the drive cannot allow a ratio of 0.8.
 
-Everything written under --path (the store, the fio file) is removed on every exit.
-Exit status 0 when both children finished every iteration and the bandwidth was measured.
+Everything written under --path (the stores, the fio file) is removed on every exit.
+Exit status 0 when every child finished every iteration and the bandwidth was measured.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/optimizer/param_offload.py --json
     ... --preset tiny --iters 2 --warmup 1 --json          # quick run (the test's)
@@ -54,11 +60,16 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples")
+sys.path.insert(0, EXAMPLES)
+from train_offload import (PRESETS, READ_COUNTERS, WRITE_COUNTERS,  # noqa: E402
+                           build, bytes_moved, store_bytes)
 
-#: ParameterOffload.stats() counters taken per iteration (deltas)
-_COUNTERS = ("fetch_seconds", "stall_seconds", "bytes_fetched", "prefetch_hits",
-             "prefetch_misses", "resident_hits", "trace_mismatches", "grad_bytes_written",
-             "grad_bytes_read", "bytes_written_back")
+#: ParameterOffload.stats() counters taken per iteration (deltas; the bytes moved come from
+#: train_offload.store_bytes())
+_COUNTERS = ("fetch_seconds", "stall_seconds", "prefetch_hits", "prefetch_misses",
+             "resident_hits", "trace_mismatches")
+#: the children's roles: offloaded, in memory, offloaded with a working set holding the model
+ROLES = ("offload", "memory", "resident")
 
 
 # ---- child side ------------------------------------------------------------------------------
@@ -83,19 +94,17 @@ def _reset_hwm() -> bool:
 
 
 class _Trainer:
-    """One child's model, batches and optimizer (role "offload" or "memory")."""
+    """One child's model, batches and optimizer (a role of ROLES)."""
 
     def __init__(self, cfg: dict):
         import torch
         torch.set_num_threads(cfg["threads"])
-        sys.path.insert(0, EXAMPLES)
         from train_lm import param_groups
-        from train_offload import build
         self.cfg = cfg
         self.role = cfg["role"]
         args = argparse.Namespace(**cfg)
         self.handle = self.store = None
-        if self.role == "offload":
+        if self.role != "memory":
             import strata
             import strata.torch as st
             self.store = strata.Store.open(cfg["store_dir"], host_budget="16MiB",
@@ -107,7 +116,8 @@ class _Trainer:
             self.opt = st.OffloadAdamW(param_groups(self.model, cfg["weight_decay"]),
                                        lr=cfg["lr"], store=self.store,
                                        arithmetic=cfg["arithmetic"], overwrite=True,
-                                       max_grad_norm=cfg["max_grad_norm"])
+                                       max_grad_norm=cfg["max_grad_norm"],
+                                       overlap_backward=cfg["overlap_backward"])
         else:
             self.model, self.batches, self.vocab = build(args)
             self.opt = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]),
@@ -117,10 +127,13 @@ class _Trainer:
         self.hwm_before_reset = None
 
     def iteration(self) -> dict:
+        """One timed iteration: seconds (whole, forward + backward, step + zero_grad), the
+        loss, and for an offloaded role its counters' deltas and bytes moved (bytes)."""
         import torch
         import torch.nn.functional as F
         x, y = self.batches.next()
-        before = self.handle.stats() if self.handle is not None else None
+        if self.handle is not None:
+            before, bytes_before = self.handle.stats(), store_bytes(self.handle, self.opt)
         t0 = time.perf_counter()
         logits = self.model(x)
         loss = F.cross_entropy(logits.view(-1, self.vocab), y.view(-1))
@@ -137,12 +150,8 @@ class _Trainer:
             after = self.handle.stats()
             for k in _COUNTERS:
                 out[k] = after[k] - before[k]
-            last = self.opt.last_step
-            out["optimizer_bytes_read"] = int(last["bytes_read"])
-            out["optimizer_bytes_written"] = int(last["bytes_written"])
-            out["step_skipped"] = bool(last["skipped"])
-            # the step stores every updated weight (ParameterOffload.write)
-            out["param_bytes_written"] = 0 if last["skipped"] else self.param_bytes
+            out.update(bytes_moved(bytes_before, store_bytes(self.handle, self.opt)))
+            out["step_skipped"] = bool(self.opt.last_step["skipped"])
         return out
 
     def reset(self) -> dict:
@@ -180,7 +189,8 @@ def child_main(cfg: dict) -> int:
 
     try:
         trainer = _Trainer(cfg)
-        reply(dict(ready=True, params=trainer.params, vm_hwm=_vm_hwm()))
+        reply(dict(ready=True, params=trainer.params, param_bytes=trainer.param_bytes,
+                   vm_hwm=_vm_hwm()))
         for line in sys.stdin:
             cmd = line.strip()
             if cmd == "quit":
@@ -269,33 +279,53 @@ def measure_drive(path: str, size: int, seconds: float, out: dict) -> None:
     out["read"].append(fio_gbps(path, "read", size, seconds))
 
 
+def resident_working_set(args, param_bytes: int) -> int:
+    """The resident run's working set, bytes: --resident-working-set, or twice the model's
+    parameter bytes rounded up to a MiB; at least the parameter bytes (ValueError)."""
+    if args.resident_working_set is None:
+        return -(-2 * param_bytes // (1 << 20)) << 20
+    if args.resident_working_set < param_bytes:
+        raise ValueError(f"--resident-working-set: {args.resident_working_set} bytes cannot "
+                         f"hold the model's {param_bytes} bytes of parameters")
+    return args.resident_working_set
+
+
 def run(args, base: str) -> dict:
     cfg = {k: getattr(args, k) for k in (
         "layers", "d_model", "heads", "context", "batch", "lr", "weight_decay",
         "max_grad_norm", "seed", "threads", "corpus", "corpus_bytes", "working_set",
-        "arithmetic")}
+        "arithmetic", "overlap_backward")}
     fio_file = os.path.join(base, "fio.bin")
     drive = {"read": [], "write": []}
     measure_drive(fio_file, args.fio_size, args.fio_seconds, drive)
     os.unlink(fio_file)
     children = {}
+
+    def start(role: str, **extra) -> None:
+        children[role] = Child(role, dict(cfg, role=role, **extra,
+                                          store_dir=os.path.join(base, f"store-{role}")))
+
     try:
-        for role in ("offload", "memory"):
-            children[role] = Child(role, dict(cfg, role=role,
-                                              store_dir=os.path.join(base, "store")))
-        ready = {role: c.recv() for role, c in children.items()}
-        order = ("offload", "memory")
+        start("offload")
+        start("memory")
+        ready = {"offload": children["offload"].recv()}
+        # the resident run's working set follows from the model's size, known now
+        start("resident", working_set=resident_working_set(args, ready["offload"]["param_bytes"]))
+        for role in ("memory", "resident"):
+            ready[role] = children[role].recv()
+        warm = {role: [] for role in ROLES}
         for _ in range(args.warmup):
-            for role in order:
-                children[role].ask("iter")
-        resets = {role: children[role].ask("reset") for role in order}
-        rec = {role: [] for role in order}
+            for role in ROLES:
+                warm[role].append(children[role].ask("iter"))
+        resets = {role: children[role].ask("reset") for role in ROLES}
+        rec = {role: [] for role in ROLES}
         for i in range(args.iters):
-            # alternate which goes first, so neither always follows the other
-            for role in (order if i % 2 == 0 else order[::-1]):
+            # rotate which goes first, so none always follows the same other
+            k = i % len(ROLES)
+            for role in ROLES[k:] + ROLES[:k]:
                 rec[role].append(children[role].ask("iter"))
-        final = {role: children[role].ask("final") for role in order}
-        for role in order:
+        final = {role: children[role].ask("final") for role in ROLES}
+        for role in ROLES:
             rc = children[role].quit()
             if rc != 0:
                 raise ChildFailed(f"{role} child exited with status {rc}")
@@ -304,45 +334,57 @@ def run(args, base: str) -> dict:
             c.kill()
     measure_drive(fio_file, args.fio_size, args.fio_seconds, drive)
     os.unlink(fio_file)
-    return summarize(args, ready, resets, rec, final, drive)
+    return summarize(args, ready, resets, warm, rec, final, drive)
 
 
-def summarize(args, ready, resets, rec, final, drive) -> dict:
+def summarize(args, ready, resets, warm, rec, final, drive) -> dict:
+    """The JSON object (see docs/offload.md, "Benchmark: parameter offload against
+    in-memory training"): seconds are per iteration and medians over the timed
+    iterations, bytes per iteration and medians, unless a name says otherwise."""
     med = statistics.median
-    a, b = rec["offload"], rec["memory"]
+    a, b, r = rec["offload"], rec["memory"], rec["resident"]
 
     def m(key, runs=a):
-        return med(r[key] for r in runs)
+        return med(x[key] for x in runs)
 
     params = ready["offload"]["params"]
     out = dict(preset=args.preset, layers=args.layers, d_model=args.d_model,
                context=args.context, batch=args.batch, iters=args.iters,
                warmup=args.warmup, threads=args.threads, arithmetic=args.arithmetic,
-               params=params)
-    out["offloaded_step_seconds"] = m("seconds")
-    out["in_memory_step_seconds"] = m("seconds", b)
-    out["throughput_ratio"] = out["in_memory_step_seconds"] / out["offloaded_step_seconds"]
-    out["offloaded_forward_backward_seconds"] = m("forward_backward_seconds")
-    out["offloaded_optimizer_seconds"] = m("optimizer_seconds")
-    out["in_memory_forward_backward_seconds"] = m("forward_backward_seconds", b)
-    out["in_memory_optimizer_seconds"] = m("optimizer_seconds", b)
+               max_grad_norm=args.max_grad_norm, overlap_backward=args.overlap_backward,
+               params=params, param_bytes=ready["offload"]["param_bytes"])
+    out["offloaded_iteration_seconds"] = m("seconds")
+    out["in_memory_iteration_seconds"] = m("seconds", b)
+    out["resident_iteration_seconds"] = m("seconds", r)
+    out["offloaded_ratio"] = out["offloaded_iteration_seconds"] / out[
+        "in_memory_iteration_seconds"]
+    out["resident_ratio"] = out["resident_iteration_seconds"] / out[
+        "in_memory_iteration_seconds"]
+    out["throughput_ratio"] = out["in_memory_iteration_seconds"] / out[
+        "offloaded_iteration_seconds"]
+    # the first iteration of all (no trace yet: fetches on demand), not a median
+    out["first_iteration_seconds"] = warm["offload"][0]["seconds"]
+    for name, runs in (("offloaded", a), ("in_memory", b), ("resident", r)):
+        out[f"{name}_forward_backward_seconds"] = m("forward_backward_seconds", runs)
+        out[f"{name}_optimizer_seconds"] = m("optimizer_seconds", runs)
     out["fetch_seconds"] = m("fetch_seconds")
     out["stall_seconds"] = m("stall_seconds")
-    out["stall_over_fetch"] = (out["stall_seconds"] / out["fetch_seconds"]
-                               if out["fetch_seconds"] > 0 else 0.0)
-    for k in ("bytes_fetched", "prefetch_hits", "prefetch_misses", "resident_hits",
-              "trace_mismatches", "grad_bytes_written", "grad_bytes_read",
-              "optimizer_bytes_read", "optimizer_bytes_written", "param_bytes_written",
-              "bytes_written_back"):
+    out["stall_fraction"] = (out["stall_seconds"] / out["fetch_seconds"]
+                             if out["fetch_seconds"] > 0 else 0.0)
+    for k in ("prefetch_hits", "prefetch_misses", "resident_hits", "trace_mismatches"):
         out[k] = int(m(k))
-    out["bytes_read_per_iteration"] = (out["bytes_fetched"] + out["grad_bytes_read"]
-                                       + out["optimizer_bytes_read"])
-    out["bytes_written_per_iteration"] = (out["grad_bytes_written"]
-                                          + out["optimizer_bytes_written"]
-                                          + out["param_bytes_written"]
-                                          + out["bytes_written_back"])
+    # every iteration after the first of all: the warm-up's others and the timed ones
+    steady = warm["offload"][1:] + a
+    out["steady_prefetch_misses"] = int(sum(x["prefetch_misses"] for x in steady))
+    out["steady_iterations"] = len(steady)
+    for k in READ_COUNTERS + WRITE_COUNTERS:
+        out[k] = int(m(k))
+    out["bytes_read_per_iteration"] = int(m("read"))
+    out["bytes_written_per_iteration"] = int(m("written"))
     out["bytes_moved_per_iteration"] = (out["bytes_read_per_iteration"]
                                         + out["bytes_written_per_iteration"])
+    out["bytes_read_per_param"] = out["bytes_read_per_iteration"] / params
+    out["bytes_written_per_param"] = out["bytes_written_per_iteration"] / params
     out["drive_read_gbps"] = med(drive["read"])
     out["drive_write_gbps"] = med(drive["write"])
     out["drive_read_gbps_runs"] = drive["read"]
@@ -350,21 +392,26 @@ def summarize(args, ready, resets, rec, final, drive) -> dict:
     out["io_bound_seconds"] = (out["bytes_read_per_iteration"] / (out["drive_read_gbps"] * 1e9)
                                + out["bytes_written_per_iteration"]
                                / (out["drive_write_gbps"] * 1e9))
-    out["io_bound_over_in_memory"] = out["io_bound_seconds"] / out["in_memory_step_seconds"]
-    out["io_bound_throughput_ratio"] = (out["in_memory_step_seconds"]
+    out["io_bound_ratio"] = out["offloaded_iteration_seconds"] / out["io_bound_seconds"]
+    out["io_bound_over_in_memory"] = out["io_bound_seconds"] / out[
+        "in_memory_iteration_seconds"]
+    out["io_bound_throughput_ratio"] = (out["in_memory_iteration_seconds"]
                                         / out["io_bound_seconds"])
     out["drive_allows_0_8"] = out["io_bound_throughput_ratio"] >= 0.8
-    out["offloaded_over_io_bound"] = out["offloaded_step_seconds"] / out["io_bound_seconds"]
-    out["peak_rss_bytes"] = final["offload"]["vm_hwm"]
-    out["peak_rss_bytes_since_start"] = final["offload"]["vm_hwm_since_start"]
-    out["in_memory_peak_rss_bytes"] = final["memory"]["vm_hwm"]
-    out["in_memory_peak_rss_bytes_since_start"] = final["memory"]["vm_hwm_since_start"]
-    out["peak_rss_reset"] = all(r["hwm_reset"] for r in resets.values())
+    out["resident_working_set_bytes"] = final["resident"]["working_set_bytes"]
+    out["resident_peak_working_set_bytes"] = final["resident"]["peak_working_set_bytes"]
+    out["resident_bytes_fetched"] = int(m("bytes_fetched", r))
+    out["resident_prefetch_misses"] = int(m("prefetch_misses", r))
+    for name, role in (("", "offload"), ("in_memory_", "memory"), ("resident_", "resident")):
+        out[f"{name}peak_rss_bytes"] = final[role]["vm_hwm"]
+        out[f"{name}peak_rss_bytes_since_start"] = final[role]["vm_hwm_since_start"]
+    out["peak_rss_reset"] = all(x["hwm_reset"] for x in resets.values())
     out["working_set_bytes"] = final["offload"]["working_set_bytes"]
     out["peak_working_set_bytes"] = final["offload"]["peak_working_set_bytes"]
-    out["steps_skipped"] = sum(r["step_skipped"] for r in a)
-    out["losses_offloaded"] = [r["loss"] for r in a]
-    out["losses_in_memory"] = [r["loss"] for r in b]
+    out["steps_skipped"] = sum(x["step_skipped"] for x in a + r)
+    out["losses_offloaded"] = [x["loss"] for x in a]
+    out["losses_in_memory"] = [x["loss"] for x in b]
+    out["losses_resident"] = [x["loss"] for x in r]
     out["children_ok"] = True
     return out
 
@@ -391,7 +438,14 @@ def main(argv=None) -> int:
                     help="torch threads per child (default: the CPU count)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0,
+                    help="gradient clipping's max norm (default 1.0; 0 = no clipping)")
+    ap.add_argument("--overlap-backward", action="store_true",
+                    help="the offloaded runs' OffloadAdamW with overlap_backward=True (the "
+                    "update during backward)")
+    ap.add_argument("--resident-working-set", type=size_arg, default=None,
+                    help="the resident run's working set (bytes or 1GiB, at least the "
+                    "model's parameter bytes; default twice those)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", default=sysconfig.get_paths()["stdlib"])
     ap.add_argument("--corpus-bytes", type=int, default=1 << 20)
@@ -407,8 +461,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.child is not None:
         return child_main(json.loads(args.child))
-    sys.path.insert(0, EXAMPLES)
-    from train_offload import PRESETS
     if args.preset not in PRESETS:
         ap.error(f"--preset: one of {sorted(PRESETS)}, got {args.preset!r}")
     for k, v in PRESETS[args.preset].items():
@@ -419,6 +471,8 @@ def main(argv=None) -> int:
             ap.error(f"--{name}: must be >= 1, got {getattr(args, name)}")
     if args.warmup < 1:
         ap.error(f"--warmup: must be >= 1 (the first iteration traces), got {args.warmup}")
+    if not args.max_grad_norm >= 0:
+        ap.error(f"--max-grad-norm: must be >= 0 (0 = no clipping), got {args.max_grad_norm}")
     if args.fio_seconds <= 0:
         ap.error(f"--fio-seconds: must be > 0, got {args.fio_seconds}")
     import strata
@@ -430,7 +484,7 @@ def main(argv=None) -> int:
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     try:
         out = run(args, base)
-    except (ChildFailed, RuntimeError) as e:
+    except (ChildFailed, RuntimeError, ValueError) as e:
         print(f"param_offload bench: FAILED: {e}", file=sys.stderr)
         return 1
     finally:

@@ -29,6 +29,25 @@ def strata_dir(tmp_path, monkeypatch):
     return d
 
 
+def _read_proc_io():
+    """(read_bytes, write_bytes) of this process from /proc/self/io (None: not readable)."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["read_bytes"]), int(fields["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+@pytest.fixture
+def proc_io():
+    """proc_io() -> (read_bytes, write_bytes) this process has read from and written to
+    storage so far (/proc/self/io, bytes); skips the test where that is not readable."""
+    if _read_proc_io() is None:
+        pytest.skip("/proc/self/io is not readable here")
+    return _read_proc_io
+
+
 @pytest.fixture
 def mount_tmpfs(tmp_path):
     """mount_tmpfs(size) -> path of a tmpfs of `size` (e.g. "20m") mounted under tmp_path,

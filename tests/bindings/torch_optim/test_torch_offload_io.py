@@ -10,16 +10,6 @@ import torch
 import strata.torch as st
 
 
-def _proc_io():
-    """(read_bytes, write_bytes) of this process from /proc/self/io (None: not readable)."""
-    try:
-        with open("/proc/self/io") as f:
-            fields = dict(line.split(": ") for line in f.read().splitlines())
-        return int(fields["read_bytes"]), int(fields["write_bytes"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def _params(seed, shapes, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(*s, generator=g).to(dtype)) for s in shapes]
@@ -32,9 +22,7 @@ def _grads(params, step):
 
 
 @pytest.mark.parametrize("tier", ["nvme", "host"])
-def test_step_reads_and_writes_12_bytes_per_fp32_parameter(tmp_path, tier):
-    if _proc_io() is None:
-        pytest.skip("/proc/self/io is not readable here")
+def test_step_reads_and_writes_12_bytes_per_fp32_parameter(tmp_path, tier, proc_io):
     shapes = [(512, 512), (1000, 300), (7,), (4096,)]  # 566,247 parameters
     numel = sum(torch.Size(s).numel() for s in shapes)
     ours = _params(0, shapes)
@@ -44,9 +32,9 @@ def test_step_reads_and_writes_12_bytes_per_fp32_parameter(tmp_path, tier):
         opt.step()  # the first step may touch files for the first time
         for step in range(1, 4):
             _grads(ours, step)
-            before, moved = _proc_io(), dict(opt.bytes_moved)
+            before, moved = proc_io(), dict(opt.bytes_moved)
             opt.step()
-            after = _proc_io()
+            after = proc_io()
             read, written = after[0] - before[0], after[1] - before[1]
             delta = {k: opt.bytes_moved[k] - moved[k] for k in moved}
             # The tails of the objects round up to 4 KiB blocks: 3 streams x 4 tensors.

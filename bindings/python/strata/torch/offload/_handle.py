@@ -283,8 +283,10 @@ class ParameterOffload:
             if not is_master:
                 self.ws.touch(s)
                 s.link.write_master(p, flat.to(torch.float32))
+                self._stats["param_bytes_written"] += flat.numel() * 4  # the fp32 master
             self.ws.set_value(s, flat)
             return
+        self._stats["param_bytes_written"] += flat.numel() * flat.element_size()
         if s.owned is None:
             self.store.put(s.key, flat, tier=self.tier, overwrite=True)
             self.ws.set_value(s, flat)
@@ -465,8 +467,8 @@ class ParameterOffload:
         """Sets every counter of :meth:`stats` to zero."""
         for k in ("bytes_fetched", "fetch_seconds", "stall_seconds", "prefetch_hits",
                   "prefetch_misses", "resident_hits", "trace_mismatches",
-                  "peak_working_set_bytes", "bytes_written_back", "grad_bytes_written",
-                  "grad_bytes_read"):
+                  "peak_working_set_bytes", "bytes_written_back", "param_bytes_written",
+                  "grad_bytes_written", "grad_bytes_read"):
             self._stats[k] = 0 if not k.endswith("seconds") else 0.0
 
     def stats(self) -> Dict[str, Any]:
@@ -480,8 +482,10 @@ class ParameterOffload:
         memory), ``trace_mismatches`` (phases whose order differed from the trace),
         ``peak_working_set_bytes`` (most materialized + in-flight bytes at once),
         ``working_set_bytes`` (the budget), ``bytes_written_back`` (edited parameters
-        stored), ``grad_bytes_written`` / ``grad_bytes_read`` (gradients to / from the
-        store).
+        stored), ``param_bytes_written`` (parameter values stored by :meth:`write`: an
+        optimizer's step or resume, bytes; none for a linked parameter whose step wrote
+        its master, which the optimizer's own bytes_written counts), ``grad_bytes_written`` / ``grad_bytes_read``
+        (gradients to / from the store, bytes).
         """
         out = dict(self._stats)
         out[f"bytes_fetched_{self.tier}"] = out["bytes_fetched"]
