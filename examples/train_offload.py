@@ -10,9 +10,12 @@ batches of the Python standard library's sources:
 
   1. offloaded, under a memory cgroup of --memory-limit bytes that this script creates
      (examples/memory_limit.py; root): parameters in a strata store (nvme tier, under
-     --dir), materialized in a --working-set budget during forward and backward,
-     gradients moved to the store as backward produces them, fp32 masters and Adam moments
-     in the store, updated by OffloadAdamW with torch's exact rounding;
+     --dir), materialized in a --working-set budget during forward and backward, Adam
+     moments in the store, each fp32 parameter's store object its optimizer's master,
+     updated by OffloadAdamW(overlap_backward=True) with torch's exact rounding inside
+     backward as each gradient becomes final (a step that clipping scales is redone from
+     the gradients, which go to the store for that: max_grad_norm=; after a clipped step
+     the next one is stepped after backward, docs/offload.md);
   2. torch.optim.AdamW with everything in memory, without the limit (the reference);
   3. the same in-memory torch training under the same limit: killed by the kernel's OOM
      killer, which shows the limit is real (skip with --no-oom-demo).
@@ -147,7 +150,8 @@ def run_child(args) -> None:
             model, batches, vocab = build(args)
         handle.attach(model, overwrite=True)
         opt = st.OffloadAdamW(param_groups(model, args.weight_decay), lr=args.lr,
-                              store=store, arithmetic="torch", overwrite=True)
+                              store=store, arithmetic="torch", overwrite=True,
+                              overlap_backward=True, max_grad_norm=args.max_grad_norm)
         handle.reset_stats()  # count the training, not the construction's initialization
     else:
         model, batches, vocab = build(args)
@@ -161,8 +165,8 @@ def run_child(args) -> None:
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
         loss.backward()
-        if args.max_grad_norm > 0:  # the same loop for both: p.grad is the stored gradient
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        if handle is None and args.max_grad_norm > 0:  # strata's: max_grad_norm= (the same
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # rule)
         opt.step()
         opt.zero_grad()
         seconds.append(time.perf_counter() - t0)
