@@ -45,7 +45,9 @@ class ParameterOffload:
     public methods below: :meth:`state_numel`, :meth:`read_state`, :meth:`write`,
     :meth:`write_back`, :meth:`version`, :meth:`position`, :meth:`bind_optimizer`,
     :meth:`grad_info`, :meth:`read_grad`, :meth:`collect_grads`, :meth:`release_all`,
-    :meth:`zero_grad`.
+    :meth:`zero_grad`, and for the update inside backward :meth:`link_master`,
+    :meth:`unlink_master`, :meth:`linked`, :meth:`master_view`, :meth:`stage`,
+    :meth:`unstage`, :meth:`committed`.
     """
 
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
