@@ -236,3 +236,53 @@ def test_checkpoint_and_resume_of_linked_parameters(tmp_path):
     h2 = st.offload_parameters(fresh, path=str(tmp_path / "s"), resume=True)
     assert_same(ref, fresh, h2)
     h2.close()
+
+
+@pytest.mark.parametrize("working_set", [SMALL, WHOLE])
+def test_state_dict_round_trip_and_copies_between_steps(tmp_path, working_set):
+    """After a step: the model's own state_dict loaded back, and deepcopy, see the values
+    of the last step (the parameters' values are the masters)."""
+    import copy
+    ref, model, h = make(tmp_path, working_set)
+    ropt, opt = optimizers(ref, model, h)
+    for step in range(3):
+        for m, o in ((ref, ropt), (model, opt)):
+            o.zero_grad()
+            loss_of(m, *batch(step)).backward()
+        ropt.step()
+        opt.step()
+        assert_same(ref, model, h)
+        model.load_state_dict(model.state_dict())
+        c = copy.deepcopy(model)
+        for (n, a), (_, b) in zip(ref.named_parameters(), c.named_parameters()):
+            assert torch.equal(b.detach(), a.detach()), n
+        del c
+    opt.close()
+    h.close()
+
+
+def test_a_redo_without_kept_gradients_says_why_and_changes_nothing(tmp_path):
+    import copy
+    ref, model, h = make(tmp_path, SMALL)
+    _, opt = optimizers(ref, model, h)
+    opt.zero_grad()
+    loss_of(model, *batch(0)).backward()
+    opt.step()
+    before = {n: h.read(p).clone() for n, p in model.named_parameters()}
+    for case in ("lr", "copy"):
+        opt.zero_grad()
+        loss_of(model, *batch(1)).backward()
+        if case == "lr":
+            opt.param_groups[0]["lr"] = 5e-3
+            why = "hyperparameters were changed between backward and step"
+        else:
+            c = copy.deepcopy(model)  # reads the values of before the step
+            for n, p in c.named_parameters():
+                assert torch.equal(p.detach(), before[n]), n
+            why = "was read or written between backward and step"
+        with pytest.raises(RuntimeError, match=f"must be stepped after backward because .*{why}"):
+            opt.step()
+        for n, p in model.named_parameters():
+            assert torch.equal(h.read(p), before[n]), (case, n)
+    opt.close()
+    h.close()

@@ -77,7 +77,8 @@ def deepcopy_parameter(p: Any, memo: dict) -> torch.nn.Parameter:
             value: Any = s.resident.detach().reshape(-1).cpu().contiguous()
             bf16 = None
         else:  # (one process: copy_handle refuses ranks)
-            value = s.owner.store.get(s.key)
+            s.owner.ws.touch(s)  # (an update in backward not yet committed: rolled back)
+            value = s.owner.store.get(s.value_key)
             bf16 = "bf16" if s.dtype == torch.bfloat16 else None
     c.store.put(key, value, tier=c.tier, overwrite=True, dtype=bf16)
     r = ParamRecord(len(c.ws.records), s.name, key, q, c)

@@ -429,6 +429,13 @@ class ParameterOffload:
         :raises KeyError: ``p`` is not a parameter of this offload."""
         return self.grads.read(self._record(p))
 
+    def grad_stored(self, p: torch.Tensor) -> bool:
+        """``p``'s gradient values can be read (False when an update in backward took it
+        without storing it: offload/_grads.py).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).grad_early != "dropped"
+
     def grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
         """The gradient of offloaded parameter ``p`` accumulated since the last zero_grad
         (a new CPU tensor of its shape and dtype; with a communicator this rank's slice,

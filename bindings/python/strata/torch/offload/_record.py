@@ -86,7 +86,9 @@ class OptimizerLink:
       only when ``keeps_grads``);
     * ``keeps_grads``: gradients taken are also stored, so that a redo (clipping, a skipped
       step, an edit of ``p.grad``) can read them;
-    * ``edited(p)``: ``p.grad`` was changed after ``take`` (the update must be redone).
+    * ``edited(p)``: ``p.grad`` was changed after ``take`` (the update must be redone);
+    * ``started(p) -> bool``: an update of ``p`` in backward runs, not yet committed (the
+      prefetch does not fetch it: its value is not used again before the step).
 
     Documentation class: the optimizer's BackwardOverlap implements it.
     """

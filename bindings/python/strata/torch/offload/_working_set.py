@@ -432,6 +432,8 @@ class WorkingSet:
             s = self.records[t[k]]
             if s.state is not Residency.RELEASED:
                 continue
+            if s.link is not None and s.link.started(s.param):
+                continue  # its update in backward runs: not used again before step()
             if s.nbytes > self.budget - self.inflight_bytes:
                 return
             if not self._make_room(s.nbytes, protect=s.index, before=k):

@@ -106,8 +106,8 @@ def _gate(table: ParamTable, max_grad_norm: float
     return entries, gate, stats
 
 
-def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
-                   ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float,
+                   why: str = "") -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
     """One step of the optimizer whose ParamTable ``table`` holds offloaded parameters (its
     param_groups, hyperparameters and optimizer.state already synced by step()).
 
@@ -116,13 +116,24 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
         in-memory parameters stepped (for the caller's copy-back, as in the ordinary step).
     :raises ValueError: a communicator's (ZeRO-3) parameters mixed with in-memory ones.
     :raises RuntimeError: a gradient an update in backward took without storing it
-        (optim/_overlap.py) is needed (naming the parameter).
+        (optim/_overlap.py) is needed (naming the parameter and ``why``: what rolled those
+        updates back), raised before anything is stepped.
     :raises strata.Error: the store's errors; parameters stepped in earlier batches keep
         their new values (as a failed ordinary step, resume from the last checkpoint).
     """
     entries, gate, stats = _gate(table, max_grad_norm)
     if gate["skipped"]:
         return stats, []
+    for p, _ in entries:  # before anything is stepped
+        if is_offloaded(p) and not offload_of(p).grad_stored(p):
+            name = next((n for n, q in offload_of(p).parameters if q is p), "?")
+            raise RuntimeError(
+                f"step(): offloaded parameter {name!r} must be stepped after backward"
+                f"{' because ' + why if why else ''}, but its gradient was taken by the "
+                "update in backward (overlap_backward=True) and not stored; nothing was "
+                "stepped (the early updates were rolled back). Pass max_grad_norm= to the "
+                "optimizer to keep gradients for such a redo (4 bytes per parameter "
+                "written), or use overlap_backward=False")
     _run_batches(table, exchange, entries, gate["grad_scale"], stats)
     return stats, [(p, h) for p, h in entries if not is_offloaded(p)]
 
@@ -144,8 +155,9 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
         overlap.abort()
         return stats, []
     if gate["grad_scale"] != 1.0 or overlap.broken:
-        overlap.abort()
-        return _redo(table, exchange, max_grad_norm)
+        overlap.abort("the step clips (max_grad_norm)" if gate["grad_scale"] != 1.0 else
+                      "p.grad of a parameter was changed after backward")
+        return _redo(table, exchange, max_grad_norm, overlap.abort_reason)
     started_off = overlap.started_offloaded()
     started = {id(p): staged for p, staged in started_off}
     core = table.core
@@ -164,7 +176,8 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
                 offload_of(p).unstage(p, staged)
         if isinstance(e, strata.FailedPreconditionError):
             # strata had to redo (hyperparameters changed since backward) and rolled back
-            return _redo(table, exchange, max_grad_norm)
+            return _redo(table, exchange, max_grad_norm,
+                         "hyperparameters were changed between backward and step()")
         raise
     finally:
         for p, h in memory:
@@ -184,10 +197,10 @@ def finish_offloaded(table: ParamTable, exchange: TensorExchange, overlap: Any,
     return stats, memory
 
 
-def _redo(table: ParamTable, exchange: TensorExchange, max_grad_norm: float
+def _redo(table: ParamTable, exchange: TensorExchange, max_grad_norm: float, why: str
           ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
-    """:func:`offloaded_step` after the early updates were rolled back."""
-    stats, stepped = offloaded_step(table, exchange, max_grad_norm)
+    """:func:`offloaded_step` after the early updates were rolled back (``why``)."""
+    stats, stepped = offloaded_step(table, exchange, max_grad_norm, why)
     stats["rolled_back"] = True
     return stats, stepped
 

@@ -250,18 +250,21 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         loss = None
         ov = self._overlap
         if ov is not None and ov.open and (closure is not None or not ov.still_valid()):
-            ov.abort()  # what the early updates used changed: an ordinary step instead
+            # what the early updates used changed: an ordinary step instead
+            ov.abort("a closure was passed to step()" if closure is not None else
+                     "a gradient or parameter the early updates used changed after backward")
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
             if ov is not None:
-                ov.abort()  # the closure's backward started updates: redo them here
+                ov.abort("a closure was passed to step()")  # its backward started updates
         table = self._table
         if ov is not None and ov.open and (table.layout_changed(self.param_groups)
                                            or self.state.pending()
                                            or any(table.changed(table.handle[id(p)])
                                                   for p in table.params)):
-            ov.abort()  # parameters, param_groups or optimizer.state edited since backward
+            # parameters, param_groups or optimizer.state edited since backward
+            ov.abort("parameters, param_groups or optimizer.state were changed after backward")
         self._sync_all()
         for gi, group in enumerate(self.param_groups):
             self._flags.check(group, f"param group {gi}: ")
@@ -343,7 +346,9 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         after the last completed step: checkpoint, state dicts, param-group changes,
         close)."""
         if getattr(self, "_overlap", None) is not None and not self._closed:
-            self._overlap.abort()
+            self._overlap.abort("optimizer.state, state_dict(), load_state_dict(), checkpoint(), "
+                                "add_param_group() or close() was used between backward and "
+                                "step()")
 
     # ---- checkpoints and state dicts (optim/_checkpoints.py) ------------------------------
 

@@ -116,6 +116,8 @@ class BackwardOverlap:
         self.python_gate = False
         self.broken = False  # a taken gradient was edited since: step() redoes
         self.keeps_grads = False  # taken gradients are also stored (max_grad_norm set)
+        #: why the last early updates of offloaded parameters were rolled back ("": none)
+        self.abort_reason = ""
         #: id(param) -> (param, the buffer staged for its new value or None): offloaded
         #: parameters whose update started in this backward
         self._started_off: Dict[int, Tuple[torch.nn.Parameter, Optional[torch.Tensor]]] = {}
@@ -182,6 +184,7 @@ class BackwardOverlap:
                 self.link_offloaded()
             self.keeps_grads = max_grad_norm > 0
             self.broken = False
+            self.abort_reason = ""
             table.core.begin_step(max_grad_norm=0.0 if self.python_gate else max_grad_norm)
             self._open = True
             self.backward_end = None
@@ -221,7 +224,12 @@ class BackwardOverlap:
 
     def before_access(self, p: torch.nn.Parameter) -> None:
         if self._open and id(p) in self._started_off:
-            self.abort()
+            name = next((n for n, q in offload_of(p).parameters if q is p), "?")
+            self.abort(f"offloaded parameter {name!r} was read or written between backward "
+                       "and step() (a forward, state_dict(), a copy, an edit)")
+
+    def started(self, p: torch.nn.Parameter) -> bool:
+        return self._open and id(p) in self._started_off
 
     def write_master(self, p: torch.nn.Parameter, flat: torch.Tensor) -> None:
         self._table.core.write_param(self._table.handle[id(p)], flat.numpy())
@@ -240,7 +248,9 @@ class BackwardOverlap:
                 or id(p) not in table.handle or grad.dtype != torch.float32):
             return False
         if id(p) in self._started_off:
-            self.abort()  # a second backward before step(): stepped after it instead
+            # a second backward before step(): stepped after it instead
+            self.abort("a second backward ran before step() (wrap the earlier ones in "
+                       "optimizer.accumulating())")
             return False
         if not self._begin():
             return False
@@ -317,10 +327,14 @@ class BackwardOverlap:
                            and not stats.get("rolled_back", False))
         self.link_offloaded()  # (parameters offloaded or registered since)
 
-    def abort(self) -> None:
-        """Rolls back the early updates (nothing changes); no-op when none is open."""
+    def abort(self, reason: str = "") -> None:
+        """Rolls back the early updates (nothing changes); no-op when none is open.
+        ``reason`` (what made it necessary) is kept for the step's error messages
+        (``abort_reason``) when offloaded parameters had started."""
         if not self._open:
             return
+        if self._started_off and reason:
+            self.abort_reason = reason
         self._bucket, self._bucket_numel = [], 0
         for pid in self._started:
             self._exchange.forget_grad(self._table.handle[pid])

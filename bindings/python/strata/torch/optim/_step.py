@@ -47,7 +47,8 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
         if overlap is not None and overlap.open:  # updates started in backward
             stats, stepped = finish_offloaded(table, exchange, overlap, max_grad_norm)
         else:
-            stats, stepped = offloaded_step(table, exchange, max_grad_norm)
+            stats, stepped = offloaded_step(table, exchange, max_grad_norm,
+                                            overlap.abort_reason if overlap else "")
         return stats, stepped, False
     overlapped = overlap is not None and overlap.open
     core = table.core
