@@ -262,9 +262,11 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
     write_direct(nc.ext->dir, s, nc.nbytes, nc.ext->offset, futs, job->tails);
     nc.checksum = xxh3_64(s, nc.nbytes);  // while the write is in flight
     const uint64_t jj = j;
-    parts.push_back(when_all(futs).then([job, jj](const Result<void>& r) -> Status {
-      job->error.note(jj, r.status());
-      return r.status();
+    parts.push_back(when_all(futs).then([job, jj, key = o->key](const Result<void>& r) -> Status {
+      // (named as the staged chunks' errors are: which chunk fails first depends on timing)
+      Status st = r.ok() ? Status::OK() : r.status().with_context("write_range '" + key + "'");
+      job->error.note(jj, st);
+      return st;
     }));
   }
   const std::string key = o->key;

@@ -32,6 +32,13 @@ def optimizers(ref, model, h, max_grad_norm=0.0, lr=1e-2, **kw):
     return ropt, opt
 
 
+def backward_both(ref, ropt, model, opt, step):
+    """zero_grad and backward of step ``step``'s batch, torch's model then strata's."""
+    for m, o in ((ref, ropt), (model, opt)):
+        o.zero_grad()
+        loss_of(m, *batch(step)).backward()
+
+
 def assert_same(ref, model, h):
     for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
         assert torch.equal(h.read(b), a.detach()), n
@@ -52,9 +59,7 @@ def test_update_in_backward_is_torchs_and_moves_28_bytes(tmp_path, working_set):
     ropt, opt = optimizers(ref, model, h)
     for step in range(4):
         fetched = h.stats()["bytes_fetched"]
-        for m, o in ((ref, ropt), (model, opt)):
-            o.zero_grad()
-            loss_of(m, *batch(step)).backward()
+        backward_both(ref, ropt, model, opt, step)
         if working_set == WHOLE and step > 0:
             # the new values were staged into the materialized parameters: nothing fetched
             assert h.stats()["bytes_fetched"] == fetched
@@ -86,9 +91,7 @@ def test_clipping_with_kept_gradients(tmp_path, max_norm):
     ropt, opt = optimizers(ref, model, h, max_grad_norm=max_norm)
     seen = []
     for step in range(3):
-        for m, o in ((ref, ropt), (model, opt)):
-            o.zero_grad()
-            loss_of(m, *batch(step)).backward()
+        backward_both(ref, ropt, model, opt, step)
         torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
         ropt.step()
         opt.step()
@@ -223,9 +226,7 @@ def test_checkpoint_and_resume_of_linked_parameters(tmp_path):
     ref, model, h = make(tmp_path, SMALL)
     ropt, opt = optimizers(ref, model, h)
     for step in range(2):
-        for m, o in ((ref, ropt), (model, opt)):
-            o.zero_grad()
-            loss_of(m, *batch(step)).backward()
+        backward_both(ref, ropt, model, opt, step)
         ropt.step()
         opt.step()
     h.checkpoint()  # the parameters' own objects get the masters' values
@@ -246,9 +247,7 @@ def test_state_dict_round_trip_and_copies_between_steps(tmp_path, working_set):
     ref, model, h = make(tmp_path, working_set)
     ropt, opt = optimizers(ref, model, h)
     for step in range(3):
-        for m, o in ((ref, ropt), (model, opt)):
-            o.zero_grad()
-            loss_of(m, *batch(step)).backward()
+        backward_both(ref, ropt, model, opt, step)
         ropt.step()
         opt.step()
         assert_same(ref, model, h)

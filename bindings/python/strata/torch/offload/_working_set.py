@@ -35,6 +35,7 @@ import torch
 
 from .._common import no_torch_function as _no_tf
 from .._trace import TRACE
+from ._comm_fetch import CommFetch as _CommFetch
 from ._record import IN_MEMORY, ParamRecord, Residency, shaped, tensor_of
 
 
@@ -187,8 +188,7 @@ class WorkingSet:
 
     def touch(self, s: ParamRecord) -> None:
         """Before ``s``'s stored value is read or written: a linked optimizer's update of it
-        in backward that the step has not committed yet is rolled back
-        (offload/_record.py, OptimizerLink)."""
+        in backward not yet committed is rolled back (offload/_record.py, OptimizerLink)."""
         if s.link is not None:
             s.link.before_access(s.param)
 
@@ -270,10 +270,9 @@ class WorkingSet:
         s.state = Residency.RESIDENT
 
     def stage(self, s: ParamRecord) -> Optional[torch.Tensor]:
-        """A new flat buffer of ``s``'s elements and dtype for its next value (a linked
-        optimizer's update in backward writes it), when ``s`` is resident and the budget
-        has room beside what is materialized and in flight (nothing is evicted for it);
-        else None. Counted in the working set until :meth:`unstage`."""
+        """A new flat buffer for resident ``s``'s next value (an update in backward writes
+        it) when the budget has room beside what is in memory and in flight (nothing is
+        evicted for it), else None; counted in the working set until :meth:`unstage`."""
         if (s.state is not Residency.RESIDENT or s.stride is not None
                 or s.device.type != "cpu"):
             return None
@@ -285,9 +284,8 @@ class WorkingSet:
         return torch.empty(s.numel, dtype=s.dtype)
 
     def unstage(self, s: ParamRecord, buf: torch.Tensor, value: bool) -> None:
-        """Ends a buffer of :meth:`stage`: with ``value`` it holds ``s``'s new stored value,
-        which becomes its materialized data when ``s`` is still resident (else ``s`` is
-        released: the old data is stale); without, it is dropped."""
+        """Ends a buffer of :meth:`stage`: with ``value`` (``s``'s new stored value) it is
+        ``s``'s data when ``s`` is still resident (else ``s`` is released); else dropped."""
         self.staged_bytes -= s.nbytes
         if not value:
             return
@@ -500,30 +498,3 @@ class WorkingSet:
         with self._lock:
             self._thread = None
             self._stop = False
-
-
-class _CommFetch:
-    """A fetch_partitioned in flight: the future and its output buffer. ``wait`` blocks
-    until it is done; ``finish`` hands the result (or error) to the record."""
-
-    __slots__ = ("future", "out", "issued")
-
-    def __init__(self, future: Any, out: torch.Tensor):
-        self.future = future
-        self.out = out
-        self.issued = time.perf_counter()
-
-    def wait(self) -> None:
-        try:
-            self.future.result()
-        except BaseException:  # noqa: BLE001 (handed over by finish)
-            pass
-
-    def finish(self, s: ParamRecord, stats: Dict[str, float]) -> None:
-        try:
-            self.future.result()
-            s.fetched, s.fetch_error = self.out, None
-            stats["bytes_fetched"] += s.nbytes
-        except BaseException as e:  # noqa: BLE001 (raised by _take)
-            s.fetched, s.fetch_error = None, e
-        stats["fetch_seconds"] += time.perf_counter() - self.issued

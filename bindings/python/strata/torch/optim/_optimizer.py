@@ -32,7 +32,7 @@ from ..offload import offload_of
 from . import _hyperparams, _layout, _settings
 from ._checkpoints import Checkpoints
 from ._exchange import TensorExchange, bump_version
-from ._overlap import BackwardOverlap
+from ._overlap import CHANGED, CLOSURE, EDITED, STATE_USED, BackwardOverlap
 from ._param_table import ParamTable, offloads
 from ._registry import ParamRegistry
 from ._state_view import StateView
@@ -250,21 +250,18 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         loss = None
         ov = self._overlap
         if ov is not None and ov.open and (closure is not None or not ov.still_valid()):
-            # what the early updates used changed: an ordinary step instead
-            ov.abort("a closure was passed to step()" if closure is not None else
-                     "a gradient or parameter the early updates used changed after backward")
+            ov.abort(CLOSURE if closure is not None else CHANGED)  # an ordinary step instead
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
             if ov is not None:
-                ov.abort("a closure was passed to step()")  # its backward started updates
+                ov.abort(CLOSURE)  # the closure's backward started updates: redo them here
         table = self._table
         if ov is not None and ov.open and (table.layout_changed(self.param_groups)
                                            or self.state.pending()
                                            or any(table.changed(table.handle[id(p)])
                                                   for p in table.params)):
-            # parameters, param_groups or optimizer.state edited since backward
-            ov.abort("parameters, param_groups or optimizer.state were changed after backward")
+            ov.abort(EDITED)  # parameters, param_groups or optimizer.state edited since
         self._sync_all()
         for gi, group in enumerate(self.param_groups):
             self._flags.check(group, f"param group {gi}: ")
@@ -346,9 +343,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         after the last completed step: checkpoint, state dicts, param-group changes,
         close)."""
         if getattr(self, "_overlap", None) is not None and not self._closed:
-            self._overlap.abort("optimizer.state, state_dict(), load_state_dict(), checkpoint(), "
-                                "add_param_group() or close() was used between backward and "
-                                "step()")
+            self._overlap.abort(STATE_USED)
 
     # ---- checkpoints and state dicts (optim/_checkpoints.py) ------------------------------
 
@@ -459,16 +454,13 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             return
         self._closed = True
         error: Optional[BaseException] = None
-        if self._opt is not None and getattr(self, "_overlap", None) is not None:
-            try:  # offloaded parameters linked to their masters get their own values back
-                self._overlap.unlink_all()
-            except Exception as e:  # noqa: BLE001 (raised below, after the release)
-                error = e
         if self._opt is not None:
             # A half-built optimizer, or one whose temporary store is deleted below, is
             # released without a checkpoint.
             keep = self._ready and self._owned_dir is None
             try:
+                if getattr(self, "_overlap", None) is not None:
+                    self._overlap.unlink_all()  # linked parameters: their own values back
                 if keep and self._registry.listing_error(self.param_groups) is None:
                     self._sync_all()  # param_groups, parameters changed outside: as checkpoint()
                 elif keep:  # a param_groups step() refuses: the layout of the last sync

@@ -68,6 +68,14 @@ from ._exchange import TensorExchange
 from ._param_table import ParamTable, offloads
 
 
+#: why step() or the optimizer rolled early updates back (BackwardOverlap.abort's reasons)
+CLOSURE = "a closure was passed to step()"
+CHANGED = "a gradient or parameter the early updates used changed after backward"
+EDITED = "parameters, param_groups or optimizer.state were changed after backward"
+STATE_USED = ("optimizer.state, state_dict(), load_state_dict(), checkpoint(), "
+              "add_param_group() or close() was used between backward and step()")
+
+
 class BackwardOverlap:
     """The overlap machinery of one optimizer (see the module doc).
 
