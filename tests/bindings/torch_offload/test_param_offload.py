@@ -258,8 +258,8 @@ KILL_CHILD = textwrap.dedent("""
         opt.checkpoint()
         # die inside the next step, after its first batch stored new weights
         orig = h.write
-        def dying_write(p, v, **kw):
-            orig(p, v, **kw)
+        def dying_write(p, v):
+            orig(p, v)
             os.kill(os.getpid(), signal.SIGKILL)
         h.write = dying_write
         train(model, opt, {ckpt} + 1, start={ckpt})

@@ -260,6 +260,11 @@ class ParameterOffload(MasterLinks):
         :raises KeyError: ``p`` is not a parameter of this offload."""
         return self._record(p).state_numel
 
+    def name_of(self, p: torch.Tensor) -> str:
+        """``p``'s name in the model (``named_parameters()``). :raises KeyError: not one of
+        this offload's parameters."""
+        return self._record(p).name
+
     def position(self, p: torch.Tensor) -> int:
         """``p``'s position in the model's ``named_parameters()`` (the order
         ``clip_grad_norm_(model.parameters())`` stacks gradient norms in).
@@ -268,13 +273,12 @@ class ParameterOffload(MasterLinks):
         return self._record(p).index
 
     @traced("write", "store")
-    def write(self, p: torch.Tensor, value: torch.Tensor, is_master: bool = False) -> None:
+    def write(self, p: torch.Tensor, value: torch.Tensor) -> None:
         """Stores ``value`` (any dtype, converted; ``state_numel(p)`` elements: the whole
         parameter, or this rank's slice with a communicator) as ``p``'s value; a
         materialized copy is updated (one process) or released (ranks: the other slices
-        change too). Used by the optimizer's step and resume. No collective.
-        ``is_master``: ``value`` is what the linked optimizer's master holds already (its
-        step wrote it): nothing is stored (see :meth:`link_master`)."""
+        change too). Used by the optimizer's step and resume. No collective. Linked
+        (:meth:`link_master`): written into the optimizer's master."""
         s = self._record(p)
         with _no_tf():
             flat = value.detach().reshape(-1).to(dtype=s.dtype, device="cpu").contiguous()
@@ -283,10 +287,9 @@ class ParameterOffload(MasterLinks):
                              f"written, {s.state_numel} expected")
         s.version += 1
         if s.link is not None:
-            if not is_master:
-                self.ws.touch(s)
-                s.link.write_master(p, flat.to(torch.float32))
-                self._stats["param_bytes_written"] += flat.numel() * 4  # the fp32 master
+            self.ws.touch(s)
+            s.link.write_master(p, flat.to(torch.float32))
+            self._stats["param_bytes_written"] += flat.numel() * 4  # the fp32 master
             self.ws.set_value(s, flat)
             return
         self._stats["param_bytes_written"] += flat.numel() * flat.element_size()

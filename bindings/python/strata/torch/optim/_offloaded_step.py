@@ -126,9 +126,8 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
         return stats, []
     for p, _ in entries:  # before anything is stepped
         if is_offloaded(p) and not offload_of(p).grad_stored(p):
-            name = next((n for n, q in offload_of(p).parameters if q is p), "?")
             raise RuntimeError(
-                f"step(): offloaded parameter {name!r} must be stepped after backward"
+                f"step(): offloaded parameter {offload_of(p).name_of(p)!r} must be stepped after backward"
                 f"{' because ' + why if why else ''}, but its gradient was taken by the "
                 "update in backward (overlap_backward=True) and not stored; nothing was "
                 "stepped (the early updates were rolled back). Pass max_grad_norm= to the "
@@ -248,7 +247,8 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
     for p, h in batch:
         o = offload_of(p)
         g = o.read_grad(p)
-        copy = torch.empty(o.state_numel(p), dtype=p.dtype)
+        # a linked parameter's value is the master the step writes: no copy of it
+        copy = None if o.linked(p) else torch.empty(o.state_numel(p), dtype=p.dtype)
         exchange.forget(h)
         core.set_grad(h, g)
         core.set_param_copy(h, copy)
@@ -265,6 +265,8 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
     for k in _SUMMED:
         stats[k] += st[k]
     for p, h, _, copy in attached:
-        o = offload_of(p)
-        o.write(p, copy, is_master=o.linked(p))  # a linked one's master is its value
+        if copy is None:
+            offload_of(p).committed(p)
+        else:
+            offload_of(p).write(p, copy)
         table.mark(h)

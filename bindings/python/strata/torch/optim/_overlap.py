@@ -232,8 +232,7 @@ class BackwardOverlap:
 
     def before_access(self, p: torch.nn.Parameter) -> None:
         if self._open and id(p) in self._started_off:
-            name = next((n for n, q in offload_of(p).parameters if q is p), "?")
-            self.abort(f"offloaded parameter {name!r} was read or written between backward "
+            self.abort(f"offloaded parameter {offload_of(p).name_of(p)!r} was read or written between backward "
                        "and step() (a forward, state_dict(), a copy, an edit)")
 
     def started(self, p: torch.nn.Parameter) -> bool:
