@@ -45,7 +45,11 @@ class PieceRun : public std::enable_shared_from_this<PieceRun> {
       --outstanding_;
       loaded_[i] = 1;
     }
-    process_ready();
+    if (s_.cpu != nullptr) {
+      s_.cpu->submit([self = shared_from_this()] { self->process_ready(); });
+    } else {
+      process_ready();
+    }
   }
 
   // In piece order, one thread at a time: whoever finds the next piece loaded processes it

@@ -1,7 +1,8 @@
 // strata::store (private) — completion-driven transfers: the pieces of one chunk go through
 // the I/O engine and the CPU as completions arrive (run_pieces), chunks one after another
 // (run_in_sequence), and the first error of many parts by position (FirstError). Nothing
-// here waits: every step runs on the thread that completed the step before it.
+// here waits: every step runs on the thread that completed the step before it, except the
+// CPU step of a transfer that names a pool for it (PieceSteps::cpu).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "strata/base/future.hpp"
+#include "strata/base/thread_pool.hpp"
 
 namespace strata::store_detail {
 
@@ -32,6 +34,14 @@ struct PieceSteps {
   /// Called once, after every piece went through without an error; its status is the
   /// outcome. Null: OK.
   std::function<Status()> finish;
+  /// Where process() (and what follows it: the piece's store, the next load, finish) runs:
+  /// null, on the thread that completed the load (an engine completion thread); else as a
+  /// task of this pool, still one call at a time and in piece order. A pool keeps hashing
+  /// and copying off the engine's completion thread, which then only reaps and submits
+  /// (one ring thread that hashes a 64 MiB chunk -- ~5 ms -- lets a queue of 32 x 1 MiB
+  /// run dry at 8 GB/s), and spreads the CPU work of concurrent transfers over the pool's
+  /// threads. Its tasks must never block (they only hash, copy and submit).
+  ThreadPool* cpu = nullptr;
 };
 
 /// Runs the pieces of `steps`: starts up to `window` of them, processes each in order as
@@ -39,7 +49,8 @@ struct PieceSteps {
 /// After an error no piece starts; the future completes once the pieces in flight have
 /// completed (so no buffer is in use any more) with the error of the lowest piece.
 /// Steps run on the thread that completed the step before (an engine completion thread, or
-/// the caller's for futures already complete), so process() and finish() must be short.
+/// the caller's for futures already complete), or on `steps.cpu` (see there), so process()
+/// and finish() must not block.
 Future<void> run_pieces(PieceSteps steps);
 
 /// Runs parts[0](), then parts[1]() once the future of the first is complete, and so on;

@@ -75,6 +75,7 @@ Future<uint64_t> StoreImpl::staged_write_async(const Extent& ext, uint64_t len, 
   steps.store = [s, file, engine, offset, plen, piece](uint64_t i) {
     return engine->write_async(*file, s->bufs[i % 2], align_up(plen(i), kAlign), offset + i * piece);
   };
+  steps.cpu = cpu_pool_.get();
   return run_pieces(std::move(steps)).map([s] { return s->h.digest(); });
 }
 
@@ -226,6 +227,7 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
     return Status::OK();
   };
   if (verify) steps.finish = checksum_check(key, j, c, s);
+  steps.cpu = cpu_pool_.get();
   return run_pieces(std::move(steps));
 }
 
@@ -280,6 +282,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
     return Status::OK();
   };
   if (verify) steps.finish = checksum_check(key, j, c, s);
+  steps.cpu = cpu_pool_.get();
   return run_pieces(std::move(steps));
 }
 

@@ -377,14 +377,16 @@ class StoreImpl final : public Store {
   Result<LayoutPtr> write_layout_once(const std::string& key, const uint8_t* src,
                                       uint64_t nbytes, uint32_t first_dir, bool src_dev);
   // Reads and write_range run completion-driven: the calling thread (a worker) plans the
-  // transfer, allocates staging memory and submits; each later step (verifying a piece,
-  // copying out of a staging buffer, submitting the next piece, the next chunk) runs on
-  // the thread that completed the step before it, an engine completion thread. That CPU
-  // work stays there, bounded by one piece (<= kHashPiece or piece_bytes_: well under a
-  // millisecond of hashing or copying), rather than hopping onto the worker pool: workers
-  // block in operations that stay synchronous (move, pin, remove, flush: lock_live() and
-  // the exclusive io lock), so a read whose last step needed a worker could wait for a
-  // worker that waits for that read's shared lock (worker_threads = 1 deadlocks).
+  // transfer, allocates staging memory and submits; each later step runs on the thread
+  // that completed the step before it (an engine completion thread), except the CPU work
+  // of a piece (verifying it, copying out of or into a staging buffer) and what follows it
+  // (submitting the next piece, the next chunk), which runs on cpu_pool_: hashing on the
+  // engine's one ring thread kept it from reaping and submitting (the queue ran dry at
+  // high bandwidth), and the pool spreads concurrent transfers' hashing over cores. That
+  // pool is not the worker pool: workers block in operations that stay synchronous (move,
+  // pin, remove, flush: lock_live() and the exclusive io lock), so a read whose last step
+  // needed a worker could wait for a worker that waits for that read's shared lock
+  // (worker_threads = 1 deadlocks); cpu_pool_'s tasks never block.
 
   /// What a staged write does before filling a piece (read-modify-write: read the old
   /// bytes into `buf`); may be null.
@@ -547,6 +549,8 @@ class StoreImpl final : public Store {
   std::thread committer_;
 
   std::unique_ptr<ThreadPool> pool_;  // StoreOptions::worker_threads workers (run_op)
+  // The data path's CPU steps (PieceSteps::cpu): min(cores - 1, 8) threads, at least 1.
+  std::unique_ptr<ThreadPool> cpu_pool_;
   // Admission: begin_op()/end_op(), also from const queries (CallScope).
   mutable std::mutex ops_mu_;
   mutable std::condition_variable ops_cv_;

@@ -5,9 +5,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "checksum.hpp"
 #include "store_damage.hpp"
@@ -69,6 +71,10 @@ Status StoreImpl::init(StoreOptions options) {
   STRATA_RETURN_IF_ERROR(create_pools());
   if (!read_only_) committer_ = std::thread([this] { committer_loop(); });
   STRATA_ASSIGN_OR_RETURN(pool_, ThreadPool::create(static_cast<int>(opts_.worker_threads)));
+  {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    STRATA_ASSIGN_OR_RETURN(cpu_pool_, ThreadPool::create(std::clamp(cores - 1, 1, 8)));
+  }
   started_ = true;
   if (opts_.stats_interval.count() > 0) {
     stats_logger_ = std::make_unique<StatsLogger>(opts_.path, opts_.stats_interval,
@@ -428,6 +434,7 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
     durable_.clear();
   }
   for (auto& g : groups_) g.engine->drain();
+  if (cpu_pool_) cpu_pool_->shutdown();  // after the engines: no completion posts to it now
   files_.clear();
   for (int fd : grow_fds_) ::close(fd);
   grow_fds_.clear();
