@@ -106,12 +106,17 @@ uint64_t ExtentAllocator::used(uint32_t dir) const {
   return dirs_[dir].used;
 }
 
-void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end,
+void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
                                  const std::function<bool(uint64_t, uint64_t)>& punch) {
   std::lock_guard<std::mutex> lk(mu_);
   Dir& d = dirs_[dir];
+  uint64_t kept = 0;
   for (const auto& r : d.free) {
     if (d.punched.count(r)) continue;
+    if (kept + r.second <= keep_bytes) {  // warm reserve: stays allocated in the file
+      kept += r.second;
+      continue;
+    }
     if (!punch(r.first, r.second)) return;
     d.punched.insert(r);
   }

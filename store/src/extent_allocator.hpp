@@ -66,10 +66,12 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   uint64_t used(uint32_t dir) const;
 
   /// Calls `punch(offset, length)` for every free range of `dir` not handed to it since
-  /// it last became free, then for [end(dir), file_end) when the file reaches past its
-  /// allocated end, holding the allocator's lock: no range is allocated while it is
+  /// it last became free, except the lowest-offset ones that fit whole in `keep_bytes`
+  /// together (the warm reserve: allocation is lowest-offset first, so those are reused
+  /// next, at overwrite speed), then for [end(dir), file_end) when the file reaches past
+  /// its allocated end, holding the allocator's lock: no range is allocated while it is
   /// punched. `punch` returns false to stop (e.g. the file system cannot punch holes).
-  void punch_free(uint32_t dir, uint64_t file_end,
+  void punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
                   const std::function<bool(uint64_t, uint64_t)>& punch);
 
   /// End of the allocated part of `dir`'s data file: no extent lies at or past it.

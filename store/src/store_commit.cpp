@@ -51,6 +51,7 @@ void StoreImpl::committer_loop() {
       st = catalog_->apply(all);
       if (st.code() == StatusCode::kResourceExhausted) {
         trim_data_files();
+        give_back_free_space(/*keep_warm=*/false);  // the warm reserve too
         st = catalog_->apply(all);
       }
       if (st.code() == StatusCode::kResourceExhausted && release_ballast()) {
@@ -67,7 +68,7 @@ void StoreImpl::committer_loop() {
       r->on_done = nullptr;  // drop captured versions (and their extents) before waking waiters
       r->ops.clear();
     }
-    if (st.ok()) give_back_free_space();  // e.g. the copy-on-write originals just released
+    if (st.ok()) give_back_free_space(/*keep_warm=*/true);  // e.g. the originals just released
     if (st.ok() && ballast_missing_.load()) {
       trim_data_files();  // removes may have freed the end of a data file
       restore_ballast();

@@ -104,6 +104,10 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
     want = end;
     rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
   }
+  if (rc != 0 && errno == ENOSPC) {  // the warm reserve goes back to the file system first
+    give_back_free_space_locked(/*keep_warm=*/false);
+    rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
+  }
   if (rc != 0) {
     int e = errno;
     if (e == EOPNOTSUPP) return Status::OK();  // the direct write will extend the file
@@ -129,11 +133,27 @@ void StoreImpl::trim_data_files() {
   }
 }
 
-void StoreImpl::give_back_free_space() {
-  if (punch_unsupported_.load() || keep_unreferenced_space_) return;
+void StoreImpl::give_back_free_space(bool keep_warm) {
   std::lock_guard<std::mutex> lk(grow_mu_);
+  give_back_free_space_locked(keep_warm);
+}
+
+void StoreImpl::give_back_free_space_locked(bool keep_warm) {
+  if (punch_unsupported_.load() || keep_unreferenced_space_) return;
   for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
-    alloc_->punch_free(d, file_end_[d].load(), [&](uint64_t off, uint64_t len) {
+    // The warm reserve: freed extents (the copy-on-write originals a commit just released)
+    // stay allocated in the data file, up to the bytes live in it and a quarter of the file
+    // system's free space, so the next writes reuse them at overwrite speed. Punched space
+    // is unallocated again, and a write into it pays the file system's allocation (ext4,
+    // unwritten extents converted per request: measured 1.1-1.4 GB/s against 2.0-2.7 for
+    // an overwrite, `strata bench store`'s reused-space rounds).
+    uint64_t keep = 0;
+    struct statvfs vfs;
+    if (keep_warm && ::fstatvfs(grow_fds_[d], &vfs) == 0) {
+      const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      keep = align_down(std::min(alloc_->used(d), avail / 4), kAlign);
+    }
+    alloc_->punch_free(d, file_end_[d].load(), keep, [&](uint64_t off, uint64_t len) {
       if (::fallocate(grow_fds_[d], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       static_cast<off_t>(off), static_cast<off_t>(len)) == 0) {
         return true;

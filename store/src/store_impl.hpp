@@ -285,9 +285,13 @@ class StoreImpl final : public Store {
   /// After a commit: punches holes (fallocate PUNCH_HOLE, size kept) over the data files'
   /// free extents, e.g. the copy-on-write originals the commit stopped naming, and over
   /// their preallocated tails, so a store holds on disk about what its objects take.
+  /// With `keep_warm`, free extents up to min(bytes live in the file, a quarter of the
+  /// file system's free space) stay allocated for the next writes (the warm reserve);
+  /// without (close, a full file system), every free extent is punched.
   /// Ranges stay unallocatable while punched; a file system without hole punching is
   /// tried once.
-  void give_back_free_space();
+  void give_back_free_space(bool keep_warm);
+  void give_back_free_space_locked(bool keep_warm);  // grow_mu_ held
   /// The catalog ballast: a small preallocated file beside catalog.db, deleted when a
   /// commit fails for lack of space so that the commit (e.g. a remove() freeing space) can
   /// go through, recreated after a later successful commit. Returns true when a ballast

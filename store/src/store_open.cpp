@@ -425,7 +425,10 @@ Status StoreImpl::close_impl(bool stay_open_on_failure) {
     committer_.join();
   }
   // Give back the growth slack while every live version still holds its extents.
-  if (!read_only_ && started_) trim_data_files();
+  if (!read_only_ && started_) {
+    give_back_free_space(/*keep_warm=*/false);  // a closed store holds what its objects take
+    trim_data_files();
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     host_lru_.clear();

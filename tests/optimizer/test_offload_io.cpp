@@ -219,15 +219,18 @@ TEST(OffloadIo, StateThatFitsStepsAndTheStoreGivesSpaceBackAfterEachCommit) {
     EXPECT_LE(data_file_blocks(root), 2 * T + need.in_flight_bytes + record + tail) << "step " << s;
     if (s % 5 == 0) {
       OFFLOAD_ASSERT_OK(opt->checkpoint());
-      // After a commit the replaced copies and the tail are punched out: one copy.
+      // After a commit the tail is punched out and the replaced copies are free: one copy
+      // in use, plus at most the warm reserve (freed extents kept allocated for the next
+      // step's writes: at most the bytes in use, and a quarter of the free space).
       EXPECT_EQ(must(store->nvme_space())[0].used_bytes, T + record) << "checkpoint of step " << s;
-      EXPECT_EQ(data_file_blocks(root), T + record) << "after the checkpoint of step " << s;
+      EXPECT_GE(data_file_blocks(root), T + record) << "after the checkpoint of step " << s;
+      EXPECT_LE(data_file_blocks(root), 2 * (T + record)) << "after the checkpoint of step " << s;
     }
   }
   for (uint32_t t = 0; t < sizes.size(); ++t) {
     ASSERT_TRUE(bit_equal(dump(*opt, t)[0], ref[t].param)) << "master of t" << t;
   }
-  // A finished store holds its state: one copy.
+  // A closed store holds its state: one copy (close punches the warm reserve too).
   OFFLOAD_ASSERT_OK(opt->checkpoint());
   opt.reset();
   OFFLOAD_ASSERT_OK(store->close());

@@ -1,6 +1,6 @@
 // The NVMe tier's extent allocator on its own (store/src/extent_allocator.hpp): exact
 // offsets of first-fit allocation, merging of freed neighbours, the end of each data file,
-// loading committed extents, and the budget.
+// loading committed extents, the budget, and which free ranges are punched (the warm reserve).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -142,6 +142,39 @@ TEST(ExtentAllocator, OverlappingLoadedExtentsAreDataLoss) {
   Status st = a->finish_load();
   EXPECT_EQ(st.code(), StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("directory 1 at offset 4096"), std::string::npos) << st.to_string();
+}
+
+TEST(ExtentAllocator, PunchFreeKeepsTheLowestRangesThatFitTheWarmReserve) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  std::vector<std::shared_ptr<Extent>> e;
+  for (uint64_t len : {K4, 2 * K4, K4, 3 * K4, K4, K4}) e.push_back(must(a->allocate(0, len, "k")));
+  // Extents at 0, 4K, 12K, 16K, 28K, 32K (end 36K).
+  e[0].reset();  // [0, 4K)
+  e[3].reset();  // [16K, 28K)
+  e[4].reset();  // merges: [16K, 32K)
+  ASSERT_EQ(a->free_ranges(0), (Ranges{{0, K4}, {4 * K4, 4 * K4}}));
+  Ranges punched;
+  auto punch = [&](uint64_t off, uint64_t len) {
+    punched.emplace_back(off, len);
+    return true;
+  };
+  // A reserve of 2 blocks keeps [0, 4K) (fits), punches [16K, 32K) (does not fit whole).
+  a->punch_free(0, a->end(0), 2 * K4, punch);
+  EXPECT_EQ(punched, (Ranges{{4 * K4, 4 * K4}}));
+  // The kept range is still a candidate next time; punched ones are not punched again.
+  punched.clear();
+  a->punch_free(0, a->end(0), 0, punch);
+  EXPECT_EQ(punched, (Ranges{{0, K4}}));
+  punched.clear();
+  a->punch_free(0, a->end(0), 0, punch);
+  EXPECT_TRUE(punched.empty());
+  // A reserve larger than every free range keeps them all; the file's tail past the
+  // allocated end is punched whatever the reserve.
+  e[1].reset();  // [4K, 12K) merges with [0, 4K): a new, unpunched range [0, 12K)
+  punched.clear();
+  a->punch_free(0, a->end(0) + 5 * K4, 100 * K4, punch);
+  EXPECT_EQ(punched, (Ranges{{a->end(0), 5 * K4}}));
+  EXPECT_EQ(a->end(0), 9 * K4);
 }
 
 TEST(ExtentAllocator, AnExtentWithoutAllocatorIsNeverReleased) {

@@ -193,8 +193,11 @@ def test_state_that_fits_steps_and_disk_usage_stays_bounded(small_fs):
             assert _data_blocks(root) <= 2 * T + need["in_flight_bytes"] + 4096 + tail
             if step % 5 == 4:
                 opt.checkpoint()
-                assert _data_blocks(root) == T + 4096  # + the checkpoint record
+                # one copy + the checkpoint record, plus at most the warm reserve (freed
+                # extents kept for the next step's writes: at most the bytes in use)
+                assert T + 4096 <= _data_blocks(root) <= 2 * (T + 4096)
         for a, b in zip(ours, ref):
             assert torch.equal(a, b)
     finally:
         opt.close()
+    assert _data_blocks(root) == T + 4096  # a closed store punches the reserve too
