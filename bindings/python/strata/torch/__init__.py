@@ -4,7 +4,9 @@
   (torch.optim.Adam/AdamW with fp32 masters and moments in a strata store);
 - ``strata.torch.offload``: parameter offload, ``offload_parameters`` / ``offload_init``
   (a model's parameters, and with strata's optimizers its gradients, in a strata store,
-  materialized in a bounded working set).
+  materialized in a bounded working set);
+- ``strata.torch.activations``: activation offload, ``offload_activations`` (what autograd
+  saves for backward in a host pool and the store's nvme tier).
 
 The optimizer wing reaches offloaded parameters only through the offload wing's public
 names (``is_offloaded``, ``offload_of``, ``ParameterOffload``'s methods); ``_common.py``
@@ -16,8 +18,9 @@ finiteness test), ``_trace.py`` strata's timeline (``trace`` / ``start_trace`` /
 from __future__ import annotations
 
 from ._trace import spans as trace_spans, start_trace, stop_trace, trace
+from .activations import ActivationOffload, offload_activations
 from .offload import OffloadedParameter, ParameterOffload, offload_init, offload_parameters
 from .optim import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
-           "OffloadedParameter", "trace", "start_trace", "stop_trace", "trace_spans"]
+           "OffloadedParameter", "offload_activations", "ActivationOffload", "trace", "start_trace", "stop_trace", "trace_spans"]

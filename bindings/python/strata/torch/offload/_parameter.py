@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from .. import _saved
 from .._common import no_torch_function as _no_tf
 from ._grad_tensor import has_grads, unwrap_grads
 from ._record import IN_MEMORY, ParamRecord
@@ -200,7 +201,8 @@ class _Packed:
 
 def pack(t: torch.Tensor) -> Any:
     """autograd's pack hook around operations on offloaded parameters: a saved parameter
-    (or a view of one) is saved as a reference; other tensors as they are."""
+    (or a view of one) is saved as a reference; other tensors as an active activation
+    offload packs them (strata.torch._saved), else as they are."""
     if type(t) is OffloadedParameter:
         return _Packed(t._strata_record, None)
     base = t._base
@@ -209,14 +211,14 @@ def pack(t: torch.Tensor) -> Any:
         if s.state in IN_MEMORY:
             off = t.storage_offset() - s.resident.storage_offset()
             return _Packed(s, (t.size(), t.stride(), off))
-    return t
+    return _saved.pack_outer(t)
 
 
 def unpack(x: Any) -> torch.Tensor:
     """autograd's unpack hook: a reference is materialized again (the backward phase of
     its offload)."""
     if type(x) is not _Packed:
-        return x
+        return _saved.unpack_any(x)
     owner = x.record.owner  # (another offload's parameter in the same op)
     owner.begin_backward()
     data = owner.ws.materialize(x.record)
