@@ -139,11 +139,20 @@ class ActivationOffload:
           forwards waited for the write window;
         * ``tensors_packed`` (handles made), ``tensors_deduplicated`` (of them, ones that
           found their entry), ``tensors_kept`` (saved as they are: parameters, leaves,
-          small ones), ``trace_mismatches`` (backwards that left the trace);
+          small ones), ``trace_mismatches`` (backwards that did not follow the trace: their
+          forward packed other sizes, or they unpacked in an order it did not predict);
         * ``entries_alive``: entries a live graph still holds.
 
         Thread-safety: safe from any thread."""
         return self.pool.snapshot()
+
+    def wait_spills(self) -> None:
+        """Waits until every spill issued so far is written (their bytes then leave the
+        host pool). Not needed for correctness (an entry still being written is read from
+        memory); for measurements and tests that need a deterministic state.
+
+        :raises strata.Error: a spill failed (e.g. DiskFullError)."""
+        self.pool.wait_writes()
 
     def reset_stats(self) -> None:
         """Zeroes the counters (``pool_peak_bytes`` restarts at ``pool_bytes``)."""
@@ -174,7 +183,7 @@ class ActivationOffload:
 
 
 def _cleanup(pool: Pool, store: Optional[strata.Store], owned_dir: Optional[str]) -> None:
-    pool.close()
+    pool.close()  # (a user's store closed first: nothing left to delete there)
     if store is not None and not store.closed:
         store.close()
     if owned_dir is not None:

@@ -345,18 +345,31 @@ class Pool:
                     self.stats[k] = 0.0 if k.endswith("_seconds") else 0
             self.stats["pool_peak_bytes"] = self.stats["pool_bytes"]
 
-    def close(self) -> None:
-        """Ends the fetch thread, waits for writes, deletes every object left."""
-        if self.closed:
-            return
-        self.prefetcher.stop()
+    def wait_writes(self) -> None:
         with self._lock:
             while self._writing:
                 self._finish_write(self._writing.popleft())
             self._drain()
+
+    def close(self) -> None:
+        """Ends the fetch thread, waits for writes, deletes every object left (none when
+        the store was closed first)."""
+        if self.closed:
+            return
+        self.prefetcher.stop()
+        if self.store.closed:
+            self.closed = True
+        with self._lock:
+            while self._writing:
+                e = self._writing.popleft()
+                try:
+                    self._finish_write(e)
+                except Exception:  # noqa: BLE001 (closing: the entry is dropped anyway)
+                    pass
+            self._drain()
             for e in list(self._live.values()):
                 e.dead = True
-                if e.state in (State.SPILLED, State.FETCHED, State.FETCHING):
+                if not self.closed and e.state in (State.SPILLED, State.FETCHED, State.FETCHING):
                     self._deletes.append(self.store.delete_async(e.key))
                 e.data = e.fetched = None
                 e.state = State.FREED

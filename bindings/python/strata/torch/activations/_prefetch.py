@@ -67,11 +67,13 @@ class Prefetcher:
         """``e`` (of ``seg``) is unpacked for the first time in this backward."""
         if e.pack_index in seg.seen:
             return
-        if not seg.order and self.window > 0 and self.trace is not None \
-                and tuple(seg.sizes) == self.trace[0]:
-            seg.follow = self.trace[1]
-            seg.positions = {k: i for i, k in enumerate(seg.follow)}
-            seg.pos = 0
+        if not seg.order and self.window > 0 and self.trace is not None:
+            if tuple(seg.sizes) == self.trace[0]:
+                seg.follow = self.trace[1]
+                seg.positions = {k: i for i, k in enumerate(seg.follow)}
+                seg.pos = 0
+            else:  # another forward (other sizes or another number of tensors)
+                self.stats["trace_mismatches"] += 1
         seg.seen.add(e.pack_index)
         seg.order.append(e.pack_index)
         if seg.follow is None:
