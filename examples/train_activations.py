@@ -41,7 +41,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-FULL = dict(blocks=42, d_model=16, tokens=65536, steps=3, memory_limit="384MiB",
+FULL = dict(blocks=42, d_model=16, tokens=65536, steps=3, memory_limit="368MiB",
             host_budget="32MiB")
 QUICK = dict(blocks=48, d_model=16, tokens=49152, steps=2, memory_limit="320MiB",
              host_budget="32MiB")
@@ -176,7 +176,7 @@ def main() -> int:
         args.dir = os.path.join(work, "store")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")  # freed buffers go back
     print(f"model: {args.blocks} blocks, d_model {args.d_model}, {args.tokens} tokens per "
-          f"batch; saved activations {mib(saved)} per step = {saved / limit:.1f} x the "
+          f"batch; saved activations {mib(saved)} per step = {saved / limit:.2f} x the "
           f"{mib(limit)} memory limit; host pool {args.host_budget}")
     failures = []
     try:
@@ -212,7 +212,7 @@ def main() -> int:
                           "stall_seconds", "fetch_seconds")))
             per_step = s["activation_bytes"] / args.steps
             print(f"activations offloaded per step: {mib(per_step)} = "
-                  f"{per_step / limit:.1f} x the limit")
+                  f"{per_step / limit:.2f} x the limit")
             if per_step < 4 * limit:
                 failures.append(f"activations per step {mib(per_step)} < 4 x the limit")
             if a["losses"] != b["losses"]:
