@@ -240,12 +240,21 @@ Result<Plan> plan(const PlanOptions& o, const Measurements& m) {
     st.items = std::ceil(per_rank / o.sub_group_numel);
     if (opt_off) {
       if (nvme) {
-        // A sub-group smaller than a store chunk touches part of a chunk: its read_range
-        // reads (and verifies) the whole chunk, and its write_range is a copy-on-write of the
-        // whole chunk (read the old one, write a fresh one; store/src/store_ops.cpp). With k
-        // = chunk / (4 B x sub-group) sub-groups per chunk the drive reads 2k and writes k
-        // times the state; k = 1 (whole chunks) reads and writes it once.
-        const double k = std::max(1.0, std::ceil(o.chunk_bytes / (4 * o.sub_group_numel)));
+        // A sub-group smaller than its object's chunk touches part of a chunk: its
+        // read_range reads (and verifies) the whole chunk, and its write_range is a
+        // copy-on-write of the whole chunk (read the old one, write a fresh one;
+        // store/src/store_ops.cpp). With k = chunk / (4 B x sub-group) sub-groups per chunk
+        // the drive reads 2k and writes k times the state; k = 1 (whole chunks) reads and
+        // writes it once. The optimizer's state objects have chunks of whole sub-groups of
+        // at least 1 MiB (optimizer/src/offload_impl.hpp, kMinStateChunk), so k > 1 only
+        // for sub-groups under 1 MiB.
+        const double sg_bytes = 4 * o.sub_group_numel;
+        double object_chunk = o.chunk_bytes;
+        if (sg_bytes < o.chunk_bytes && std::fmod(sg_bytes, 4096.0) == 0) {
+          const double per_chunk = std::ceil((1 << 20) / sg_bytes);
+          if (per_chunk * sg_bytes <= o.chunk_bytes) object_chunk = per_chunk * sg_bytes;
+        }
+        const double k = std::max(1.0, std::ceil(object_chunk / sg_bytes));
         double rd = o.state_bytes * per_node * (k > 1 ? 2 * k : 1.0);
         double wr = o.state_bytes * per_node * k;
         if (params_off) wr += 2 * per_node;  // the updated fp16 parameters

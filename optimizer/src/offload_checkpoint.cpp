@@ -302,6 +302,7 @@ Status OffloadedOptimizer::Impl::restore() {
       t.keys.push_back(key_of(p.name, s));
       STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store->stat(t.keys[s]));
       STRATA_RETURN_IF_ERROR(check_clean(oi));
+      t.chunks.push_back(oi.chunk_bytes);
       if (oi.nbytes != p.numel * 4) {
         return data_loss("offload open: object '" + t.keys[s] + "' holds " +
                          std::to_string(oi.nbytes) + " bytes, the record says " +

@@ -32,6 +32,10 @@ namespace offload_detail {
 
 using Clock = std::chrono::steady_clock;
 inline constexpr uint64_t kAlign = 4096;
+/// Smallest store chunk of the state objects add_param() creates (Impl::chunk_bytes):
+/// below it, per-chunk costs (a catalog row, a request, a checksum) outweigh reading a
+/// neighbouring sub-group.
+inline constexpr uint64_t kMinStateChunk = 1ull << 20;
 
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -103,6 +107,7 @@ struct OffloadedOptimizer::Impl {
     void* copy = nullptr;
     DType copy_type = DType::kBFloat16;
     std::vector<std::string> keys;  // [0] master, [1 + k] state stream k
+    std::vector<uint64_t> chunks;   // bytes per store chunk of each key's object
     std::vector<HostArray> host;    // kHost only: same indexing as keys
   };
 
@@ -130,6 +135,10 @@ struct OffloadedOptimizer::Impl {
   std::vector<PinnedBuffer> slots;
   uint64_t sg = 0;             // sub-group elements
   uint64_t stream_stride = 0;  // bytes between streams inside a slot
+  // Bytes per store chunk of the objects add_param() creates (PutOptions::chunk_bytes):
+  // the sub-group's bytes (rounded up to a multiple of them of at least 1 MiB) when that
+  // is below the store's chunk, so that each sub-group is whole chunks: read without its
+  // neighbours (verification reads whole chunks) and written without read-modify-write.
   uint64_t chunk_bytes = 0;
 
   // Serialization of members: the baton (busy) is held by one call at a time.

@@ -187,6 +187,11 @@ Status OffloadedOptimizer::Impl::setup_resources() {
     }
   }
   stream_stride = align_up(sg * 4, kAlign);
+  if ((sg * 4) % kAlign == 0 && sg * 4 < chunk_bytes) {
+    const uint64_t sgb = sg * 4;
+    const uint64_t per_chunk = (kMinStateChunk + sgb - 1) / sgb;  // sub-groups per chunk
+    if (per_chunk * sgb <= chunk_bytes) chunk_bytes = per_chunk * sgb;
+  }
   // One topology, one numbering: the pinned pool and the kernel threads both place by the
   // store's Topology (kernel node numbers). A foreign one (HWLOC_XMLFILE) gives the
   // targets; nothing is bound on it, as in the store.

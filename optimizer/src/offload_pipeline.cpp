@@ -15,6 +15,9 @@
 // store chunk boundary share a chunk; the store forbids concurrent write_range() on one
 // chunk (read-modify-write), so the writes of the second are a continuation of those of
 // the first. (Items of one tensor never share a batch: all but its last fill a slot.)
+// The objects add_param() creates have chunks of whole sub-groups (Impl::chunk_bytes), so
+// that happens only to objects made with other chunks (a store opened with another
+// sub-group size) and to sub-groups smaller than kMinStateChunk.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -126,7 +129,11 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
     stats.sub_groups += 1;
     // Write back; a chunk shared with the previous batch's writes waits for them.
     const Item& first = items[batches[i]];
-    if (i > 0 && items[batches[i] - 1].t == first.t && (first.begin * 4) % chunk_bytes != 0) {
+    bool shares_chunk = false;  // with the previous item of its tensor, in some stream
+    if (i > 0 && items[batches[i] - 1].t == first.t) {
+      for (uint64_t c : tensors[first.t].chunks) shares_chunk |= (first.begin * 4) % c != 0;
+    }
+    if (shares_chunk) {
       writes[i] = writes[i - 1].then([issue, i](const Result<void>&) { return issue(i, true); });
     } else {
       writes[i] = issue(i, true);

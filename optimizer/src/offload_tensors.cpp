@@ -116,12 +116,14 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   t.placement = placement;
   t.group = group;
   for (int s = 0; s < num_streams(); ++s) t.keys.push_back(key_of(name, s));
+  t.chunks.assign(t.keys.size(), chunk_bytes);
   // Held before they are written: only checkpoint()'s commit makes their changes durable.
   STRATA_RETURN_IF_ERROR(store->hold(t.keys));
   const TensorDesc desc{DType::kFloat32, {static_cast<int64_t>(numel)}};
   PutOptions po;
   po.tier = Tier::kNvme;
   po.overwrite = true;  // leftovers of a crashed, never-checkpointed add_param
+  po.chunk_bytes = chunk_bytes;  // sub-groups of whole chunks (Impl::chunk_bytes)
   // The objects' initial bytes: the host arrays, or `init` and zeros that cost no DRAM.
   std::vector<const void*> srcs;
   std::optional<ZeroView> zeros;

@@ -21,7 +21,12 @@ bool chunk_adoptable(const catalog::ChunkRow& c, size_t ndirs, uint64_t chunk_by
   return !__builtin_add_overflow(c.offset, align_up(c.nbytes, kAlign), &end) && end <= (1ull << 62);
 }
 
-std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk_bytes) {
+uint64_t row_chunk_bytes(const catalog::ObjectRow& r, uint64_t store_chunk_bytes) {
+  if (r.chunks.size() < 2) return store_chunk_bytes;
+  return r.chunks[0].nbytes;
+}
+
+std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t store_chunk_bytes) {
   if (!r.damage.empty()) return r.damage;
   TensorDesc d{r.dtype, r.shape};
   auto want = checked_nbytes(r.dtype, r.shape);
@@ -32,7 +37,14 @@ std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk
     return "object '" + r.key + "' is " + std::to_string(r.nbytes) + " bytes but " + to_string(d) +
            " needs " + std::to_string(*want);
   }
-  const uint64_t nchunks = chunk_bytes ? (r.nbytes + chunk_bytes - 1) / chunk_bytes : 0;
+  // The object's chunk size: a multiple of 4 KiB up to the store's (PutOptions).
+  const uint64_t chunk_bytes = row_chunk_bytes(r, store_chunk_bytes);
+  if (chunk_bytes == 0 || chunk_bytes % kAlign != 0 || chunk_bytes > store_chunk_bytes) {
+    return "object '" + r.key + "' has chunks of " + std::to_string(chunk_bytes) +
+           " bytes (not a multiple of 4096 up to the store's " +
+           std::to_string(store_chunk_bytes) + ")";
+  }
+  const uint64_t nchunks = (r.nbytes + chunk_bytes - 1) / chunk_bytes;
   if (r.chunks.size() != nchunks) {
     return "object '" + r.key + "' has " + std::to_string(r.chunks.size()) + " chunks, expected " +
            std::to_string(nchunks);

@@ -15,6 +15,11 @@ namespace strata::store_detail {
 /// Empty when catalog row `r` is sound for a store with `ndirs` directories and
 /// `chunk_bytes`, else a description of the damage (names the key).
 std::string row_damage(const catalog::ObjectRow& r, size_t ndirs, uint64_t chunk_bytes);
+
+/// Bytes per chunk of the object of row `r` (PutOptions::chunk_bytes when it was put): the
+/// first chunk's length when it has two chunks or more, else `store_chunk_bytes` (one
+/// chunk reads and writes alike whatever the chunk size was).
+uint64_t row_chunk_bytes(const catalog::ObjectRow& r, uint64_t store_chunk_bytes);
 /// True when chunk `c` names a valid extent (its space is then kept out of reuse).
 bool chunk_adoptable(const catalog::ChunkRow& c, size_t ndirs, uint64_t chunk_bytes);
 

@@ -105,18 +105,21 @@ void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
 }
 
 Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t* src,
-                                          uint64_t nbytes, uint32_t first_dir, bool src_dev) {
-  auto l = write_layout_once(key, src, nbytes, first_dir, src_dev);
+                                          uint64_t nbytes, uint32_t first_dir, bool src_dev,
+                                          uint64_t chunk) {
+  auto l = write_layout_once(key, src, nbytes, first_dir, src_dev, chunk);
   if (!l.ok()) trim_data_files();  // its extents are released by now: give back the space
   return l;
 }
 
 Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uint8_t* src,
                                                uint64_t nbytes, uint32_t first_dir,
-                                               bool src_dev) {
+                                               bool src_dev, uint64_t chunk) {
   auto layout = std::make_shared<Layout>();
+  const uint64_t chunk_bytes = chunk != 0 ? chunk : chunk_bytes_;
+  layout->chunk_bytes = chunk_bytes;
   if (nbytes == 0) return LayoutPtr(layout);
-  const uint64_t nchunks = (nbytes + chunk_bytes_ - 1) / chunk_bytes_;
+  const uint64_t nchunks = (nbytes + chunk_bytes - 1) / chunk_bytes;
   const uint32_t k = static_cast<uint32_t>(dirs_.size());
   layout->resize(nchunks);
   std::vector<Future<uint64_t>> futs;
@@ -127,7 +130,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
   // of concurrent puts at every step.
   std::vector<uint64_t> need(k, 0);
   for (uint64_t j = 0; j < nchunks; ++j) {
-    const uint64_t len = std::min(chunk_bytes_, nbytes - j * chunk_bytes_);
+    const uint64_t len = std::min(chunk_bytes, nbytes - j * chunk_bytes);
     const uint32_t dir = static_cast<uint32_t>((first_dir + j) % k);
     auto ext = alloc_->allocate(dir, align_up(len, kAlign), key);
     if (!ext.ok()) return ext.status().with_context("put '" + key + "'");
@@ -148,7 +151,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
   Status st;
   const auto t_io = StatsClock::now();
   for (uint64_t j = 0; j < nchunks && st.ok(); ++j) {
-    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t cs = j * chunk_bytes;
     ChunkRef& c = (*layout)[j];
     const uint64_t len = c.nbytes;
     const uint32_t dir = c.ext->dir;
@@ -171,7 +174,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
     }
   }
   for (uint64_t j : hash_later) {
-    (*layout)[j].checksum = xxh3_64(src + j * chunk_bytes_, (*layout)[j].nbytes);
+    (*layout)[j].checksum = xxh3_64(src + j * chunk_bytes, (*layout)[j].nbytes);
   }
   for (auto& f : futs) {
     const auto& r = f.result();
@@ -183,18 +186,19 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
 }
 
 std::function<Status()> StoreImpl::checksum_check(const std::string& key, uint32_t j,
-                                                  const ChunkRef& c,
+                                                  uint64_t cs, const ChunkRef& c,
                                                   std::shared_ptr<const Hashed> hashed) const {
-  return [this, hashed = std::move(hashed), key, j, c]() -> Status {
+  return [this, hashed = std::move(hashed), key, j, cs, c]() -> Status {
     const uint64_t got = hashed->h.digest();
-    if (got != c.checksum) return checksum_error(key, j, uint64_t{j} * chunk_bytes_, c, got);
+    if (got != c.checksum) return checksum_error(key, j, cs, c, got);
     return Status::OK();
   };
 }
 
-Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
-                                          uint64_t lo, uint64_t hi, bool verify, uint8_t* buf,
-                                          uint64_t piece_cap, PieceSink sink) {
+Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, uint64_t cs,
+                                          const ChunkRef& c, uint64_t lo, uint64_t hi,
+                                          bool verify, uint8_t* buf, uint64_t piece_cap,
+                                          PieceSink sink) {
   // Range of the chunk to read: all of it when verifying, else the aligned cover of [lo, hi).
   const uint64_t a = verify ? 0 : align_down(lo, kAlign);
   const uint64_t b = verify ? c.nbytes : std::min(c.nbytes, align_up(hi, kAlign));
@@ -226,17 +230,18 @@ Future<void> StoreImpl::staged_read_async(const std::string& key, uint32_t j, co
     if (s0 < s1) return sink(s->bufs[i % 2] + (s0 - p), s0, s1 - s0);
     return Status::OK();
   };
-  if (verify) steps.finish = checksum_check(key, j, c, s);
+  if (verify) steps.finish = checksum_check(key, j, cs, c, s);
   steps.cpu = cpu_pool_.get();
   return run_pieces(std::move(steps));
 }
 
-Status StoreImpl::staged_read_chunk(const std::string& key, uint32_t j, const ChunkRef& c,
-                                    uint64_t lo, uint64_t hi, bool verify, PieceSink sink) {
+Status StoreImpl::staged_read_chunk(const std::string& key, uint32_t j, uint64_t cs,
+                                    const ChunkRef& c, uint64_t lo, uint64_t hi, bool verify,
+                                    PieceSink sink) {
   const uint64_t piece = staged_piece(c.nbytes);
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, staging(c.ext->dir, 2 * piece));
   const auto t_io = StatsClock::now();
-  Status st = staged_read_async(key, j, c, lo, hi, verify, static_cast<uint8_t*>(buf.data()),
+  Status st = staged_read_async(key, j, cs, c, lo, hi, verify, static_cast<uint8_t*>(buf.data()),
                                 piece, std::move(sink))
                   .result()
                   .status();
@@ -244,8 +249,8 @@ Status StoreImpl::staged_read_chunk(const std::string& key, uint32_t j, const Ch
   return st;
 }
 
-Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
-                                          uint8_t* d, bool verify) {
+Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, uint64_t cs,
+                                          const ChunkRef& c, uint8_t* d, bool verify) {
   // Pieces of kHashPiece straight into `d`, all in flight at once, each verified as soon as
   // it is in (in order) while the later ones are still in flight; a partial last 4 KiB
   // block through an aligned tail block.
@@ -281,7 +286,7 @@ Future<void> StoreImpl::direct_read_async(const std::string& key, uint32_t j, co
     }
     return Status::OK();
   };
-  if (verify) steps.finish = checksum_check(key, j, c, s);
+  if (verify) steps.finish = checksum_check(key, j, cs, c, s);
   steps.cpu = cpu_pool_.get();
   return run_pieces(std::move(steps));
 }
@@ -290,8 +295,9 @@ Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, u
                                           uint64_t n, uint8_t* dst, bool dst_dev, bool verify) {
   if (n == 0) return make_ready_future();
   const auto t_io = StatsClock::now();
-  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
   const Layout& lay = *l;
+  const uint64_t chunk_bytes = lay.chunk_bytes != 0 ? lay.chunk_bytes : chunk_bytes_;
+  const uint64_t j0 = off / chunk_bytes, j1 = (off + n - 1) / chunk_bytes;
   // Whole chunks into aligned host memory go straight from the disk (O_DIRECT), all chunks
   // in flight at once. The rest streams through staging buffers, one chunk after another
   // per staging pool (NUMA group), from one buffer allocated here, on the calling thread:
@@ -301,7 +307,7 @@ Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, u
   std::map<uint32_t, uint64_t> staged_span;          // group -> longest span
   for (uint64_t j = j0; j <= j1; ++j) {
     const ChunkRef& c = lay[j];
-    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t cs = j * chunk_bytes;
     const uint64_t lo = std::max(off, cs), hi = std::min(off + n, cs + c.nbytes);
     const auto& file = files_[c.ext->dir];
     if (!file) {
@@ -336,8 +342,9 @@ Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, u
   }
   std::vector<Future<void>> parts;
   for (uint64_t j : direct) {
-    const uint64_t cs = j * chunk_bytes_;
-    parts.push_back(direct_read_async(key, static_cast<uint32_t>(j), lay[j], dst + (cs - off), verify)
+    const uint64_t cs = j * chunk_bytes;
+    parts.push_back(direct_read_async(key, static_cast<uint32_t>(j), cs, lay[j], dst + (cs - off),
+                                      verify)
                         .then([job, j](const Result<void>& r) -> Status {
                           job->error.note(j, r.status());
                           return r.status();
@@ -348,14 +355,15 @@ Future<void> StoreImpl::read_layout_async(const std::string& key, LayoutPtr l, u
     uint8_t* buf = static_cast<uint8_t*>(job->bufs[k].data());
     std::vector<std::function<Future<void>()>> chain;
     for (uint64_t j : staged[g]) {
-      chain.push_back([this, job, key, j, off, n, dst, dst_dev, verify, buf, piece]() {
+      chain.push_back([this, job, key, j, off, n, dst, dst_dev, verify, buf, piece, chunk_bytes]() {
         const ChunkRef& c = (*job->layout)[j];
-        const uint64_t cs = j * chunk_bytes_;
+        const uint64_t cs = j * chunk_bytes;
         const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + c.nbytes) - cs;
         auto sink = [this, dst, cs, off, dst_dev](const uint8_t* b, uint64_t coff, uint64_t len) {
           return copy_mem(dst + (cs + coff - off), b, len, dst_dev);
         };
-        return staged_read_async(key, static_cast<uint32_t>(j), c, lo, hi, verify, buf, piece, sink)
+        return staged_read_async(key, static_cast<uint32_t>(j), cs, c, lo, hi, verify, buf, piece,
+                                 sink)
             .then([job, j](const Result<void>& r) -> Status {
               job->error.note(j, r.status());
               return r.status();

@@ -105,7 +105,11 @@ struct ChunkRef {
   uint64_t nbytes = 0;
   uint64_t checksum = 0;
 };
-using Layout = std::vector<ChunkRef>;
+/// An NVMe copy: chunk j holds the object's bytes [j * chunk_bytes, ...), each chunk
+/// chunk_bytes long but the last (PutOptions::chunk_bytes; the store's by default).
+struct Layout : std::vector<ChunkRef> {
+  uint64_t chunk_bytes = 0;
+};
 using LayoutPtr = std::shared_ptr<const Layout>;
 
 /// A device-tier allocation; frees itself and its share of the device budget.
@@ -126,6 +130,7 @@ struct Obj {
   TensorDesc desc;
   uint64_t nbytes = 0;
   uint32_t first_dir = 0;
+  uint64_t chunk = 0;  // bytes per chunk of its NVMe copies (PutOptions::chunk_bytes)
   /// Shared: readers and write_range (until their last continuation, on any thread).
   /// Exclusive: tier changes, write-back, replacement.
   IoLock io;
@@ -376,10 +381,12 @@ class StoreImpl final : public Store {
   // ---- store_datapath.cpp: chunk I/O
   /// Writes a new version of `nbytes` from `src` into newly placed extents (put, flush,
   /// demotion). On failure the new extents are released and the data files trimmed.
+  /// `chunk`: bytes per chunk (Obj::chunk).
   Result<LayoutPtr> write_layout(const std::string& key, const uint8_t* src, uint64_t nbytes,
-                                 uint32_t first_dir, bool src_dev);
+                                 uint32_t first_dir, bool src_dev, uint64_t chunk);
   Result<LayoutPtr> write_layout_once(const std::string& key, const uint8_t* src,
-                                      uint64_t nbytes, uint32_t first_dir, bool src_dev);
+                                      uint64_t nbytes, uint32_t first_dir, bool src_dev,
+                                      uint64_t chunk);
   // Reads and write_range run completion-driven: the calling thread (a worker) plans the
   // transfer, allocates staging memory and submits; each later step runs on the thread
   // that completed the step before it (an engine completion thread), except the CPU work
@@ -408,8 +415,9 @@ class StoreImpl final : public Store {
     Xxh3Stream h;
   };
   /// The finish step of a verified chunk read: DataLoss (checksum_error) when what `hashed`
-  /// saw does not match chunk `c` (number `j`).
-  std::function<Status()> checksum_check(const std::string& key, uint32_t j, const ChunkRef& c,
+  /// saw does not match chunk `c` (number `j`, at object offset `cs`).
+  std::function<Status()> checksum_check(const std::string& key, uint32_t j, uint64_t cs,
+                                         const ChunkRef& c,
                                          std::shared_ptr<const Hashed> hashed) const;
   /// Reads bytes [off, off + n) of layout `l` into `dst` (device memory when `dst_dev`),
   /// verifying each chunk read whole (all of it is read when `verify`). Staging memory is
@@ -420,17 +428,18 @@ class StoreImpl final : public Store {
   /// read_layout_async(), waited for (promotion, on a worker holding the exclusive lock).
   Status read_layout(const std::string& key, LayoutPtr l, uint64_t off, uint64_t n,
                      uint8_t* dst, bool dst_dev, bool verify);
-  /// One whole chunk `c` (number `j`) straight into aligned host memory `d`.
-  Future<void> direct_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
-                                 uint8_t* d, bool verify);
-  /// Bytes [lo, hi) of chunk `c` (number `j`) through the staging memory `buf` (two pieces
-  /// of at most `piece_cap` bytes), handed to `sink` in order.
-  Future<void> staged_read_async(const std::string& key, uint32_t j, const ChunkRef& c,
-                                 uint64_t lo, uint64_t hi, bool verify, uint8_t* buf,
-                                 uint64_t piece_cap, PieceSink sink);
+  /// One whole chunk `c` (number `j`, at object offset `cs`) straight into aligned host
+  /// memory `d`.
+  Future<void> direct_read_async(const std::string& key, uint32_t j, uint64_t cs,
+                                 const ChunkRef& c, uint8_t* d, bool verify);
+  /// Bytes [lo, hi) of chunk `c` (number `j`, at object offset `cs`) through the staging
+  /// memory `buf` (two pieces of at most `piece_cap` bytes), handed to `sink` in order.
+  Future<void> staged_read_async(const std::string& key, uint32_t j, uint64_t cs,
+                                 const ChunkRef& c, uint64_t lo, uint64_t hi, bool verify,
+                                 uint8_t* buf, uint64_t piece_cap, PieceSink sink);
   /// staged_read_async() with its own staging memory, waited for (verify()).
-  Status staged_read_chunk(const std::string& key, uint32_t j, const ChunkRef& c, uint64_t lo,
-                           uint64_t hi, bool verify, PieceSink sink);
+  Status staged_read_chunk(const std::string& key, uint32_t j, uint64_t cs, const ChunkRef& c,
+                           uint64_t lo, uint64_t hi, bool verify, PieceSink sink);
   /// Writes `len` bytes into extent `ext` through `buf` (two pieces of `piece` bytes): each
   /// piece loaded (optional), filled, hashed, zero-padded to 4 KiB and written.
   /// \returns future of the XXH3-64 of the `len` bytes.

@@ -71,7 +71,9 @@ ObjPtr StoreImpl::obj_from_row(const catalog::ObjectRow& r, const std::vector<bo
   o->first_dir = r.first_dir < dirs_.size() ? r.first_dir : 0;
   // A damaged row makes only that object unreadable (DataLoss), never the whole store.
   o->damage = row_damage(r, dirs_.size(), chunk_bytes_);
+  o->chunk = row_chunk_bytes(r, chunk_bytes_);
   auto l = std::make_shared<Layout>();
+  l->chunk_bytes = o->chunk;
   for (size_t j = 0; j < r.chunks.size(); ++j) {
     const auto& c = r.chunks[j];
     if (j < adopt.size() && !adopt[j]) continue;  // damaged: outside the store or overlapping

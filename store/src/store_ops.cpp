@@ -36,6 +36,12 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
         "put '" + key + "': tier value " + std::to_string(static_cast<int>(opts.tier)) +
         " is not a Tier")));
   }
+  if (opts.chunk_bytes % kAlign != 0 || opts.chunk_bytes > chunk_bytes_) {
+    return make_ready_future(Result<void>(invalid_argument(
+        "put '" + key + "': PutOptions.chunk_bytes " + std::to_string(opts.chunk_bytes) +
+        " is not a multiple of 4096 up to the store's chunk_bytes " +
+        std::to_string(chunk_bytes_))));
+  }
   if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -51,6 +57,7 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
   o->desc = desc;
   o->nbytes = desc.nbytes();
   o->first_dir = next_dir_.fetch_add(1) % static_cast<uint32_t>(dirs_.size());
+  o->chunk = opts.chunk_bytes != 0 ? opts.chunk_bytes : chunk_bytes_;
   const uint8_t* s = static_cast<const uint8_t*>(src);
   auto release = [this, key] {  // under mu_
     if (--pending_creates_[key] == 0) pending_creates_.erase(key);
@@ -64,7 +71,7 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
     bool src_dev = is_device_pointer(s);
     if (opts.tier == Tier::kNvme) {
       if (opts.pin) return fail(invalid_argument("put '" + key + "': pin needs the host or device tier"));
-      auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev);
+      auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev, o->chunk);
       if (!l.ok()) return fail(l.status());
       o->current = *l;
       std::lock_guard<std::mutex> lk(mu_);
@@ -208,7 +215,8 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   // here, while they are in flight); the others are read-modify-written through staging
   // memory, one chunk after another per staging pool.
   const auto t_io = StatsClock::now();
-  const uint64_t j0 = off / chunk_bytes_, j1 = (off + n - 1) / chunk_bytes_;
+  const uint64_t chunk_bytes = cur->chunk_bytes != 0 ? cur->chunk_bytes : chunk_bytes_;
+  const uint64_t j0 = off / chunk_bytes, j1 = (off + n - 1) / chunk_bytes;
   struct Job {
     LayoutPtr cur;
     std::vector<std::pair<uint64_t, ChunkRef>> written;
@@ -223,7 +231,7 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   std::map<uint32_t, std::vector<size_t>> staged;  // staging group -> entries of `written`
   for (uint64_t j = j0; j <= j1; ++j) {
     const ChunkRef& old = (*job->cur)[j];
-    const uint64_t cs = j * chunk_bytes_;
+    const uint64_t cs = j * chunk_bytes;
     const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
     auto ext = alloc_->allocate(old.ext->dir, old.ext->len, o->key);
     if (!ext.ok()) return make_ready_future(Result<void>(ext.status()));
@@ -257,7 +265,7 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
   for (size_t e : direct) {
     auto& [j, nc] = job->written[e];
     std::vector<Future<uint64_t>> futs;
-    const uint8_t* s = src + (j * chunk_bytes_ - off);
+    const uint8_t* s = src + (j * chunk_bytes - off);
     mark_dir_dirty(nc.ext->dir);
     write_direct(nc.ext->dir, s, nc.nbytes, nc.ext->offset, futs, job->tails);
     nc.checksum = xxh3_64(s, nc.nbytes);  // while the write is in flight
@@ -275,10 +283,11 @@ Future<void> StoreImpl::write_range_nvme(const ObjPtr& o, LayoutPtr cur, uint64_
     uint8_t* buf = static_cast<uint8_t*>(job->bufs[k].data());
     std::vector<std::function<Future<void>()>> chain;
     for (size_t e : staged[g]) {
-      chain.push_back([this, job, e, key, off, n, src, src_dev, buf, piece]() -> Future<void> {
+      chain.push_back([this, job, e, key, off, n, src, src_dev, buf, piece,
+                       chunk_bytes]() -> Future<void> {
         const uint64_t j = job->written[e].first;
         const ChunkRef old = (*job->cur)[j];
-        const uint64_t cs = j * chunk_bytes_;
+        const uint64_t cs = j * chunk_bytes;
         const uint64_t lo = std::max(off, cs) - cs, hi = std::min(off + n, cs + old.nbytes) - cs;
         // Read-modify-write piece by piece: old bytes outside [lo, hi) (verified), new inside.
         const bool partial = !(lo == 0 && hi == old.nbytes);
@@ -494,7 +503,7 @@ Status StoreImpl::flush_impl(const std::vector<std::string>* only) {
       mem = static_cast<uint8_t*>(o->mem());
       on_dev = o->on_device;
     }
-    auto l = write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev);
+    auto l = write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev, o->chunk);
     if (!l.ok()) {
       if (first_error.ok()) first_error = l.status();
       continue;

@@ -20,6 +20,7 @@ ObjectInfo StoreImpl::info_locked(const Obj& o) const {
   i.dirty = o.dirty || it == durable_.end() || it->second != o.current;
   i.pinned = o.pins > 0;
   i.num_chunks = o.current ? static_cast<uint32_t>(o.current->size()) : 0;
+  i.chunk_bytes = o.chunk != 0 ? o.chunk : chunk_bytes_;
   i.damage = o.damage;
   return i;
 }
@@ -159,7 +160,8 @@ Result<VerifyReport> StoreImpl::verify() {
                                          ": data file in " + dirs_[c.ext->dir] + " is missing"));
           continue;
         }
-        Status st = staged_read_chunk(o->key, j, c, 0, 0, true,
+        const uint64_t cs = uint64_t{j} * (cur->chunk_bytes != 0 ? cur->chunk_bytes : chunk_bytes_);
+        Status st = staged_read_chunk(o->key, j, cs, c, 0, 0, true,
                                       [](const uint8_t*, uint64_t, uint64_t) { return Status::OK(); });
         if (!st.ok()) one.errors.push_back(st);
       }

@@ -121,7 +121,8 @@ Status StoreImpl::demote_locked(const ObjPtr& o) {
     mem = static_cast<uint8_t*>(o->mem());
   }
   if (dirty) {
-    STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev));
+    STRATA_ASSIGN_OR_RETURN(LayoutPtr l, write_layout(o->key, mem, o->nbytes, o->first_dir, on_dev,
+                                                             o->chunk));
     counters_.writebacks.add(1);
     counters_.writeback_bytes.add(o->nbytes);
     std::lock_guard<std::mutex> lk(mu_);

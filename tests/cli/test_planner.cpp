@@ -107,15 +107,23 @@ TEST(PlannerModel, OptimizerStepFromReadWriteAndAdam) {
   auto a = plan(o, meas({{kNvmeMixed, 3e9}, {kAdam, 2e8}}));
   ASSERT_TRUE(a.ok());
   EXPECT_DOUBLE_EQ(a->phases[0].tiers[0].seconds, 2.6e9 / 3e9);
-  // Sub-groups of a quarter chunk: every read_range reads the whole 64 MiB chunk and every
-  // write_range rewrites it (copy-on-write): 8x the state read, 4x written.
+  // Sub-groups of a quarter chunk: the state objects have chunks of one sub-group, so the
+  // state is read and written once, as with whole-chunk sub-groups.
   o.offload = Offload::kOptimizer;
   o.sub_group_numel = 4194304;
   auto s = plan(o, meas({{kNvmeRead, 1e9}, {kNvmeWrite, 2e9}, {kAdam, 2e8}}));
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->phases[0].items, 24.0);
-  EXPECT_DOUBLE_EQ(s->phases[0].tiers[0].seconds, 8 * 1.2 + 4 * 0.6);
-  EXPECT_DOUBLE_EQ(s->predicted_step_seconds, 12.0 + 0.5 / 24);
+  EXPECT_DOUBLE_EQ(s->phases[0].tiers[0].seconds, 1.2 + 0.6);
+  EXPECT_DOUBLE_EQ(s->predicted_step_seconds, 1.8 + 0.5 / 24);
+  // Sub-groups of 64 Ki elements (256 KiB) get chunks of 4 sub-groups (1 MiB, the least):
+  // every read_range reads its whole chunk and every write_range rewrites it
+  // (copy-on-write): 8x the state read, 4x written.
+  o.sub_group_numel = 65536;
+  auto t = plan(o, meas({{kNvmeRead, 1e9}, {kNvmeWrite, 2e9}, {kAdam, 2e8}}));
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->phases[0].items, 1526.0);  // ceil(1e8 / 65536)
+  EXPECT_DOUBLE_EQ(t->phases[0].tiers[0].seconds, 8 * 1.2 + 4 * 0.6);
 }
 
 // A full iteration: 8 GPUs, one node, everything offloaded to NVMe.

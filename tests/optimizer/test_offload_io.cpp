@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "offload_test_util.hpp"
+#include "strata/base/units.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -86,6 +87,80 @@ TEST(OffloadIo, PackedSmallTensorsMatchReferenceForEverySlotLayout) {
       }
     }
   }
+}
+
+// A sub-group smaller than the store's chunk: the state objects get chunks of one sub-group
+// (PutOptions::chunk_bytes), so a step reads and writes each state byte once (no
+// verification of neighbouring sub-groups, no read-modify-write); resumed with another
+// sub-group size, the objects keep their chunks and the step stays exact.
+TEST(OffloadIo, SubGroupsBelowTheStoreChunkAreWholeChunksOfTheirObjects) {
+  TempDir dir;
+  constexpr uint64_t kStoreChunk = 4ull << 20;
+  constexpr uint64_t kSg = (1ull << 20) / 4;  // 1 MiB of fp32: a quarter of the chunk
+  const std::vector<uint64_t> sizes = {3 * kSg + 5, 100, 2 * kSg};
+  auto so = strata::testing::test_store_options(dir.path(), 4ull << 20, kStoreChunk, 4);
+  std::vector<RefTensor> ref;
+  auto rule = must(adam()(kHp));
+  uint64_t numel = 0;
+  for (uint64_t n : sizes) numel += n;
+  auto run_steps = [&](OffloadedOptimizer& opt, Store& store, int from, int to) {
+    for (int s = from; s <= to; ++s) {
+      std::vector<std::vector<float>> grads;  // set_grad() keeps the pointers until step()
+      for (uint32_t t = 0; t < sizes.size(); ++t) {
+        grads.push_back(grad_for(t, s, sizes[t]));
+        OFFLOAD_ASSERT_OK(opt.set_grad(t, grads.back().data(), DType::kFloat32));
+        OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads.back().data()));
+      }
+      const StoreStats before = store.stats();
+      auto st = opt.step();
+      ASSERT_TRUE(st.ok()) << st.status().to_string();
+      EXPECT_EQ(st->bytes_read, numel * 12);
+      // What the disk saw: each state byte once (rounded up to 4 KiB per chunk).
+      const StoreStats after = store.stats();
+      uint64_t disk = 0;
+      for (uint64_t n : sizes) {
+        for (uint64_t at = 0; at < n * 4; at += kSg * 4) {
+          disk += align_up(std::min(kSg * 4, n * 4 - at), 4096);
+        }
+      }
+      EXPECT_EQ(after.nvme.read_bytes - before.nvme.read_bytes, 3 * disk) << "step " << s;
+      EXPECT_EQ(after.nvme.write_bytes - before.nvme.write_bytes, 3 * disk) << "step " << s;
+      for (uint32_t t = 0; t < sizes.size(); ++t) {
+        auto got = dump(opt, t);
+        ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " step " << s;
+        ASSERT_TRUE(bit_equal(got[2], ref[t].states[1])) << "exp_avg_sq of t" << t;
+      }
+    }
+  };
+  {
+    std::shared_ptr<Store> store = must(Store::open(so));
+    OffloadOptions oo;
+    oo.sub_group_numel = kSg;
+    auto opt = must(OffloadedOptimizer::create(store, adam(), kHp, oo));
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      auto init = values(t, sizes[t]);
+      must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0, Placement::kNvme));
+      ref.emplace_back(*rule, init);
+    }
+    int state_objects = 0;
+    for (const auto& info : store->list()) {
+      if (info.nbytes < 8192) continue;  // the checkpoint record, the 100-element tensor
+      EXPECT_EQ(info.chunk_bytes, kSg * 4) << info.key;
+      ++state_objects;
+    }
+    EXPECT_EQ(state_objects, 6);  // two large tensors x (master, exp_avg, exp_avg_sq)
+    run_steps(*opt, *store, 1, 2);
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+    OFFLOAD_ASSERT_OK(opt->close());
+    OFFLOAD_ASSERT_OK(store->close());
+  }
+  // Resumed with sub-groups of the store's chunk: 4 of the objects' chunks per sub-group.
+  std::shared_ptr<Store> store = must(Store::open(so));
+  OffloadOptions oo;
+  oo.sub_group_numel = kStoreChunk / 4;
+  auto opt = must(OffloadedOptimizer::open(store, adam(), oo));
+  run_steps(*opt, *store, 3, 4);
+  OFFLOAD_ASSERT_OK(opt->close());
 }
 
 TEST(OffloadIo, Fp32CopyReceivesTheUpdatedMasterOnBothTiers) {

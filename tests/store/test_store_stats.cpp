@@ -82,6 +82,76 @@ TEST(StoreStats, PutAndGetCountNvmeChunksAndDiskBytes) {
   ASSERT_TRUE(s->close().ok());
 }
 
+TEST(StoreStats, AnObjectsOwnChunkSizeMakesSlicesWholeChunks) {
+  TempDir d;
+  constexpr uint64_t kSlice = 256 * 1024;  // a quarter of the store's 1 MiB chunk
+  const uint64_t n = 3 * kChunk + 100;     // 13 slices: 12 whole and one of 100 bytes
+  auto v = pattern(n, 7);
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(
+      static_cast<uint8_t*>(std::aligned_alloc(4096, align_up(n, 4096))), &std::free);
+  ASSERT_TRUE(buf);
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    PutOptions po;
+    po.chunk_bytes = kSlice;
+    ASSERT_TRUE(s->put("sliced", v.data(), TensorDesc::bytes(n), po).ok());
+    ASSERT_TRUE(s->put("plain", v.data(), TensorDesc::bytes(n)).ok());
+    auto info = s->stat("sliced");
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->chunk_bytes, kSlice);
+    EXPECT_EQ(info->num_chunks, 13u);
+    EXPECT_EQ(s->stat("plain")->chunk_bytes, kChunk);
+    EXPECT_EQ(s->stat("plain")->num_chunks, 4u);
+    // One slice read (verified): that chunk only, not the store chunk around it.
+    const StoreStats st = s->stats();
+    ASSERT_TRUE(s->read_range("sliced", 5 * kSlice, kSlice, buf.get()).ok());
+    EXPECT_EQ(std::memcmp(buf.get(), v.data() + 5 * kSlice, kSlice), 0);
+    const StoreStats r = s->stats();
+    EXPECT_EQ(r.nvme.read_bytes - st.nvme.read_bytes, kSlice);
+    // One slice written: no read-modify-write (nothing read), one slice written.
+    std::vector<uint8_t> w = pattern(kSlice, 8);
+    std::memcpy(buf.get(), w.data(), kSlice);
+    ASSERT_TRUE(s->write_range("sliced", 6 * kSlice, kSlice, buf.get()).ok());
+    const StoreStats after = s->stats();
+    EXPECT_EQ(after.nvme.read_bytes - r.nvme.read_bytes, 0u);
+    EXPECT_EQ(after.nvme.write_bytes - r.nvme.write_bytes, kSlice);
+    std::memcpy(v.data() + 6 * kSlice, w.data(), kSlice);
+    // The same on an object of store chunks: the whole 1 MiB chunk read, then rewritten.
+    ASSERT_TRUE(s->write_range("plain", 6 * kSlice, kSlice, buf.get()).ok());
+    const StoreStats plain = s->stats();
+    EXPECT_EQ(plain.nvme.read_bytes - after.nvme.read_bytes, kChunk);
+    EXPECT_EQ(plain.nvme.write_bytes - after.nvme.write_bytes, kChunk);
+    ASSERT_TRUE(s->flush().ok());
+    // Bad chunk sizes name the key and change nothing.
+    for (uint64_t bad : {uint64_t{5000}, 2 * kChunk}) {
+      po.chunk_bytes = bad;
+      po.overwrite = true;
+      Status e = s->put("sliced", v.data(), TensorDesc::bytes(n), po);
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(e.message().find("put 'sliced': PutOptions.chunk_bytes " + std::to_string(bad)),
+                std::string::npos) << e.message();
+    }
+    ASSERT_TRUE(s->close().ok());
+  }
+  // Reopened: the chunk size comes back from the catalog's rows, and so do the bytes.
+  auto s = open_or_die(small_options(d.path()));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stat("sliced")->chunk_bytes, kSlice);
+  std::vector<uint8_t> got(n);
+  ASSERT_TRUE(s->get_bytes("sliced", got.data(), n).ok());
+  EXPECT_EQ(got, v);
+  const StoreStats st = s->stats();
+  ASSERT_TRUE(s->write_range("sliced", kSlice, kSlice, buf.get()).ok());
+  EXPECT_EQ(s->stats().nvme.read_bytes - st.nvme.read_bytes, 0u);  // whole chunks still
+  auto rep = s->verify();
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->errors.empty());
+  EXPECT_EQ(rep->chunks, 13u + 4u);
+  EXPECT_EQ(rep->bytes, 2 * n);
+  ASSERT_TRUE(s->close().ok());
+}
+
 TEST(StoreStats, HostTierEvictionAndLruCounts) {
   TempDir d;
   auto s = open_or_die(small_options(d.path()));  // 8 MiB host tier

@@ -167,6 +167,9 @@ struct ObjectInfo {
   bool dirty = false;       ///< the in-memory copy (or a pending write_range) is not yet durable
   bool pinned = false;
   uint32_t num_chunks = 0;  ///< chunks of the NVMe copy
+  /// Bytes per chunk of its NVMe copies (PutOptions::chunk_bytes; the last chunk may be
+  /// shorter).
+  uint64_t chunk_bytes = 0;
   /// Non-empty when the object's catalog row is damaged (e.g. chunk sizes that do not add
   /// up to nbytes): what is wrong, naming the key. Reads of it fail with DataLoss; put with
   /// overwrite or remove() replace it. The other objects are unaffected.
@@ -180,6 +183,17 @@ struct PutOptions {
   /// pins end with it (a later unpin of the key is FailedPrecondition unless `pin`).
   bool overwrite = false;
   bool pin = false;         ///< pin at once (host/device tiers only). Default false.
+  /// Bytes per chunk of this object's NVMe copies (the unit of a checksum, of striping
+  /// and of read_range/write_range's read-modify-write): a multiple of 4096 up to the
+  /// store's chunk_bytes(); 0 (default) = chunk_bytes(). A client that reads and writes
+  /// an object in slices smaller than the store's chunk (an optimizer's sub-groups) gives
+  /// the slice size here, so each slice is whole chunks: read without reading its
+  /// neighbours to verify, written without a read-modify-write. Kept by write_range and
+  /// write-back; a later put without it uses chunk_bytes(). Reopening derives it from the
+  /// catalog's chunk rows.
+  /// \error InvalidArgument (put) for a value that is not a multiple of 4096 or exceeds
+  ///     chunk_bytes().
+  uint64_t chunk_bytes = 0;
 };
 
 /// Per-tier usage, in bytes.
