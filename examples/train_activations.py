@@ -3,9 +3,9 @@
 activations are several times the memory the training process may use, and checks it
 against torch in memory.
 
-The model is a stack of residual MLP blocks (d -> 4d -> d, GELU) over a batch of --tokens
+The model is a stack of residual MLP blocks (d -> 4d -> d, SiLU) over a batch of --tokens
 rows: what autograd saves for backward (each block's input, the 4d-wide pre- and
-post-GELU tensors) grows with tokens x blocks while the parameters stay small. Three runs,
+post-SiLU tensors) grows with tokens x blocks while the parameters stay small. Three runs,
 each in its own process, from the same seed on the same batches, with AdamW:
 
   1. offloaded, under a memory cgroup of --memory-limit bytes that this script creates
@@ -69,7 +69,7 @@ def _block_class():
             self.down = torch.nn.Linear(4 * d, d)
 
         def forward(self, h):
-            return h + self.down(F.gelu(self.up(h)))
+            return h + self.down(F.silu(self.up(h)))
     return _Block
 
 
@@ -86,7 +86,7 @@ def batch(args, step):
 
 def activation_bytes(args) -> int:
     """Bytes autograd saves per step (fp32): the first linear's input, per block its input
-    (up's), up's output (GELU's input), GELU's output (down's input), the head's input and
+    (up's), up's output (SiLU's input), SiLU's output (down's input), the head's input and
     the cross-entropy's log-softmax."""
     n, d = args.tokens, args.d_model
     return 4 * n * (16 + d + args.blocks * (d + 8 * d) + 8)
@@ -174,7 +174,7 @@ def main() -> int:
     own_dir = args.dir is None
     if own_dir:
         args.dir = os.path.join(work, "store")
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")  # freed buffers go back
+    env = dict(os.environ)
     print(f"model: {args.blocks} blocks, d_model {args.d_model}, {args.tokens} tokens per "
           f"batch; saved activations {mib(saved)} per step = {saved / limit:.2f} x the "
           f"{mib(limit)} memory limit; host pool {args.host_budget}")

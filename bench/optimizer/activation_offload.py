@@ -120,8 +120,7 @@ def main() -> int:
             for k in ("blocks", "d_model", "tokens", "host_budget", "threads", "seed", "path"):
                 argv += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             procs[n] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=dict(os.environ,
-                                                            MALLOC_MMAP_THRESHOLD_="131072"))
+                                        text=True)
         runs = {n: [] for n in names}
         for i in range(args.warmup + args.iters):
             order = names[i % 3:] + names[:i % 3]

@@ -18,6 +18,7 @@ import torch
 import strata
 
 from .. import _saved
+from ..offload._memory import fix_mmap_threshold
 from ._entry import Saved
 from ._pool import Pool
 
@@ -92,6 +93,7 @@ class ActivationOffload:
         self.store = store
         self.key_prefix = key_prefix
         self.host_budget_bytes, self.min_bytes = budget, minimum
+        fix_mmap_threshold()  # freed activation buffers go back to the system (process-wide)
         self.pool = Pool(self, store, budget, minimum, window, pwindow, key_prefix)
         self._hooks: Any = None
         self._closed = False
@@ -215,7 +217,10 @@ def offload_activations(store: Optional[strata.Store] = None, *,
     (strata's offloaded ones included), leaves that require grad, tensor subclasses,
     sparse/quantized/meta tensors, tensors smaller than ``min_bytes``, and what is saved
     during backward (a reentrant checkpoint's recomputation). Any dtype and shape; CPU and
-    CUDA tensors (CUDA: copied to pinned memory on a side stream). See docs/activations.md.
+    CUDA tensors (CUDA: copied to pinned memory on a side stream). Fixes glibc's mmap
+    threshold at 128 KiB for the process, as parameter offload does (offload/_memory.py:
+    else freed activation buffers stay in the heap and the resident set grows past the
+    budget). See docs/activations.md.
 
     :param store: the strata.Store whose nvme tier takes the spilled activations (not
         closed by the offload; objects under ``key_prefix`` are deleted at the start as
