@@ -150,7 +150,7 @@ class ActivationOffload:
 
     def wait_spills(self) -> None:
         """Waits until every spill issued so far is written (their bytes then leave the
-        host pool). Not needed for correctness (an entry still being written is read from
+        host pool) and the store objects of the entries freed so far are deleted. Not needed for correctness (an entry still being written is read from
         memory); for measurements and tests that need a deterministic state.
 
         :raises strata.Error: a spill failed (e.g. DiskFullError)."""

@@ -63,7 +63,10 @@ class Pool:
 
     def __init__(self, owner: Any, store: Any, budget: int, min_bytes: int, write_window: int,
                  prefetch_window: int, key_prefix: str):
-        self.owner, self.store = owner, store
+        #: the ActivationOffload, weakly (its handles hold it strongly: it lives while a
+        #: graph holds activations, and its finalizer closes this pool after that)
+        self._owner = weakref.ref(owner)
+        self.store = store
         self.budget, self.min_bytes, self.write_window = budget, min_bytes, write_window
         self.key_prefix = key_prefix
         self._lock = threading.Lock()
@@ -116,7 +119,7 @@ class Pool:
                 self.stats["tensors_deduplicated"] += 1
             e.refs += 1
             self.stats["tensors_packed"] += 1
-        return Saved(self.owner, e, t.dtype, t.size(), t.stride(),
+        return Saved(self._owner(), e, t.dtype, t.size(), t.stride(),
                      (t.storage_offset() * es - lo) // es)
 
     def _new_entry(self, t: torch.Tensor, lo: int, hi: int, version: int, sref: Any,
@@ -346,10 +349,14 @@ class Pool:
             self.stats["pool_peak_bytes"] = self.stats["pool_bytes"]
 
     def wait_writes(self) -> None:
+        """Waits for the spills in flight and the deletes of freed entries' objects."""
         with self._lock:
             while self._writing:
                 self._finish_write(self._writing.popleft())
             self._drain()
+            deletes, self._deletes = self._deletes, []
+        for f in deletes:
+            f.result()
 
     def close(self) -> None:
         """Ends the fetch thread, waits for writes, deletes every object left (none when
