@@ -8,9 +8,12 @@ command over stdin/stdout pipes) train it from the same seed on the same batches
 
   M. in memory (plain torch);
   H. offloaded, host pool only (a budget that holds every saved activation: nothing is
-     spilled, so what it costs over M is the hooks' own work);
+     spilled, so what it costs over M is the hooks' own work; release_memory=False: glibc's
+     allocator as in M);
   S. offloaded, spilled: a host pool of --host-budget bytes, the rest to a strata store
-     under --path (nvme tier), prefetched along the previous iteration's order.
+     under --path (nvme tier), prefetched along the previous iteration's order
+     (release_memory=True, the default: glibc's mmap threshold fixed, see
+     offload_activations).
 
 One iteration = forward + backward + step + zero_grad, timed in the child. Each child runs
 --warmup untimed iterations, then the three take turns, one iteration each, --iters times
@@ -64,7 +67,8 @@ def child(args) -> None:
         import strata.torch as st
         budget = "64GiB" if args.child == "host" else args.host_budget
         act = st.offload_activations(path=os.path.join(args.path, args.child),
-                                     host_budget_bytes=budget, min_bytes="64KiB")
+                                     host_budget_bytes=budget, min_bytes="64KiB",
+                                     release_memory=args.child == "spill")
     step = 0
     for line in sys.stdin:
         if line.strip() != "step":

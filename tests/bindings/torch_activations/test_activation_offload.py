@@ -318,6 +318,7 @@ def test_temporary_store_and_close(tmp_path, monkeypatch):
     (dict(write_window_bytes=0), ValueError, "write_window_bytes"),
     (dict(key_prefix=""), ValueError, "key_prefix"),
     (dict(path=3), TypeError, "path"),
+    (dict(release_memory=1), TypeError, "release_memory"),
 ])
 def test_bad_arguments(act_store, kw, exc, word):
     with pytest.raises(exc, match=word):

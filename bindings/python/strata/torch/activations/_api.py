@@ -61,8 +61,10 @@ class ActivationOffload:
 
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  host_budget_bytes: Any, min_bytes: Any, prefetch: Any,
-                 write_window_bytes: Any, key_prefix: str):
+                 write_window_bytes: Any, key_prefix: str, release_memory: Any = True):
         self._closed = True
+        if not isinstance(release_memory, bool):
+            raise TypeError(f"{_WHERE}: release_memory must be a bool, got {release_memory!r}")
         budget = _size("host_budget_bytes", host_budget_bytes, 0)
         minimum = _size("min_bytes", min_bytes, 1)
         window = _size("write_window_bytes", write_window_bytes, 1)
@@ -93,7 +95,8 @@ class ActivationOffload:
         self.store = store
         self.key_prefix = key_prefix
         self.host_budget_bytes, self.min_bytes = budget, minimum
-        fix_mmap_threshold()  # freed activation buffers go back to the system (process-wide)
+        if release_memory:  # freed activation buffers go back to the system (process-wide)
+            fix_mmap_threshold()
         self.pool = Pool(self, store, budget, minimum, window, pwindow, key_prefix)
         self._hooks: Any = None
         self._closed = False
@@ -197,7 +200,8 @@ def offload_activations(store: Optional[strata.Store] = None, *,
                         min_bytes: Union[int, str] = "1MiB", path: Optional[str] = None,
                         prefetch: Union[bool, int, str] = True,
                         write_window_bytes: Union[int, str] = "64MiB",
-                        key_prefix: str = "activations/") -> ActivationOffload:
+                        key_prefix: str = "activations/",
+                        release_memory: bool = True) -> ActivationOffload:
     """Offloads what autograd saves for backward in the forwards run inside the returned
     object's ``with`` blocks (``torch.autograd.graph.saved_tensors_hooks``): saved tensors
     of at least ``min_bytes`` go to a host pool of ``host_budget_bytes`` and beyond it to
@@ -217,10 +221,7 @@ def offload_activations(store: Optional[strata.Store] = None, *,
     (strata's offloaded ones included), leaves that require grad, tensor subclasses,
     sparse/quantized/meta tensors, tensors smaller than ``min_bytes``, and what is saved
     during backward (a reentrant checkpoint's recomputation). Any dtype and shape; CPU and
-    CUDA tensors (CUDA: copied to pinned memory on a side stream). Fixes glibc's mmap
-    threshold at 128 KiB for the process, as parameter offload does (offload/_memory.py:
-    else freed activation buffers stay in the heap and the resident set grows past the
-    budget). See docs/activations.md.
+    CUDA tensors (CUDA: copied to pinned memory on a side stream). See docs/activations.md.
 
     :param store: the strata.Store whose nvme tier takes the spilled activations (not
         closed by the offload; objects under ``key_prefix`` are deleted at the start as
@@ -233,6 +234,12 @@ def offload_activations(store: Optional[strata.Store] = None, *,
         demand only), or the read-ahead window in bytes.
     :param write_window_bytes: bytes of spills in flight before a forward waits (>= 1).
     :param key_prefix: store keys are ``<key_prefix><n>``; the prefix is the offload's own.
+    :param release_memory: fix glibc's mmap threshold at 128 KiB for the process (once,
+        process-wide; as parameter offload does, offload/_memory.py), so that freed buffers
+        go back to the system and the resident set stays near the budget: without it the
+        example's offloaded run was killed under its cgroup limit. Costs page faults on
+        every large allocation of the process (measured: 2.4x the iteration time of the
+        bench's model, in memory or offloaded); False where memory is not the limit.
     :returns: the :class:`ActivationOffload`.
     :raises TypeError: an argument of the wrong type (named).
     :raises ValueError: a size below its minimum or not a size, both store and path, an
