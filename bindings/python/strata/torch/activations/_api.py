@@ -247,4 +247,4 @@ def offload_activations(store: Optional[strata.Store] = None, *,
     :raises strata.Error: the store cannot be opened (see strata.Store.open).
     """
     return ActivationOffload(store, path, host_budget_bytes, min_bytes, prefetch,
-                             write_window_bytes, key_prefix)
+                             write_window_bytes, key_prefix, release_memory)
