@@ -317,6 +317,7 @@ def test_temporary_store_and_close(tmp_path, monkeypatch):
     (dict(prefetch="x"), ValueError, "prefetch"),
     (dict(write_window_bytes=0), ValueError, "write_window_bytes"),
     (dict(key_prefix=""), ValueError, "key_prefix"),
+    (dict(key_prefix=3), TypeError, "key_prefix"),
     (dict(path=3), TypeError, "path"),
     (dict(release_memory=1), TypeError, "release_memory"),
 ])
@@ -361,3 +362,47 @@ def test_one_shot_block_lives_with_its_graph(tmp_path, monkeypatch):
     del y
     gc.collect()
     assert ref() is None and list((tmp_path / "d").iterdir()) == []
+
+
+def test_blocks_leave_the_saved_stack_empty(act_store, tmp_path):
+    """Every block pops what it pushed on strata.torch._saved's stack (it grew by one stale
+    pack per block: a new bound method never matched by identity), so after an inner
+    offload's block the outer one gets parameter offload's tensors again."""
+    from strata.torch import _saved
+    torch.manual_seed(0)
+    m = torch.nn.Linear(H, H)
+    handle = st.offload_parameters(m, path=str(tmp_path / "params"), working_set="64KiB")
+    outer, inner = make(act_store, key_prefix="outer/"), make(act_store, key_prefix="inner/")
+    x = torch.randn(B, H)
+    with outer:
+        with inner:
+            pass
+        y = m(x).sum()  # the linear's input goes to parameter offload's hooks, then outer
+    assert _saved._STACK == []
+    assert outer.stats()["tensors_packed"] == 1 and inner.stats()["tensors_packed"] == 0
+    y.backward()
+    g = m.weight.grad.clone()
+    m.weight.grad = None
+    m(x).sum().backward()
+    assert torch.equal(g, m.weight.grad)
+    for _ in range(3):
+        with pytest.raises(KeyError):
+            with outer:
+                raise KeyError("x")
+    assert _saved._STACK == []
+    handle.close()
+    outer.close()
+    inner.close()
+
+
+def test_path_store_accepts_pathlike_and_deletes_left_overs(tmp_path):
+    import numpy as np
+    d = tmp_path / "store"
+    s = strata.Store.open(str(d))
+    s.put("activations/999", np.zeros(10, np.uint8), "nvme")
+    s.put("other", np.zeros(3, np.uint8), "nvme")
+    s.close()
+    act = st.offload_activations(path=d, host_budget_bytes=0, min_bytes=4096)
+    assert sorted(act.store.keys("")) == ["other"]
+    same(train(act, steps=1), train(None, steps=1))
+    act.close()

@@ -9,6 +9,7 @@ Thread-safety: one ``with`` block at a time per object, entered and left on one 
 from __future__ import annotations
 
 import numbers
+import os
 import shutil
 import weakref
 from typing import Any, Dict, Optional, Union
@@ -72,15 +73,20 @@ class ActivationOffload:
             pwindow = (64 << 20) if prefetch else 0
         else:
             pwindow = _size("prefetch", prefetch, 0)
-        if not isinstance(key_prefix, str) or not key_prefix:
+        if not isinstance(key_prefix, str):
+            raise TypeError(f"{_WHERE}: key_prefix must be a non-empty str, got {key_prefix!r}")
+        if not key_prefix:
             raise ValueError(f"{_WHERE}: key_prefix must be a non-empty str, got {key_prefix!r}")
         if store is not None and not isinstance(store, strata.Store):
             raise TypeError(f"{_WHERE}: store must be a strata.Store or None, got "
                             f"{type(store).__name__}")
         if store is not None and path is not None:
             raise ValueError(f"{_WHERE}: pass store or path, not both")
-        if path is not None and not isinstance(path, str):
-            raise TypeError(f"{_WHERE}: path must be a str or None, got {type(path).__name__}")
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{_WHERE}: path must be a str, an os.PathLike or None, got "
+                            f"{type(path).__name__}")
+        if path is not None:
+            path = os.fspath(path)
         self._owned_dir: Optional[str] = None
         self._owns_store = store is None
         if store is None:
@@ -89,9 +95,8 @@ class ActivationOffload:
                 path = self._owned_dir = make_temp_dir("activations-")
             store = strata.Store.open(path, host_budget="8MiB", staging="32MiB",
                                       chunk_size="4MiB", durability="flush")
-        else:
-            for k in store.keys(key_prefix):  # left-overs of an earlier run
-                store.delete(k)
+        for k in store.keys(key_prefix):  # left-overs of an earlier run (a path's store too)
+            store.delete(k)
         self.store = store
         self.key_prefix = key_prefix
         self.host_budget_bytes, self.min_bytes = budget, minimum
@@ -99,6 +104,9 @@ class ActivationOffload:
             fix_mmap_threshold()
         self.pool = Pool(self, store, budget, minimum, window, pwindow, key_prefix)
         self._hooks: Any = None
+        # one bound method for push and pop (_saved.pop matches by identity: a new
+        # ``self.pool.pack`` each time never matched, and the stack grew per block)
+        self._pack = self.pool.pack
         self._closed = False
         self._finalizer = weakref.finalize(self, _cleanup, self.pool, store if self._owns_store
                                            else None, self._owned_dir)
@@ -112,13 +120,13 @@ class ActivationOffload:
         self.pool.begin_segment()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pool.pack, _unpack)
         self._hooks.__enter__()
-        _saved.push(self.pool.pack)
+        _saved.push(self._pack)
         _CURRENT_UNPACKERS.append(self.pool)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         hooks, self._hooks = self._hooks, None
-        _saved.pop(self.pool.pack)
+        _saved.pop(self._pack)
         if _CURRENT_UNPACKERS and _CURRENT_UNPACKERS[-1] is self.pool:
             _CURRENT_UNPACKERS.pop()
         if hooks is not None:
@@ -229,7 +237,8 @@ def offload_activations(store: Optional[strata.Store] = None, *,
     :param host_budget_bytes: bytes (int or "2GiB") of saved activations held in host
         memory; the oldest are spilled beyond it (0: every offloaded tensor is spilled).
     :param min_bytes: smaller saved tensors keep their own reference (>= 1; default 1 MiB).
-    :param path: directory of the store made when ``store`` is None.
+    :param path: directory (str or os.PathLike) of the store made when ``store`` is
+        None (objects under ``key_prefix`` there are deleted at the start as left-overs).
     :param prefetch: True (default: up to 64 MiB read ahead along the trace), False (on
         demand only), or the read-ahead window in bytes.
     :param write_window_bytes: bytes of spills in flight before a forward waits (>= 1).
