@@ -406,3 +406,22 @@ def test_path_store_accepts_pathlike_and_deletes_left_overs(tmp_path):
     assert sorted(act.store.keys("")) == ["other"]
     same(train(act, steps=1), train(None, steps=1))
     act.close()
+
+
+@pytest.mark.parametrize("budget, view", [(0, False), (0, True), ("1GiB", True)])
+def test_in_place_change_of_a_copied_or_written_tensor_raises(act_store, budget, view):
+    """torch does not check the version of a hooked saved tensor: a change in place after
+    the save of a copied entry (a small view), or of one whose spill was already written,
+    ran backward on the old bytes without a word (torch in memory raises)."""
+    w = torch.randn(H, H, requires_grad=True)
+    x = torch.randn(B, H)
+    act = make(act_store, host_budget_bytes=budget)
+    with act:
+        h = x @ w
+        v = h[:8] if view else h  # 8 of 64 rows: copied alone
+        y = v.sin().sum()
+    act.wait_spills()
+    v.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    act.close()

@@ -18,6 +18,7 @@ any time: autograd frees saved variables) only appends to the pool's release que
 from __future__ import annotations
 
 import enum
+import weakref
 from typing import Any, Optional, Tuple
 
 import torch
@@ -74,12 +75,20 @@ class Saved(SavedHandle):
     """What autograd saves for an offloaded tensor: its entry and how to rebuild it
     (dtype, size, stride, offset in elements from the entry's first byte)."""
 
-    __slots__ = ("owner", "entry", "dtype", "size", "stride", "offset", "__weakref__")
+    __slots__ = ("owner", "entry", "dtype", "size", "stride", "offset", "tref", "version",
+                 "__weakref__")
 
-    def __init__(self, owner: Any, entry: Entry, dtype: torch.dtype, size: Any, stride: Any,
-                 offset: int):
+    def __init__(self, owner: Any, entry: Entry, t: torch.Tensor, offset: int):
         self.owner, self.entry = owner, entry
-        self.dtype, self.size, self.stride, self.offset = dtype, size, stride, offset
+        self.dtype, self.size, self.stride, self.offset = t.dtype, t.size(), t.stride(), offset
+        #: the saved tensor, weakly, and its version: torch does not check versions of
+        #: hooked saved tensors, so unpack does (a copy or a spill would hide the change)
+        self.tref, self.version = weakref.ref(t), t._version
+
+    def modified(self) -> bool:
+        """The saved tensor, still alive, was changed in place since it was saved."""
+        t = self.tref()
+        return t is not None and t._version != self.version
 
     def unpack(self) -> torch.Tensor:
         return self.owner.pool.unpack(self)

@@ -119,8 +119,7 @@ class Pool:
                 self.stats["tensors_deduplicated"] += 1
             e.refs += 1
             self.stats["tensors_packed"] += 1
-        return Saved(self._owner(), e, t.dtype, t.size(), t.stride(),
-                     (t.storage_offset() * es - lo) // es)
+        return Saved(self._owner(), e, t, (t.storage_offset() * es - lo) // es)
 
     def _new_entry(self, t: torch.Tensor, lo: int, hi: int, version: int, sref: Any,
                    dk: Any) -> Entry:
@@ -275,7 +274,8 @@ class Pool:
                 self._bw_segments.append(e.segment)
             self.prefetcher.first_unpack(e.segment, e)
             state, flat = e.state, e.data
-            if e.modified or (e.adopted and flat is not None and flat._version != e.version):
+            if (e.modified or h.modified()
+                    or (e.adopted and flat is not None and flat._version != e.version)):
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified "
                     "by an inplace operation (a tensor saved by strata.torch."
