@@ -425,3 +425,28 @@ def test_in_place_change_of_a_copied_or_written_tensor_raises(act_store, budget,
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
     act.close()
+
+
+def test_batch_sizes_taking_turns_keep_their_traces(act_store):
+    """Two batch sizes alternating: each signature keeps its own trace (one trace for the
+    last signature only never prefetched: every backward was a mismatch)."""
+    torch.manual_seed(0)
+    m = Net()
+    torch.manual_seed(0)
+    m2 = Net()
+    act = make(act_store, host_budget_bytes=2 * ACT)  # backward's first entries in the pool
+    g = torch.Generator().manual_seed(3)
+    for i in range(6):
+        x = torch.randn(B + (i % 2) * 8, D, generator=g)
+        with act:
+            loss = m(x)
+        act.wait_spills()
+        loss.backward()
+        m2(x).backward()
+        if i == 1:
+            act.reset_stats()
+    s = act.stats()
+    assert s["trace_mismatches"] == 0 and s["prefetch_misses"] == 0
+    assert s["prefetch_hits"] == s["spills"] > 0
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(m.parameters(), m2.parameters()))
+    act.close()

@@ -1,6 +1,7 @@
-"""Backward's prefetch of spilled activations along a trace: the order in which the
-previous forward's entries were first unpacked in its backward (by pack index), followed
-when the next forward packed entries of the same sizes in the same order (its signature).
+"""Backward's prefetch of spilled activations along a trace: the order in which the entries
+of the last forward with the same signature (the sizes of its entries in pack order; the
+last ``MAX_TRACES`` signatures keep theirs) were first unpacked in its backward (by pack
+index), followed when a forward packs entries of those sizes in that order.
 While it is followed, each first unpack issues reads of the next spilled entries of the
 trace, as far ahead as ``window`` bytes of prefetched data allow (at least one entry); an
 unpack the trace does not predict ends the prefetch for the rest of that backward (on
@@ -26,6 +27,10 @@ import torch
 from ._entry import Entry, State
 
 
+#: signatures whose trace is kept (least recently recorded dropped first)
+MAX_TRACES = 8
+
+
 class Segment:
     """One ``with`` block's forward: its entries by pack index, their sizes (the
     signature), and the order of first unpack recorded in its backward."""
@@ -47,8 +52,10 @@ class Prefetcher:
 
     def __init__(self, store: Any, lock: threading.Lock, window: int, stats: Dict[str, Any]):
         self.store, self.lock, self.window, self.stats = store, lock, int(window), stats
-        #: (sizes, order) of the last backward's segment, or None
-        self.trace: Optional[Tuple[Tuple[int, ...], List[int]]] = None
+        #: order of the last backward by signature (sizes), the most recent last: a few
+        #: shapes taking turns (batch or sequence buckets, a short last batch) keep theirs
+        self.traces: "collections.OrderedDict[Tuple[int, ...], List[int]]" = \
+            collections.OrderedDict()
         self.inflight_bytes = 0  # FETCHING + FETCHED bytes
         self._queue: "collections.deque[Entry]" = collections.deque()
         self._wake = threading.Condition(lock)
@@ -67,9 +74,10 @@ class Prefetcher:
         """``e`` (of ``seg``) is unpacked for the first time in this backward."""
         if e.pack_index in seg.seen:
             return
-        if not seg.order and self.window > 0 and self.trace is not None:
-            if tuple(seg.sizes) == self.trace[0]:
-                seg.follow = self.trace[1]
+        if not seg.order and self.window > 0 and self.traces:
+            follow = self.traces.get(tuple(seg.sizes))
+            if follow is not None:
+                seg.follow = follow
                 seg.positions = {k: i for i, k in enumerate(seg.follow)}
                 seg.pos = 0
             else:  # another forward (other sizes or another number of tensors)
@@ -90,7 +98,11 @@ class Prefetcher:
         """A backward through ``seg`` ended (a reentrant checkpoint's inner one too): the
         order recorded so far becomes the trace."""
         if seg.order:
-            self.trace = (tuple(seg.sizes), list(seg.order))
+            sig = tuple(seg.sizes)
+            self.traces[sig] = list(seg.order)
+            self.traces.move_to_end(sig)
+            while len(self.traces) > MAX_TRACES:
+                self.traces.popitem(last=False)
 
     def _ahead(self, seg: Segment) -> None:
         t = seg.follow
