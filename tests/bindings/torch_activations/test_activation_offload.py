@@ -450,3 +450,30 @@ def test_batch_sizes_taking_turns_keep_their_traces(act_store):
     assert s["prefetch_hits"] == s["spills"] > 0
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(m.parameters(), m2.parameters()))
     act.close()
+
+
+def test_a_backward_that_raised_does_not_stop_the_offload(act_store):
+    """A backward that raised after an unpack never ran its end callback: the pool stayed
+    'in backward' and kept every later saved tensor in memory (nothing offloaded)."""
+    act = make(act_store, host_budget_bytes=0)
+    w = torch.randn(H, H, requires_grad=True)
+    x = torch.randn(B, H)
+    with act:
+        h = torch.tanh(x @ w)
+        h.register_hook(lambda g: (_ for _ in ()).throw(ValueError("boom")))
+        y = h.sin().sum()  # sin's backward unpacks h, then h's hook raises
+    with pytest.raises(ValueError, match="boom"):
+        y.backward()
+    del h, y
+    act.reset_stats()
+    with act:
+        y = torch.tanh(x @ w).sum()
+    # x (for w's gradient) and tanh's result offloaded; w not saved (x needs no grad)
+    assert act.stats()["tensors_packed"] == 2 and act.stats()["tensors_kept"] == 0
+    w.grad = None
+    y.backward()
+    g = w.grad.clone()
+    w.grad = None
+    torch.tanh(x @ w).sum().backward()
+    assert torch.equal(g, w.grad)
+    act.close()

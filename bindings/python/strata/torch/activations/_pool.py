@@ -58,6 +58,19 @@ STAT_KEYS = ("activation_bytes", "bytes_spilled", "bytes_written", "bytes_fetche
              "tensors_deduplicated", "tensors_kept", "trace_mismatches")
 
 
+def _noop() -> None:
+    pass
+
+
+def _inside_backward() -> bool:
+    """This thread runs an autograd backward now (only then may callbacks be queued)."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(_noop)
+    except RuntimeError:
+        return False
+    return True
+
+
 class Pool:
     """The saved activations of one ActivationOffload (see the module doc)."""
 
@@ -94,6 +107,8 @@ class Pool:
 
     def pack(self, t: torch.Tensor) -> Any:
         """autograd's pack hook (inside the offload's ``with`` block)."""
+        if self.in_backward and not _inside_backward():
+            self._end_backward()  # a backward that raised: its end callback never ran
         if self.in_backward or self.segment is None or kept_as_is(t):
             self.stats["tensors_kept"] += 1
             return t
