@@ -477,3 +477,15 @@ def test_a_backward_that_raised_does_not_stop_the_offload(act_store):
     torch.tanh(x @ w).sum().backward()
     assert torch.equal(g, w.grad)
     act.close()
+
+
+def test_backward_after_the_users_store_closed_names_it(act_store):
+    act = make(act_store, host_budget_bytes=0)
+    w = torch.randn(H, H, requires_grad=True)
+    with act:
+        y = torch.tanh(torch.randn(B, H) @ w).sum()
+    act.wait_spills()
+    act_store.close()
+    with pytest.raises(RuntimeError, match="the store was closed while a graph"):
+        y.backward()
+    act.close()

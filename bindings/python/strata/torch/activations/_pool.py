@@ -308,6 +308,10 @@ class Pool:
                 self.stats["prefetch_hits"] += 1
                 flat = self._take(e)
         elif state is State.SPILLED and flat is None:
+            if self.store.closed:
+                raise RuntimeError("strata.torch.offload_activations: the store was closed "
+                                   "while a graph still holds activations spilled to it "
+                                   "(close it after the last backward)")
             t0 = time.perf_counter()
             flat = torch.from_numpy(self.store.get(e.key))
             dt = time.perf_counter() - t0
