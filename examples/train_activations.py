@@ -84,6 +84,21 @@ def batch(args, step):
             torch.randint(0, 8, (args.tokens,), generator=g))
 
 
+def train_step(model, opt, act, x, y):
+    """One AdamW step on (x, y): the forward inside ``act`` (an ActivationOffload, or None
+    for torch in memory), then backward and step. Returns the loss (a 0-d tensor)."""
+    import torch.nn.functional as F
+    if act is not None:
+        with act:
+            loss = F.cross_entropy(model(x), y)
+    else:
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 def activation_bytes(args) -> int:
     """Bytes autograd saves per step (fp32): the first linear's input, per block its input
     (up's), up's output (SiLU's input), SiLU's output (down's input), the head's input and
@@ -98,7 +113,6 @@ def digest(t) -> str:
 
 def run_child(args) -> None:
     import torch
-    import torch.nn.functional as F
     torch.set_num_threads(args.threads)
     model = build(args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -112,14 +126,7 @@ def run_child(args) -> None:
     for step in range(args.steps):
         x, y = batch(args, step)
         t0 = time.perf_counter()
-        if act is not None:
-            with act:
-                loss = F.cross_entropy(model(x), y)
-        else:
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = train_step(model, opt, act, x, y)
         seconds.append(time.perf_counter() - t0)
         losses.append(loss.item())
         del x, y, loss

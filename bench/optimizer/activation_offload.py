@@ -57,7 +57,6 @@ def _vm_hwm() -> int:
 
 def child(args) -> None:
     import torch
-    import torch.nn.functional as F
     import train_activations as ex
     torch.set_num_threads(args.threads)
     model = ex.build(args)
@@ -78,14 +77,7 @@ def child(args) -> None:
         if act is not None:
             act.reset_stats()
         t0 = time.perf_counter()
-        if act is not None:
-            with act:
-                loss = F.cross_entropy(model(x), y)
-        else:
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = ex.train_step(model, opt, act, x, y)
         out = {"seconds": time.perf_counter() - t0, "loss": loss.item()}
         if act is not None:
             out.update(act.stats())
