@@ -219,6 +219,7 @@ Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
   for (auto& t : tensors) {
     t.host.clear();
     t.grad = nullptr;
+    t.grad_key.clear();
     t.copy = nullptr;
   }
   host_bytes = 0;

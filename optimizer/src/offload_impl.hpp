@@ -104,11 +104,17 @@ struct OffloadedOptimizer::Impl {
     ParamState state;
     const void* grad = nullptr;
     DType grad_type = DType::kFloat32;
+    /// set_grad_object(): the store object holding the gradient (numel elements of
+    /// grad_type), read sub-group by sub-group into the slots' gradient regions; `grad` is
+    /// then null. Empty: the gradient is `grad` (or none).
+    std::string grad_key;
     void* copy = nullptr;
     DType copy_type = DType::kBFloat16;
     std::vector<std::string> keys;  // [0] master, [1 + k] state stream k
     std::vector<uint64_t> chunks;   // bytes per store chunk of each key's object
     std::vector<HostArray> host;    // kHost only: same indexing as keys
+    /// A gradient is attached: in memory (set_grad, start_update) or a store object.
+    bool has_grad() const { return grad != nullptr || !grad_key.empty(); }
   };
 
   std::shared_ptr<Store> store;
@@ -132,6 +138,9 @@ struct OffloadedOptimizer::Impl {
   std::unique_ptr<ThreadPool> pool;  // the kernel threads (make_kernel_pool)
   std::shared_ptr<PinnedPool> pinned;
   OffloadPlacement placement;
+  // Pinned slots: each holds num_streams() streams of stream_stride bytes (master, then
+  // the states) and then one gradient region of stream_stride bytes (slot_grad: the
+  // sub-groups of gradients read from store objects, set_grad_object).
   std::vector<PinnedBuffer> slots;
   uint64_t sg = 0;             // sub-group elements
   uint64_t stream_stride = 0;  // bytes between streams inside a slot
@@ -203,10 +212,24 @@ struct OffloadedOptimizer::Impl {
     return reinterpret_cast<float*>(static_cast<char*>(slots[slot].data()) +
                                     static_cast<uint64_t>(stream) * stream_stride);
   }
+  /// The gradient region of `slot` (after its streams): an item at element offset
+  /// slot_off of the streams has its gradient at byte offset slot_off * 4 here.
+  char* slot_grad(size_t slot) const {
+    return static_cast<char*>(slots[slot].data()) +
+           static_cast<uint64_t>(num_streams()) * stream_stride;
+  }
+  /// Slot regions: the streams and the gradient region.
+  int slot_regions() const { return num_streams() + 1; }
 
   // ---- offload_optimizer.cpp: rules and resources ---------------------------------------
 
   Status check_handle(ParamHandle h) const;
+  /// OK when store object `key` can be the gradient of `t`: it exists, undamaged, holds
+  /// t.numel * dtype_size(type) bytes, and records `type` (or raw bytes, kUInt8).
+  /// \error NotFound, InvalidArgument or DataLoss, the message starting with `what` and
+  ///     naming the key and the sizes.
+  Status check_grad_object(const Tensor& t, const std::string& key, DType type,
+                           const std::string& what) const;
   /// Builds a group's rule and checks it matches the optimizer's state streams.
   Result<std::unique_ptr<UpdateRule>> build_rule(const Hyperparams& hp) const;
   /// Takes the rule name and state streams from the first rule.
@@ -238,13 +261,17 @@ struct OffloadedOptimizer::Impl {
 
   /// One pipeline work item: elements [begin, begin + count) of tensor t, at element
   /// offset slot_off of its batch's slot streams. `grad` / `copy` override the tensor's
-  /// attached gradient / param copy (early updates) when not null.
+  /// attached gradient / param copy (early updates) when not null. `grad_object`: the
+  /// gradient is the tensor's grad_key object, of `grad_type`: the item's reads read its
+  /// bytes [begin, begin + count) * dtype_size(grad_type) into the slot's gradient region
+  /// at byte slot_off * 4, and the update takes it from there.
   struct Item {
     uint32_t t;
     uint64_t begin, count;
     uint64_t slot_off;
     const void* grad = nullptr;
     DType grad_type = DType::kFloat32;
+    bool grad_object = false;
     void* copy = nullptr;
     DType copy_type = DType::kFloat32;
     const float* master = nullptr;  // the master's values in memory (EarlyGrad::master)

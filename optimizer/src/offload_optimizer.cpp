@@ -159,29 +159,36 @@ Status OffloadedOptimizer::Impl::setup_resources() {
   }
   chunk_bytes = store->chunk_bytes();
   const uint64_t B = static_cast<uint64_t>(opts.num_buffers);
-  const uint64_t S = static_cast<uint64_t>(num_streams());
-  auto slot_bytes = [&](uint64_t n) { return S * align_up(n * 4, kAlign); };
+  // Regions per slot: the master and each state stream, plus the gradient region (the
+  // sub-groups of gradients read from store objects, set_grad_object), each
+  // align_up(4 * sg, 4 KiB) bytes.
+  const uint64_t R = static_cast<uint64_t>(slot_regions());
+  auto slot_bytes = [&](uint64_t n) { return R * align_up(n * 4, kAlign); };
   if (opts.sub_group_numel > 0) {
     sg = opts.sub_group_numel;
-    if (sg > (~uint64_t{0} / 4 - kAlign) / (B * S)) {  // B * S * 4 * sg would overflow
+    if (sg > (~uint64_t{0} / 4 - kAlign) / (B * R)) {  // B * R * 4 * sg would overflow
       return invalid_argument("OffloadOptions.sub_group_numel " + std::to_string(sg) +
                               " is too large: " + std::to_string(B) + " buffers x " +
-                              std::to_string(S) + " streams x 4 bytes overflow 64 bits");
+                              std::to_string(R) + " regions (" + std::to_string(num_streams()) +
+                              " streams and the gradient) x 4 bytes overflow 64 bits");
     }
     if (opts.pinned_budget_bytes > 0 && B * slot_bytes(sg) > opts.pinned_budget_bytes) {
       return invalid_argument("OffloadOptions: " + std::to_string(B) + " buffers of sub_group_numel " +
-                              std::to_string(sg) + " need " + format_bytes(B * slot_bytes(sg)) +
+                              std::to_string(sg) + " (" + std::to_string(num_streams()) +
+                              " streams and a gradient region each) need " +
+                              format_bytes(B * slot_bytes(sg)) +
                               " of pinned memory, more than pinned_budget_bytes " +
                               format_bytes(opts.pinned_budget_bytes));
     }
   } else {
     sg = std::max<uint64_t>(chunk_bytes / 4, kAlign / 4);
     if (opts.pinned_budget_bytes > 0 && B * slot_bytes(sg) > opts.pinned_budget_bytes) {
-      uint64_t fit = opts.pinned_budget_bytes / (B * S) / kAlign * kAlign / 4;
+      uint64_t fit = opts.pinned_budget_bytes / (B * R) / kAlign * kAlign / 4;
       if (fit == 0) {
         return invalid_argument("OffloadOptions.pinned_budget_bytes " +
                                 format_bytes(opts.pinned_budget_bytes) + " cannot hold " +
-                                std::to_string(B) + " buffers of one 4 KiB page per stream");
+                                std::to_string(B) + " buffers of one 4 KiB page per stream "
+                                "and gradient region (" + std::to_string(R) + " pages each)");
       }
       sg = fit;
     }
@@ -376,7 +383,7 @@ Result<ParamInfo> OffloadedOptimizer::param_info(ParamHandle h) const {
   i.placement = t.placement;
   i.group = t.group;
   i.step = t.state.step();
-  i.has_grad = t.grad != nullptr;
+  i.has_grad = t.has_grad();
   i.master_key = t.keys.empty() ? std::string() : t.keys[0];
   return i;
 }
@@ -400,12 +407,64 @@ Status OffloadedOptimizer::set_grad(ParamHandle h, const void* data, DType type)
   }
   impl_->tensors[h].grad = data;
   impl_->tensors[h].grad_type = type;
+  impl_->tensors[h].grad_key.clear();  // replaces (or, null, detaches) a gradient object
+  return Status::OK();
+}
+
+Status OffloadedOptimizer::Impl::check_grad_object(const Tensor& t, const std::string& key,
+                                                   DType type, const std::string& what) const {
+  Result<ObjectInfo> info = store->stat(key);
+  if (!info.ok()) {
+    if (info.status().code() == StatusCode::kNotFound) {
+      return not_found(what + ": the gradient object '" + key + "' is not in the store");
+    }
+    return info.status().with_context(what + ": stat of the gradient object '" + key + "'");
+  }
+  if (!info->damage.empty()) {
+    return data_loss(what + ": the gradient object '" + key + "' is damaged: " + info->damage);
+  }
+  const uint64_t need = t.numel * dtype_size(type);
+  if (info->dtype != type && info->dtype != DType::kUInt8) {
+    return invalid_argument(what + ": the gradient object '" + key + "' holds " +
+                            to_string(TensorDesc{info->dtype, info->shape}) + ", not " +
+                            std::string(dtype_name(type)) + " (the gradient's dtype)");
+  }
+  if (info->nbytes != need) {
+    return invalid_argument(what + ": the gradient object '" + key + "' holds " +
+                            std::to_string(info->nbytes) + " bytes, the gradient " +
+                            std::to_string(need) + " (" + std::to_string(t.numel) +
+                            " elements of " + std::string(dtype_name(type)) + ")");
+  }
+  return Status::OK();
+}
+
+Status OffloadedOptimizer::set_grad_object(ParamHandle h, std::string key, DType type) {
+  Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_grad_object"));
+  STRATA_RETURN_IF_ERROR(impl_->check_handle(h));
+  Impl::Tensor& t = impl_->tensors[h];
+  const std::string what = "offload set_grad_object '" + t.name + "'";
+  if (type != DType::kFloat32 && type != DType::kFloat16 && type != DType::kBFloat16) {
+    return invalid_argument(what + ": gradients must be fp32, fp16 or bf16");
+  }
+  if (t.placement != Placement::kNvme) {
+    return invalid_argument(what + ": the tensor is host-tier; only NVMe-tier tensors take "
+                            "a gradient object (attach this one's with set_grad)");
+  }
+  if (key.empty()) return invalid_argument(what + ": the key is empty");
+  STRATA_RETURN_IF_ERROR(impl_->check_grad_object(t, key, type, what));
+  t.grad = nullptr;
+  t.grad_type = type;
+  t.grad_key = std::move(key);
   return Status::OK();
 }
 
 void OffloadedOptimizer::clear_grads() {
   Impl::Baton b(impl_.get());
-  for (auto& t : impl_->tensors) t.grad = nullptr;
+  for (auto& t : impl_->tensors) {
+    t.grad = nullptr;
+    t.grad_key.clear();
+  }
 }
 
 Status OffloadedOptimizer::set_param_copy(ParamHandle h, void* dst, DType type) {

@@ -217,6 +217,7 @@ Status OffloadedOptimizer::start_update(const std::vector<EarlyGrad>& grads) {
       e->entries[g.param] = g;
       t.grad = g.grad;
       t.grad_type = g.grad_type;
+      t.grad_key.clear();  // attached as set_grad: replaces a gradient object
       if (t.placement == Placement::kHost || t.numel == 0) continue;
       e->started[g.param] = 1;
       batch.push_back(g.param);

@@ -18,6 +18,14 @@
 // The objects add_param() creates have chunks of whole sub-groups (Impl::chunk_bytes), so
 // that happens only to objects made with other chunks (a store opened with another
 // sub-group size) and to sub-groups smaller than kMinStateChunk.
+//
+// Gradients in store objects (set_grad_object): an item of such a tensor also reads its
+// slice of the gradient object (read_range, bytes [begin, begin + count) times the element
+// size) into its slot's gradient region, at the item's offset; that read is one more
+// future of the batch's reads, so it completes before the update, and the update takes
+// the gradient from the region. Nothing is written back from it. The gate cannot scan such
+// gradients (they are not in memory): a step that would scan them is refused up front
+// (step_impl) unless StepOptions::grad_summary gives the gate's inputs.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -77,6 +85,11 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
         fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
                            : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
       }
+      if (!write && it.grad_object) {  // the gradient's slice, into the gradient region
+        const uint64_t es = dtype_size(it.grad_type);
+        fs.push_back(store->read_range_async(t.grad_key, it.begin * es, it.count * es,
+                                             slot_grad(j % B) + it.slot_off * 4));
+      }
     }
     return when_all(fs);
   };
@@ -104,10 +117,15 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       Tensor& t = tensors[it.t];
       UpdateSpans sp;
       sp.param = slot_stream(slot, 0) + it.slot_off;
-      const void* grad = it.grad != nullptr ? it.grad : t.grad;
-      const DType grad_type = it.grad != nullptr ? it.grad_type : t.grad_type;
-      sp.grad = static_cast<const char*>(grad) + it.begin * dtype_size(grad_type);
-      sp.grad_type = grad_type;
+      if (it.grad_object) {  // read with the batch into the slot's gradient region
+        sp.grad = slot_grad(slot) + it.slot_off * 4;
+        sp.grad_type = it.grad_type;
+      } else {
+        const void* grad = it.grad != nullptr ? it.grad : t.grad;
+        const DType grad_type = it.grad != nullptr ? it.grad_type : t.grad_type;
+        sp.grad = static_cast<const char*>(grad) + it.begin * dtype_size(grad_type);
+        sp.grad_type = grad_type;
+      }
       for (int s = 0; s < num_states; ++s) sp.states[s] = slot_stream(slot, 1 + s) + it.slot_off;
       void* copy = it.copy != nullptr ? it.copy : t.copy;
       const DType copy_type = it.copy != nullptr ? it.copy_type : t.copy_type;
@@ -123,6 +141,7 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       st = apply_update(*groups[t.group].rule, sp, info, pool.get());
       stats.compute_seconds += seconds_since(t_compute);
       stats.bytes_read += static_cast<uint64_t>(S - (it.master != nullptr ? 1 : 0)) * it.count * 4;
+      if (it.grad_object) stats.bytes_read += it.count * dtype_size(it.grad_type);
       stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
     }
     if (!st.ok()) break;
@@ -180,6 +199,9 @@ void OffloadedOptimizer::Impl::plan_items(
         it.copy = e->param_copy;
         it.copy_type = e->param_copy_type;
         it.master = e->master;
+      } else if (!t.grad_key.empty()) {  // set_grad_object: read with the batch
+        it.grad_object = true;
+        it.grad_type = t.grad_type;
       }
       items.push_back(it);
       fill += padded;
@@ -197,18 +219,6 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
     return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite");
   }
-  std::vector<uint32_t> active;
-  std::vector<GradView> views;
-  std::vector<GradView> unscanned;  // speculating: the gradients of tensors not started
-  for (uint32_t h = 0; h < tensors.size(); ++h) {
-    if (tensors[h].grad != nullptr) {
-      active.push_back(h);
-      views.push_back({tensors[h].grad, tensors[h].grad_type, tensors[h].numel});
-      if (started == nullptr || started->redo || !(*started->started)[h]) {
-        unscanned.push_back(views.back());
-      }
-    }
-  }
   // Early updates: the tensors already updated (skipped here unless redoing), and each
   // tensor's start_update() entry (its gradient and param copy override the attached ones).
   const bool speculating = started != nullptr && !started->redo;
@@ -218,6 +228,40 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
     const EarlyGrad& e = (*started->early_grads)[h];
     return e.grad != nullptr ? &e : nullptr;
   };
+  std::vector<uint32_t> active;
+  std::vector<GradView> views;
+  std::vector<GradView> unscanned;  // speculating: the gradients of tensors not started
+  // A gradient in a store object (set_grad_object, no start_update() entry) is read by the
+  // pipeline and never in memory: not in `views`, so the gate must not need to scan it.
+  const bool scan = !o.grad_summary && (o.max_grad_norm > 0.0 || o.skip_if_nonfinite);
+  for (uint32_t h = 0; h < tensors.size(); ++h) {
+    const Tensor& t = tensors[h];
+    if (!t.has_grad()) continue;
+    active.push_back(h);
+    const EarlyGrad* e = early_entry(h);
+    if (e == nullptr && !t.grad_key.empty()) {
+      if (t.numel == 0) continue;  // nothing to scan or read
+      if (scan) {
+        return invalid_argument(
+            "offload step: the gradient of '" + t.name + "' is the store object '" +
+            t.grad_key + "' (set_grad_object), which the step cannot scan from memory for " +
+            (o.max_grad_norm > 0.0 ? "clipping (max_grad_norm > 0)"
+                                   : "the inf/NaN check (skip_if_nonfinite)") +
+            ": pass StepOptions::grad_summary (the global norm and inf/NaN flag of every "
+            "gradient, computed by the caller), or max_grad_norm=0 and "
+            "skip_if_nonfinite=false");
+      }
+      // The object may have been replaced or removed since set_grad_object(): checked
+      // again before anything changes, so it is never read past its end or as another dtype.
+      STRATA_RETURN_IF_ERROR(check_grad_object(t, t.grad_key, t.grad_type, "offload step"));
+      continue;
+    }
+    views.push_back(e != nullptr ? GradView{e->grad, e->grad_type, t.numel}
+                                 : GradView{t.grad, t.grad_type, t.numel});
+    if (started == nullptr || started->redo || !(*started->started)[h]) {
+      unscanned.push_back(views.back());
+    }
+  }
   // Items of at most sg elements, packed into batches of one slot each: batch j holds
   // items [batches[j], batches[j + 1]), each at a 4 KiB-aligned offset of the streams.
   std::vector<std::pair<uint32_t, const EarlyGrad*>> work;

@@ -129,6 +129,33 @@ optimizer::StepOptions step_options(double max_grad_norm, float grad_scale,
   return so;
 }
 
+/// A gradient dtype: a str that parse_dtype() reads ("float32", "fp16", "bfloat16", ...), a
+/// torch dtype (torch.bfloat16: its name without "torch."), or anything numpy.dtype()
+/// takes (numpy.float32, numpy.dtype("float16")). Whether the optimizer accepts it (fp32,
+/// fp16, bf16) is its own check.
+/// \error InvalidArgument naming the value when it names no dtype.
+DType to_grad_dtype(const py::handle& v) {
+  std::string name;
+  if (py::isinstance<py::str>(v)) {
+    name = to_text(v, "dtype");
+  } else {
+    const std::string text = py::str(v);
+    if (text.rfind("torch.", 0) == 0) {
+      name = text.substr(6);
+    } else {
+      try {
+        name = numpy().attr("dtype")(v).attr("name").cast<std::string>();
+      } catch (const py::error_already_set&) {
+        throw StatusError(invalid_argument("dtype must be a str, a torch dtype or a numpy "
+                                           "dtype, got " + type_name(v) + " " + text));
+      }
+    }
+  }
+  auto d = parse_dtype(name);
+  if (!d.ok()) throw StatusError(invalid_argument("dtype: " + d.status().message()));
+  return *d;
+}
+
 /// A state stream index (>= 0; the upper bound is the optimizer's check).
 int state_stream(int stream) {
   if (stream < 0) throw StatusError(out_of_range("state stream must be >= 0"));
@@ -241,6 +268,17 @@ class PyOptimizer {
   void set_grad(uint32_t h, py::object grad) {
     attach(h, grad, false, "gradient", DType::kFloat32, grads_,
            [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
+  }
+
+  /// OffloadedOptimizer::set_grad_object (GIL released: it stats the object): the gradient
+  /// of `h` is store object `key`, numel elements of `dtype`. Replaces (and stops
+  /// referencing) an array attached with set_grad.
+  void set_grad_object(uint32_t h, py::handle key, py::handle dtype) {
+    std::string k = to_text(key, "key");
+    const DType t = to_grad_dtype(dtype);
+    auto& opt = o();
+    check(release_gil([&] { return opt.set_grad_object(h, std::move(k), t); }));
+    grads_.erase(h);
   }
 
   /// Attaches `dst` (a writable fp16/bf16/fp32 host array of numel elements) to receive the
@@ -498,6 +536,7 @@ void register_optimizer(py::module_& m) {
         return check(o.o().find_param(n));
       })
       .def("set_grad", &PyOptimizer::set_grad, "param"_a, "grad"_a)
+      .def("set_grad_object", &PyOptimizer::set_grad_object, "param"_a, "key"_a, "dtype"_a)
       .def("set_param_copy", &PyOptimizer::set_param_copy, "param"_a, "dst"_a)
       .def("clear_grads", &PyOptimizer::clear_grads)
       .def("begin_step", &PyOptimizer::begin_step, "max_grad_norm"_a = 0.0,

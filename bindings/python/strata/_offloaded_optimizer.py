@@ -166,6 +166,25 @@ class OffloadedOptimizer:
         :raises OutOfRangeError: a bad handle."""
         self._o.set_grad(param, grad)
 
+    def set_grad_object(self, param: int, key: str, dtype: Any) -> None:
+        """Attaches the gradient of NVMe-tier tensor ``param`` for the next steps as the
+        object ``key`` of the optimizer's store: its numel elements of ``dtype`` ("float32",
+        "float16", "bfloat16" or their short names, a torch dtype or a numpy dtype),
+        row-major, the bytes :meth:`set_grad` would take (e.g. ``store.put(key, grad)``).
+        Each step reads it sub-group by sub-group with the master and states (no memory of
+        its size; ``bytes_read`` counts it), bit-identical to the same gradient in memory.
+        It replaces a set_grad array; ``set_grad(param, None)``, ``set_grad`` and
+        :meth:`clear_grads` replace or detach it. The object must not change during a step.
+        The step cannot scan it: with one attached, ``max_grad_norm > 0`` or
+        ``skip_if_nonfinite`` need ``grad_summary`` (else InvalidArgumentError naming the
+        tensor, before anything changes).
+
+        :raises InvalidArgumentError: a host-tier tensor, a dtype other than fp32/fp16/bf16,
+            an object of another byte size (numel * element size) or recorded dtype.
+        :raises NotFoundError: no object ``key`` in the store.
+        :raises OutOfRangeError: a bad handle."""
+        self._o.set_grad_object(param, key, dtype)
+
     def set_param_copy(self, param: int, dst: Any) -> None:
         """Makes every step that is not skipped write the updated weights of ``param`` to
         ``dst``, a writable host fp16/bf16 (rounded to nearest even) or fp32 (the master)

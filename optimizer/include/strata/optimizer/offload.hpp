@@ -59,10 +59,12 @@
 // and at most 2 * T + in-flight between commits.
 //
 // Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
-// of the master and every state stream: num_buffers * (1 + num_states) * sub_group_numel *
-// 4 bytes, allocated once at create()/open() and within pinned_budget_bytes. No step
-// allocates memory proportional to a tensor's size, so RSS stays flat across steps
-// (host-tier tensors and the caller's gradients aside).
+// of the master and every state stream plus one gradient region (where the sub-groups of
+// gradients attached as store objects, set_grad_object(), are read): num_buffers *
+// (2 + num_states) * align_up(sub_group_numel * 4, 4 KiB) bytes, allocated once at
+// create()/open() and within pinned_budget_bytes. No step allocates memory proportional
+// to a tensor's size, so RSS stays flat across steps (host-tier tensors and the caller's
+// in-memory gradients aside; a gradient in a store object takes no DRAM of its size).
 //
 // Example:
 //   STRATA_ASSIGN_OR_RETURN(auto store, Store::open({.path = "/nvme/run1"}));
@@ -153,12 +155,14 @@ struct OffloadOptions {
   /// not depend on it. Default 0.
   uint64_t sub_group_numel = 0;
   /// Pinned buffer slots of the pipeline, 1..16. Each slot holds one sub-group of the
-  /// master and every state. 3 give full read/update/write overlap; 1 runs the stages one
-  /// after another. Default 4.
+  /// master, every state and the gradient region (gradient objects). 3 give full
+  /// read/update/write overlap; 1 runs the stages one after another. Default 4.
   int num_buffers = 4;
   /// Upper bound of the pinned memory of the pipeline, bytes. 0 = exactly what the slots
-  /// need. When set and sub_group_numel is 0, the sub-group shrinks to fit; when set and
-  /// an explicit sub_group_numel does not fit: InvalidArgument. Default 0.
+  /// need: num_buffers * (2 + num_states) * align_up(sub_group_numel * 4, 4 KiB) (the
+  /// master, the states and the gradient region of each slot; see Memory above). When set
+  /// and sub_group_numel is 0, the sub-group shrinks to fit; when set and an explicit
+  /// sub_group_numel does not fit: InvalidArgument. Default 0.
   uint64_t pinned_budget_bytes = 0;
   /// Placement of add_param() calls that pass Placement::kAuto. Default kAuto.
   Placement default_placement = Placement::kAuto;
@@ -231,10 +235,12 @@ struct StepOptions {
   /// > 0: clip by global L2 norm like torch.nn.utils.clip_grad_norm_(max_norm): the norm
   /// of all attached gradients (times grad_scale) is computed first (a pass over the
   /// gradients), then each is multiplied by min(1, max_norm / (norm + 1e-6)).
-  /// 0 = no clipping. Default 0.
+  /// 0 = no clipping. Default 0. Gradients in store objects (set_grad_object) are not
+  /// scanned: with one attached, clipping needs grad_summary.
   double max_grad_norm = 0.0;
   /// Skip the whole step (no tensor changes, no step counter advances) when any attached
-  /// gradient holds an inf or NaN (mixed-precision overflow). Default true.
+  /// gradient holds an inf or NaN (mixed-precision overflow). Default true. As for
+  /// max_grad_norm, with a gradient object attached the check needs grad_summary.
   bool skip_if_nonfinite = true;
   /// The gate's inputs when the caller computed them over the step's gradients itself:
   /// gradients not all attached at once (a step run in batches, gradients partitioned over
@@ -257,7 +263,9 @@ struct StepStats {
   double clip_coef = 1.0;    ///< factor applied by clipping (1 = none)
   uint32_t tensors_updated = 0;   ///< tensors with a gradient attached
   uint64_t numel_updated = 0;     ///< their elements
-  uint64_t bytes_read = 0;        ///< NVMe bytes read by the pipeline (masters + states)
+  /// Bytes the pipeline read from the store: masters + states, and the gradients read
+  /// from store objects (set_grad_object; numel * element size per tensor).
+  uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;     ///< NVMe bytes written by the pipeline
   /// Pipeline sub-groups (batches of one pinned slot: at most sub_group_numel elements
   /// per stream) read, updated and written back.
@@ -283,7 +291,7 @@ struct OptimizerStats {
   uint64_t sub_groups = 0;         ///< pipeline sub-groups updated (StepStats::sub_groups)
   uint64_t tensors_updated = 0;
   uint64_t numel_updated = 0;
-  uint64_t bytes_read = 0;         ///< NVMe bytes read by the pipeline (masters + states)
+  uint64_t bytes_read = 0;         ///< bytes the pipeline read (StepStats::bytes_read)
   uint64_t bytes_written = 0;      ///< NVMe bytes written by the pipeline
   double step_seconds = 0.0;       ///< wall time of the steps (overlapped: the exposed part)
   double update_seconds = 0.0;     ///< time in apply_update() (StepStats::compute_seconds)
@@ -343,7 +351,8 @@ struct DiskSpaceNeed {
 /// internal mutex, and a call made while step_async() runs waits for that step to finish.
 /// Buffers: gradient buffers (set_grad) and parameter-copy buffers (set_param_copy) stay
 /// attached across steps and must stay valid, and the gradients unmodified, from the
-/// step() / step_async() call until it returns / its future is ready.
+/// step() / step_async() call until it returns / its future is ready; so must the bytes of
+/// gradient objects (set_grad_object: not written, replaced or removed meanwhile).
 class OffloadedOptimizer {
  public:
   /// A new optimizer over `store`, with param group 0 built from `defaults`
@@ -462,9 +471,39 @@ class OffloadedOptimizer {
   /// Unimplemented in this version). nullptr detaches it (for a zero-size tensor, any
   /// non-null pointer attaches: nothing is read). Tensors without a gradient are
   /// not updated by step() and their counters do not advance (like torch's p.grad None).
+  /// Replaces (nullptr: detaches) a gradient object of set_grad_object().
   /// \error OutOfRange for a bad handle; InvalidArgument for another dtype.
   Status set_grad(ParamHandle h, const void* data, DType type);
-  /// Detaches every gradient.
+  /// Attaches the gradient of NVMe-tier tensor `h` for the next steps as object `key` of
+  /// the optimizer's store (store()): numel elements of `type` (kFloat32, kFloat16 or
+  /// kBFloat16), row-major -- the bytes set_grad() would point at --, so a tensor whose
+  /// gradient does not fit in memory can be stepped. Each step reads it sub-group by
+  /// sub-group (read_range of bytes [begin, begin + count) * dtype_size(type)) into the
+  /// pinned slots' gradient regions, with the master and states of the sub-group and
+  /// before its update; no DRAM of its size is used, nothing is written to it, and
+  /// StepStats::bytes_read counts its bytes. Results are bit-identical to set_grad() with
+  /// the same bytes in memory. Replaces a set_grad() pointer; set_grad(h, nullptr),
+  /// set_grad(h, ptr), clear_grads() and start_update() replace or detach it. A zero-size
+  /// tensor attaches an empty object (nothing is read; its counter advances).
+  /// The object must keep these bytes, and not be written, while a step reads it. Since
+  /// the step cannot scan it from memory, a step with such a gradient attached (numel > 0)
+  /// that needs the gate's scan -- max_grad_norm > 0 or skip_if_nonfinite without
+  /// StepOptions::grad_summary -- fails with InvalidArgument before changing anything (the
+  /// caller computes the norm and the inf/NaN flag and passes grad_summary); a step also
+  /// checks the object again (the errors below, "offload step: ...") before changing
+  /// anything. Never started early (start_update() takes memory gradients): in an
+  /// overlapped step such a tensor is updated by finish_step() with the rest (or a redo).
+  /// \param key a store key (Store::stat()); its object is any tier, any shape.
+  /// \error OutOfRange for a bad handle; InvalidArgument for another dtype, an empty key,
+  ///     a host-tier tensor (the message names it), an object whose byte size is not
+  ///     numel * dtype_size(type) or whose recorded dtype is another (raw bytes, kUInt8,
+  ///     are accepted), naming the key and both sizes; NotFound when the store has no
+  ///     `key`; DataLoss for a damaged catalog row; FailedPrecondition once closed or for
+  ///     a closed store. On error nothing changes (the previous gradient stays attached).
+  /// \threadsafety as every member (serialized); not concurrently with start_update() of
+  ///     the same tensor.
+  Status set_grad_object(ParamHandle h, std::string key, DType type);
+  /// Detaches every gradient (in memory and store objects).
   void clear_grads();
 
   /// Makes every step write a copy of the updated master of `h`, as `type`, to `dst`
@@ -482,7 +521,11 @@ class OffloadedOptimizer {
   /// place), then the NVMe pipeline over the NVMe tensors in handle order. Each updated
   /// tensor's step counter advances by one. Blocks until the writes of the step are
   /// complete (not yet durable: see checkpoint()).
-  /// \error I/O errors of the store (IoError, DataLoss, ResourceExhausted) naming the key;
+  /// \error InvalidArgument before anything changes when a gradient object
+  ///     (set_grad_object) would need the gate's scan (max_grad_norm > 0 or
+  ///     skip_if_nonfinite without grad_summary; the message names the tensor and says to
+  ///     pass grad_summary), or set_grad_object()'s errors when the object changed since;
+  ///     I/O errors of the store (IoError, DataLoss, ResourceExhausted) naming the key;
   ///     after such an error the tensors may be partly updated and counters are not
   ///     advanced, so checkpoint() and close() refuse: resume from the last checkpoint.
   ///     FailedPrecondition once closed.
@@ -519,7 +562,8 @@ class OffloadedOptimizer {
   /// Starts the update of the tensors in `grads` (their gradients final for this step) in
   /// the background, in order, and returns at once. The buffers must stay valid and
   /// unmodified until finish_step()/abort_step() returns. Each gradient is also attached
-  /// (as set_grad) until then: finish_step()/abort_step() detach them. Host-tier and zero-size tensors are only attached here.
+  /// (as set_grad, replacing a gradient object) until then: finish_step()/abort_step()
+  /// detach them. Host-tier and zero-size tensors are only attached here.
   /// \error FailedPrecondition when no step is open or a tensor was started already;
   ///     OutOfRange for a bad handle; InvalidArgument for a bad dtype or a null gradient.
   ///     An I/O error of an early update is reported by finish_step().
@@ -534,9 +578,10 @@ class OffloadedOptimizer {
   /// set_grad()'s. `o` must equal begin_step()'s, else the early updates are rolled back and
   /// the step runs with `o`. Writes the param copies given to start_update() for started
   /// tensors that completed.
-  /// \error FailedPrecondition when no step is open; the I/O errors of step() or of an
-  ///     early update (then every early update is rolled back: the NVMe tensors are as
-  ///     before the step, counters not advanced).
+  /// \error FailedPrecondition when no step is open; step()'s InvalidArgument for a
+  ///     gradient object (set_grad_object) that the gate would scan, and the I/O errors of
+  ///     step() or of an early update (then every early update is rolled back: the NVMe
+  ///     tensors are as before the step, counters not advanced; the step is closed).
   Result<StepStats> finish_step(const StepOptions& o);
   /// Rolls back the open step's early updates and closes it (nothing changes; no-op when
   /// none is open). \error the store's rollback error.
