@@ -139,9 +139,14 @@ struct OffloadedOptimizer::Impl {
   std::shared_ptr<PinnedPool> pinned;
   OffloadPlacement placement;
   // Pinned slots: each holds num_streams() streams of stream_stride bytes (master, then
-  // the states) and then one gradient region of stream_stride bytes (slot_grad: the
-  // sub-groups of gradients read from store objects, set_grad_object).
+  // the states).
   std::vector<PinnedBuffer> slots;
+  // The gradient region of each slot (slot_grad: the sub-groups of gradients read from
+  // store objects, set_grad_object): stream_stride bytes each, a pool of their own made by
+  // the first set_grad_object (ensure_grad_regions), so optimizers that never take a
+  // gradient object keep num_streams() regions per slot.
+  std::shared_ptr<PinnedPool> grad_pinned;
+  std::vector<PinnedBuffer> grad_slots;
   uint64_t sg = 0;             // sub-group elements
   uint64_t stream_stride = 0;  // bytes between streams inside a slot
   // Bytes per store chunk of the objects add_param() creates (PutOptions::chunk_bytes):
@@ -212,14 +217,12 @@ struct OffloadedOptimizer::Impl {
     return reinterpret_cast<float*>(static_cast<char*>(slots[slot].data()) +
                                     static_cast<uint64_t>(stream) * stream_stride);
   }
-  /// The gradient region of `slot` (after its streams): an item at element offset
+  /// The gradient region of `slot` (ensure_grad_regions() first): an item at element offset
   /// slot_off of the streams has its gradient at byte offset slot_off * 4 here.
-  char* slot_grad(size_t slot) const {
-    return static_cast<char*>(slots[slot].data()) +
-           static_cast<uint64_t>(num_streams()) * stream_stride;
-  }
-  /// Slot regions: the streams and the gradient region.
-  int slot_regions() const { return num_streams() + 1; }
+  char* slot_grad(size_t slot) const { return static_cast<char*>(grad_slots[slot].data()); }
+  /// Allocates the slots' gradient regions (grad_slots) unless done already.
+  /// \error ResourceExhausted when the pinned memory cannot be had.
+  Status ensure_grad_regions();
 
   // ---- offload_optimizer.cpp: rules and resources ---------------------------------------
 

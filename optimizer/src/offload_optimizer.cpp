@@ -159,36 +159,29 @@ Status OffloadedOptimizer::Impl::setup_resources() {
   }
   chunk_bytes = store->chunk_bytes();
   const uint64_t B = static_cast<uint64_t>(opts.num_buffers);
-  // Regions per slot: the master and each state stream, plus the gradient region (the
-  // sub-groups of gradients read from store objects, set_grad_object), each
-  // align_up(4 * sg, 4 KiB) bytes.
-  const uint64_t R = static_cast<uint64_t>(slot_regions());
-  auto slot_bytes = [&](uint64_t n) { return R * align_up(n * 4, kAlign); };
+  const uint64_t S = static_cast<uint64_t>(num_streams());
+  auto slot_bytes = [&](uint64_t n) { return S * align_up(n * 4, kAlign); };
   if (opts.sub_group_numel > 0) {
     sg = opts.sub_group_numel;
-    if (sg > (~uint64_t{0} / 4 - kAlign) / (B * R)) {  // B * R * 4 * sg would overflow
+    if (sg > (~uint64_t{0} / 4 - kAlign) / (B * (S + 1))) {  // B * (S + 1) * 4 * sg overflows
       return invalid_argument("OffloadOptions.sub_group_numel " + std::to_string(sg) +
                               " is too large: " + std::to_string(B) + " buffers x " +
-                              std::to_string(R) + " regions (" + std::to_string(num_streams()) +
-                              " streams and the gradient) x 4 bytes overflow 64 bits");
+                              std::to_string(S + 1) + " regions x 4 bytes overflow 64 bits");
     }
     if (opts.pinned_budget_bytes > 0 && B * slot_bytes(sg) > opts.pinned_budget_bytes) {
       return invalid_argument("OffloadOptions: " + std::to_string(B) + " buffers of sub_group_numel " +
-                              std::to_string(sg) + " (" + std::to_string(num_streams()) +
-                              " streams and a gradient region each) need " +
-                              format_bytes(B * slot_bytes(sg)) +
+                              std::to_string(sg) + " need " + format_bytes(B * slot_bytes(sg)) +
                               " of pinned memory, more than pinned_budget_bytes " +
                               format_bytes(opts.pinned_budget_bytes));
     }
   } else {
     sg = std::max<uint64_t>(chunk_bytes / 4, kAlign / 4);
     if (opts.pinned_budget_bytes > 0 && B * slot_bytes(sg) > opts.pinned_budget_bytes) {
-      uint64_t fit = opts.pinned_budget_bytes / (B * R) / kAlign * kAlign / 4;
+      uint64_t fit = opts.pinned_budget_bytes / (B * S) / kAlign * kAlign / 4;
       if (fit == 0) {
         return invalid_argument("OffloadOptions.pinned_budget_bytes " +
                                 format_bytes(opts.pinned_budget_bytes) + " cannot hold " +
-                                std::to_string(B) + " buffers of one 4 KiB page per stream "
-                                "and gradient region (" + std::to_string(R) + " pages each)");
+                                std::to_string(B) + " buffers of one 4 KiB page per stream");
       }
       sg = fit;
     }
@@ -438,6 +431,22 @@ Status OffloadedOptimizer::Impl::check_grad_object(const Tensor& t, const std::s
   return Status::OK();
 }
 
+Status OffloadedOptimizer::Impl::ensure_grad_regions() {
+  if (!grad_slots.empty()) return Status::OK();
+  PinnedPoolOptions po;
+  po.budget_bytes = slots.size() * stream_stride;
+  po.numa_node = pinned->numa_node();
+  po.alignment = kAlign;
+  STRATA_ASSIGN_OR_RETURN(grad_pinned, PinnedPool::create(po, store->engine()));
+  std::vector<PinnedBuffer> bufs;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, grad_pinned->try_allocate(stream_stride));
+    bufs.push_back(std::move(buf));
+  }
+  grad_slots = std::move(bufs);
+  return Status::OK();
+}
+
 Status OffloadedOptimizer::set_grad_object(ParamHandle h, std::string key, DType type) {
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_open("offload set_grad_object"));
@@ -453,6 +462,7 @@ Status OffloadedOptimizer::set_grad_object(ParamHandle h, std::string key, DType
   }
   if (key.empty()) return invalid_argument(what + ": the key is empty");
   STRATA_RETURN_IF_ERROR(impl_->check_grad_object(t, key, type, what));
+  STRATA_RETURN_IF_ERROR(impl_->ensure_grad_regions());
   t.grad = nullptr;
   t.grad_type = type;
   t.grad_key = std::move(key);
@@ -594,7 +604,10 @@ Status OffloadedOptimizer::checkpoint() {
 
 const OffloadOptions& OffloadedOptimizer::options() const { return impl_->opts; }
 uint64_t OffloadedOptimizer::sub_group_numel() const { return impl_->sg; }
-uint64_t OffloadedOptimizer::pinned_bytes() const { return impl_->pinned ? impl_->pinned->budget_bytes() : 0; }
+uint64_t OffloadedOptimizer::pinned_bytes() const {
+  return (impl_->pinned ? impl_->pinned->budget_bytes() : 0) +
+         (impl_->grad_pinned ? impl_->grad_pinned->budget_bytes() : 0);
+}
 uint64_t OffloadedOptimizer::host_bytes() const {
   Impl::Baton b(impl_.get());
   return impl_->host_bytes;

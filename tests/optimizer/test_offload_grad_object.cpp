@@ -415,29 +415,30 @@ TEST(OffloadGradObject, ZeroSizeTensorTakesAnEmptyObject) {
   EXPECT_EQ(*opt->step_count(z), 1);
 }
 
-TEST(OffloadGradObject, PinnedSlotsHoldTheGradientRegion) {
+TEST(OffloadGradObject, TheFirstGradientObjectAddsTheGradientRegions) {
   TempDir dir;
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   OffloadOptions oo;
   oo.sub_group_numel = 5000;  // 20000 bytes -> 20480 per region
   oo.num_buffers = 3;
+  oo.pinned_budget_bytes = 3u * 3u * 20480u;  // the slots' streams only: fits
   auto opt = must(OffloadedOptimizer::create(store, *builtin_rule_factory("adam"), kHp, oo));
-  EXPECT_EQ(opt->pinned_bytes(), 3u * 4u * 20480u);  // 3 slots x (master, 2 moments, grad)
-  // The budget counts the region: 3 x 3 x 20480 bytes is one region short.
-  oo.key_prefix = "tight/";
-  oo.pinned_budget_bytes = 3u * 3u * 20480u;
-  EXPECT_EQ(OffloadedOptimizer::create(store, *builtin_rule_factory("adam"), kHp, oo)
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
-  // Auto sub-group under a budget: 96 KiB over 4 slots x 4 regions -> 6 KiB, rounded down
-  // to whole pages: 4 KiB regions (without the gradient region it was 8 KiB).
+  EXPECT_EQ(opt->pinned_bytes(), 3u * 3u * 20480u);  // 3 slots x (master, 2 moments)
+  const ParamHandle h = must(opt->add_param("w", 100, nullptr));
+  std::vector<float> g(100, 0.5f);
+  OFFLOAD_ASSERT_OK(store->put("g", g.data(), TensorDesc{DType::kFloat32, {100}}, PutOptions{}));
+  OFFLOAD_ASSERT_OK(opt->set_grad_object(h, "g", DType::kFloat32));
+  EXPECT_EQ(opt->pinned_bytes(), 3u * 4u * 20480u);  // + one gradient region per slot
+  OFFLOAD_ASSERT_OK(opt->set_grad_object(h, "g", DType::kFloat32));
+  EXPECT_EQ(opt->pinned_bytes(), 3u * 4u * 20480u);  // allocated once
+  // An optimizer that never takes a gradient object: the auto sub-group under a budget is
+  // what the streams alone allow (96 KiB over 4 slots x 3 streams -> 8 KiB per stream).
   OffloadOptions fit;
   fit.key_prefix = "fit/";
   fit.pinned_budget_bytes = 96u << 10;
   auto o2 = must(OffloadedOptimizer::create(store, *builtin_rule_factory("adam"), kHp, fit));
-  EXPECT_EQ(o2->sub_group_numel(), 1024u);
-  EXPECT_LE(o2->pinned_bytes(), 96u << 10);
+  EXPECT_EQ(o2->sub_group_numel(), 2048u);
+  EXPECT_EQ(o2->pinned_bytes(), 96u << 10);
 }
 
 // ---- the overlapped step: started tensors use their EarlyGrad, object gradients the rest

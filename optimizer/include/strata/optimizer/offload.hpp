@@ -59,10 +59,11 @@
 // and at most 2 * T + in-flight between commits.
 //
 // Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
-// of the master and every state stream plus one gradient region (where the sub-groups of
-// gradients attached as store objects, set_grad_object(), are read): num_buffers *
-// (2 + num_states) * align_up(sub_group_numel * 4, 4 KiB) bytes, allocated once at
-// create()/open() and within pinned_budget_bytes. No step allocates memory proportional
+// of the master and every state stream: num_buffers * (1 + num_states) *
+// align_up(sub_group_numel * 4, 4 KiB) bytes, allocated once at create()/open() and within
+// pinned_budget_bytes; the first set_grad_object() adds one gradient region per slot
+// (num_buffers * align_up(sub_group_numel * 4, 4 KiB) bytes more, outside
+// pinned_budget_bytes), where gradients attached as store objects are read. No step allocates memory proportional
 // to a tensor's size, so RSS stays flat across steps (host-tier tensors and the caller's
 // in-memory gradients aside; a gradient in a store object takes no DRAM of its size).
 //
@@ -155,12 +156,12 @@ struct OffloadOptions {
   /// not depend on it. Default 0.
   uint64_t sub_group_numel = 0;
   /// Pinned buffer slots of the pipeline, 1..16. Each slot holds one sub-group of the
-  /// master, every state and the gradient region (gradient objects). 3 give full
-  /// read/update/write overlap; 1 runs the stages one after another. Default 4.
+  /// master and every state (and, once a gradient object is attached, a gradient region).
+  /// 3 give full read/update/write overlap; 1 runs the stages one after another. Default 4.
   int num_buffers = 4;
   /// Upper bound of the pinned memory of the pipeline, bytes. 0 = exactly what the slots
-  /// need: num_buffers * (2 + num_states) * align_up(sub_group_numel * 4, 4 KiB) (the
-  /// master, the states and the gradient region of each slot; see Memory above). When set
+  /// need: num_buffers * (1 + num_states) * align_up(sub_group_numel * 4, 4 KiB) (the
+  /// master and the states of each slot; see Memory above). When set
   /// and sub_group_numel is 0, the sub-group shrinks to fit; when set and an explicit
   /// sub_group_numel does not fit: InvalidArgument. Default 0.
   uint64_t pinned_budget_bytes = 0;
@@ -499,7 +500,10 @@ class OffloadedOptimizer {
   ///     numel * dtype_size(type) or whose recorded dtype is another (raw bytes, kUInt8,
   ///     are accepted), naming the key and both sizes; NotFound when the store has no
   ///     `key`; DataLoss for a damaged catalog row; FailedPrecondition once closed or for
-  ///     a closed store. On error nothing changes (the previous gradient stays attached).
+  ///     a closed store; ResourceExhausted when the first call cannot get the gradient
+  ///     regions' pinned memory (num_buffers * align_up(4 * sub_group_numel, 4 KiB)
+  ///     bytes, allocated once). On error nothing changes (the previous gradient stays
+  ///     attached).
   /// \threadsafety as every member (serialized); not concurrently with start_update() of
   ///     the same tensor.
   Status set_grad_object(ParamHandle h, std::string key, DType type);
