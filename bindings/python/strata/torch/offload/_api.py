@@ -21,7 +21,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
                        path: Optional[str] = None, working_set: Union[int, str] = "1GiB",
                        tier: str = "nvme", key_prefix: str = "params/", prefetch: bool = True,
                        resume: bool = False, overwrite: bool = False, comm: Any = None,
-                       average_gradients: bool = True) -> ParameterOffload:
+                       average_gradients: bool = True,
+                       tile_bytes: Optional[Union[int, str]] = None) -> ParameterOffload:
     """Moves every parameter of ``model`` into a strata store; they are materialized in a
     working set of at most ``working_set`` bytes while forward and backward use them (see
     the module doc). ``model(x)``, ``loss.backward()`` and the optimizer calls stay as
@@ -52,6 +53,14 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         as every fetch is a collective. Default None (one process; also a size-1 comm).
     :param average_gradients: with ``comm``: the reduced gradients are divided by the
         number of ranks (DDP's mean); False: summed.
+    :param tile_bytes: bytes (int or "16MiB"): a parameter of more bytes (CPU, contiguous,
+        one process) is *tiled*: ``F.linear``/``F.embedding`` over it (``nn.Linear``,
+        ``nn.Embedding``, a tied output head) compute on blocks of whole rows of at most
+        this size read in turn (the next in flight; two blocks counted in the working
+        set), its gradient goes block by block into its gradient object, and strata's
+        optimizer steps it from there: neither is ever whole in memory (docs/offload.md,
+        "Tiling"). Keep it at most a quarter of ``working_set``. Default None: nothing is
+        tiled.
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
     :raises TypeError: ``model`` is not a Module.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
@@ -65,7 +74,7 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         raise ValueError("offload_parameters: resume=True keeps the stored parameters that "
                          "overwrite=True replaces: pass one of them")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients)
+                              comm, average_gradients, tile_bytes)
     try:
         return handle.attach(model, resume=resume, overwrite=overwrite)
     except BaseException:
@@ -77,8 +86,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
 def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = None,
                  working_set: Union[int, str] = "1GiB", tier: str = "nvme",
                  key_prefix: str = "params/", prefetch: bool = True,
-                 resume: bool = False, comm: Any = None,
-                 average_gradients: bool = True) -> Iterator[ParameterOffload]:
+                 resume: bool = False, comm: Any = None, average_gradients: bool = True,
+                 tile_bytes: Optional[Union[int, str]] = None) -> Iterator[ParameterOffload]:
     """Constructs a model whose parameters never all exist in memory (the counterpart of
     DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
     block is stored and released at once, so construction takes the largest parameter's
@@ -101,7 +110,7 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     if _INIT_ACTIVE:
         raise ValueError("offload_init: already inside an offload_init block")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients)
+                              comm, average_gradients, tile_bytes)
     original = torch.nn.Module.register_parameter
 
     def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:

@@ -57,7 +57,7 @@ def copy_handle(src: Any, memo: dict) -> Any:
     while src.store.keys(f"{src.key_prefix}#copy{n}/"):
         n += 1
     c = type(src)(src.store, None, src.working_set_bytes, src.tier,
-                  f"{src.key_prefix}#copy{n}/", src.ws.prefetch)
+                  f"{src.key_prefix}#copy{n}/", src.ws.prefetch, tile_bytes=src.tile_bytes)
     c.copy_of_prefix = src.key_prefix
     memo[id(src)] = c
     memo.setdefault(id(memo), []).append(src)  # (deepcopy's keep-alive list)
@@ -73,16 +73,20 @@ def deepcopy_parameter(p: Any, memo: dict) -> torch.nn.Parameter:
     key = f"{c.key_prefix}{s.name}"
     with _no_tf():
         q = torch.nn.Parameter(s.placeholder, requires_grad=p.requires_grad)
+        value: Any = None
         if s.state in IN_MEMORY:  # its current value, edits included
-            value: Any = s.resident.detach().reshape(-1).cpu().contiguous()
+            value = s.resident.detach().reshape(-1).cpu().contiguous()
             bf16 = None
+        elif s.tile is not None:  # tiled: block by block
+            s.owner.tiled_grads.copy_value(s, key)
         else:  # (one process: copy_handle refuses ranks)
             s.owner.ws.touch(s)  # (an update in backward not yet committed: rolled back)
             value = s.owner.store.get(s.value_key)
             bf16 = "bf16" if s.dtype == torch.bfloat16 else None
-    c.store.put(key, value, tier=c.tier, overwrite=True, dtype=bf16)
+    if value is not None:
+        c.store.put(key, value, tier=c.tier, overwrite=True, dtype=bf16)
     r = ParamRecord(len(c.ws.records), s.name, key, q, c)
-    r.stride = s.stride
+    r.stride, r.tile = s.stride, s.tile
     c.ws.records.append(r)
     make_offloaded(q, r)
     return q

@@ -24,16 +24,19 @@ from .._trace import TRACE, traced
 from ._args import (check_bool, check_comm, check_key_prefix, check_model, check_store_and_path,
                     check_tier, working_set_bytes)
 from ._fastpath import FastPaths
-from ._grads import GradientStore, GradInfo
+from ._grad_access import GradAccess
+from ._grads import GradientStore
 from ._hooks import install_model_hooks, remove_hooks
 from ._master_link import MasterLinks
 from ._memory import fix_mmap_threshold
 from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, record_of
 from ._record import IN_MEMORY, ParamRecord, shaped
+from ._tiled import plan_tile
+from ._tiled_grads import TiledAccess, TiledGrads
 from ._working_set import WorkingSet
 
 
-class ParameterOffload(MasterLinks):
+class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
     """What :func:`offload_parameters` returns: the offloaded parameters of one model.
 
     Attributes: ``store`` (the strata.Store), ``working_set_bytes`` (the budget, bytes),
@@ -53,7 +56,8 @@ class ParameterOffload(MasterLinks):
 
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
-                 resume: bool = False, comm: Any = None, average_gradients: bool = True):
+                 resume: bool = False, comm: Any = None, average_gradients: bool = True,
+                 tile_bytes: Optional[int] = None):
         self._closed = True
         self._owns_store = False
         self._owned_dir: Optional[str] = None
@@ -65,6 +69,8 @@ class ParameterOffload(MasterLinks):
                            ("average_gradients", average_gradients)):
             check_bool(name, flag)
         comm = check_comm(comm)
+        #: parameters of more bytes are tiled (offload/_tiled.py); None: none
+        self.tile_bytes = None if tile_bytes is None else working_set_bytes(tile_bytes)
         if resume and store is None and path is None:
             raise ValueError("offload_parameters(resume=True): pass the store or the path of "
                              "the earlier run (a temporary store holds nothing to resume)")
@@ -91,6 +97,9 @@ class ParameterOffload(MasterLinks):
         #: the modules whose hooks are this offload's (offload/_hooks.py), weakly
         self.hooked_modules: List["weakref.ReferenceType[torch.nn.Module]"] = []
         self.fast = FastPaths(self)  # torch's fused fast paths (offload/_fastpath.py)
+        self.tiled_grads = TiledGrads(self)
+        self.block_reader: Any = None  # the block thread of tiled parameters (lazily)
+        self.stats_ref = self._stats
         #: a deepcopy's offload (offload/_copy.py): the source's key_prefix (else None)
         self.copy_of_prefix: Optional[str] = None
         self._init_count = 0  # parameters offloaded by offload_init, not yet attached
@@ -106,6 +115,7 @@ class ParameterOffload(MasterLinks):
         s = ParamRecord(len(self.ws.records), name, key, p, self)
         with _no_tf():
             s.offloaded_from = ((p._version, p.data_ptr()), not store_value)
+            s.tile = plan_tile(p, self.tile_bytes, self.comm)
         if self.comm is not None:
             s.owned = self.comm.owned_range(s.numel)
         if store_value:
@@ -124,6 +134,8 @@ class ParameterOffload(MasterLinks):
     def _copy_object(self, s: ParamRecord, key: str) -> None:
         """``s``'s stored value (this rank's part) also as ``key``."""
         bf16 = "bf16" if s.dtype == torch.bfloat16 else None
+        if s.tile is not None:  # block by block: never the whole value in memory
+            return self.tiled_grads.copy_value(s, key)
         if self.comm is None:
             self.store.put(key, self.store.get(s.key), tier=self.tier, overwrite=True, dtype=bf16)
             return
@@ -181,6 +193,7 @@ class ParameterOffload(MasterLinks):
                     self._copy_object(s, key)
                 self._delete_object(s)
                 s.rename(n, key)
+                self.tiled_grads.forget(s)
             s.index = i
             records.append(s)
         for s in old.values():  # made under offload_init but not in the model: back home
@@ -323,75 +336,6 @@ class ParameterOffload(MasterLinks):
         """(name, parameter) of every offloaded parameter, in the model's order."""
         return [(s.name, s.param) for s in self.ws.records]
 
-    # ---- gradients (the GradientStore ``grads``) -------------------------------------------
-
-    def bind_optimizer(self, p: torch.Tensor) -> None:
-        """A strata optimizer holds ``p``: its gradients go to the store from now on, moved
-        there as soon as torch has accumulated each (with their L2 norms and finiteness),
-        and ``p.grad`` is the stored gradient (offload/_grad_tensor.py). Called by
-        OffloadAdam/AdamW at registration and at each step; idempotent.
-
-        :raises KeyError: ``p`` is not a parameter of this offload."""
-        self.grads.bind(self._record(p))
-
-    def grad_info(self, p: torch.Tensor) -> GradInfo:
-        """What is known of ``p``'s gradient since the last zero_grad without reading it:
-        has_grad, finite, norm (see :class:`GradInfo`).
-
-        :raises KeyError: ``p`` is not a parameter of this offload."""
-        return self.grads.info(self._record(p))
-
-    @traced("read_grad", "store")
-    def read_grad(self, p: torch.Tensor) -> torch.Tensor:
-        """``p``'s accumulated gradient as the optimizer steps it: a new 1-d CPU tensor of
-        ``state_numel(p)`` elements of ``p``'s dtype (this rank's reduced slice with a
-        communicator; zeros after ``zero_grad(set_to_none=False)``). Only for a parameter
-        with ``grad_info(p).has_grad``.
-
-        :raises KeyError: ``p`` is not a parameter of this offload."""
-        return self.grads.read(self._record(p))
-
-    def grad_stored(self, p: torch.Tensor) -> bool:
-        """``p``'s gradient values can be read (False when an update in backward took it
-        without storing it: offload/_grads.py).
-
-        :raises KeyError: ``p`` is not a parameter of this offload."""
-        return self._record(p).grad_early != "dropped"
-
-    def grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
-        """The gradient of offloaded parameter ``p`` accumulated since the last zero_grad
-        (a new CPU tensor of its shape and dtype; with a communicator this rank's slice,
-        1-d, reduced over the ranks), or ``p.grad`` when its gradients stay in memory; None
-        when it has none.
-
-        :raises KeyError: ``p`` is not a parameter of this offload."""
-        s = self._record(p)
-        if not s.to_store:
-            with _no_tf():
-                return p.grad
-        if not s.has_grad:
-            return None
-        g = self.grads.read(s).clone()
-        return g if s.owned is not None else g.view(s.shape)
-
-    def collect_grads(self) -> None:
-        """Gradients still in ``p.grad`` of parameters whose gradients go to the store (one
-        that did not require grad when the optimizer took it) moved to the store, then
-        every write in flight waited for (its errors raised here)."""
-        self.grads.collect()
-
-    def flush_grads(self) -> None:
-        """Waits for every gradient write in flight (errors are raised here)."""
-        self.grads.flush()
-
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        """Every stored gradient of this offload as torch's ``zero_grad(set_to_none)``
-        leaves ``p.grad``: zeros (torch 1.13's default: the parameter is still stepped, with
-        a zero gradient, and the next backward adds to zero) or none. (``model.zero_grad()``
-        and an optimizer's ``zero_grad()`` do the same for their parameters through
-        ``p.grad``.)"""
-        self.grads.zero(set_to_none)
-
     # ---- statistics ----------------------------------------------------------------------
 
     def reset_stats(self) -> None:
@@ -399,7 +343,8 @@ class ParameterOffload(MasterLinks):
         for k in ("bytes_fetched", "fetch_seconds", "stall_seconds", "prefetch_hits",
                   "prefetch_misses", "resident_hits", "trace_mismatches",
                   "peak_working_set_bytes", "bytes_written_back", "param_bytes_written",
-                  "grad_bytes_written", "grad_bytes_read"):
+                  "grad_bytes_written", "grad_bytes_read", "tile_blocks_fetched",
+                  "tile_fetch_seconds", "tile_stall_seconds"):
             self._stats[k] = 0 if not k.endswith("seconds") else 0.0
 
     def stats(self) -> Dict[str, Any]:
@@ -416,7 +361,10 @@ class ParameterOffload(MasterLinks):
         stored), ``param_bytes_written`` (parameter values stored by :meth:`write`: an
         optimizer's step or resume, bytes; none for a linked parameter whose step wrote
         its master, which the optimizer's own bytes_written counts), ``grad_bytes_written`` / ``grad_bytes_read``
-        (gradients to / from the store, bytes).
+        (gradients to / from the store, bytes); tiled parameters (offload/_tiled.py):
+        ``tile_blocks_fetched`` (blocks read, their bytes also in ``bytes_fetched``),
+        ``tile_fetch_seconds`` (time reading them, on the block thread),
+        ``tile_stall_seconds`` (time the operators waited for a block).
         """
         out = dict(self._stats)
         out[f"bytes_fetched_{self.tier}"] = out["bytes_fetched"]
@@ -466,6 +414,8 @@ class ParameterOffload(MasterLinks):
             for s in self.ws.records:
                 self.unlink_master(s.param)
             self.ws.stop()
+            if self.block_reader is not None:
+                self.block_reader.shutdown()
             for h in self._hook_handles:
                 h.remove()
             remove_hooks(self)

@@ -22,6 +22,7 @@ from .. import _saved
 from .._common import no_torch_function as _no_tf
 from ._grad_tensor import has_grads, unwrap_grads
 from ._record import IN_MEMORY, ParamRecord
+from ._tiled import NOT_TILED, TILED_NAMES, tiled_call
 
 #: properties read or set without the parameter's data
 _META_GET = frozenset({
@@ -70,6 +71,10 @@ class OffloadedParameter(torch.nn.Parameter):
         elif name in _META_FN:
             with _no_tf():
                 return func(*args, **kwargs)
+        if name in TILED_NAMES:  # over a tiled parameter: block by block
+            out = tiled_call(func, args, kwargs)
+            if out is not NOT_TILED:
+                return out
         if has_grads(args) or has_grads(kwargs.values()):  # e.g. p.add_(p.grad, alpha=-lr)
             args, kwargs = unwrap_grads(args, kwargs)
         records: List[ParamRecord] = []

@@ -109,7 +109,7 @@ class ParamRecord:
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
                  "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
                  "grad_dirty", "grad_obj", "param", "owner", "stride", "offloaded_from",
-                 "link", "grad_early", "__weakref__")
+                 "link", "grad_early", "tile", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -162,6 +162,8 @@ class ParamRecord:
         #: partitioned over ranks (a Communicator): the elements [begin, end) this rank's
         #: store holds (key + "#part"); None: the whole tensor is one object ``key``
         self.owned: Optional[Tuple[int, int]] = None
+        #: the blocks of a tiled parameter (offload/_tiled.py, TileLayout); None: not tiled
+        self.tile: Any = None
 
     def rename(self, name: str, key: str) -> None:
         """The parameter's name in the model and its store key (offload_init's temporary

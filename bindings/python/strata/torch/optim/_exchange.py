@@ -151,8 +151,11 @@ def bump_version(p: torch.Tensor) -> None:
 
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:
     """The fp32 master of handle ``h`` into ``p`` (any dtype and device; resume)."""
-    master = torch.from_numpy(opt.read_param(h))
     o = offload_of(p)
+    if o is not None and o.tiled(p):  # block by block (offload/_tiled.py)
+        o.write_blocks(p, lambda off, n: torch.from_numpy(opt.read_param(h, None, off, n)))
+        return
+    master = torch.from_numpy(opt.read_param(h))
     if o is not None:  # an offloaded parameter: its object (this rank's slice, ZeRO-3)
         o.write(p, master)
         return

@@ -223,7 +223,8 @@ def _run_batches(table: ParamTable, exchange: TensorExchange,
         if not is_offloaded(p):
             memory.append((p, h))
             continue
-        need = offload_of(p).state_numel(p) * 4 * 2
+        o = offload_of(p)  # (a tiled parameter's gradient and value stay in the store)
+        need = 0 if o.tiled(p) else o.state_numel(p) * 4 * 2
         if batch and used + need > budget:
             _run_batch(table, exchange, batch, memory, grad_scale, stats)
             memory, batch, used = [], [], 0
@@ -246,6 +247,13 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         exchange.attach(core, p, h)
     for p, h in batch:
         o = offload_of(p)
+        if o.tiled(p):  # the gradient streamed from its object; the value stored after
+            key, dtype = o.grad_object(p)
+            exchange.forget(h)
+            core.set_grad_object(h, key, dtype)
+            core.set_param_copy(h, None)
+            attached.append((p, h, None, None))
+            continue
         g = o.read_grad(p)
         # a linked parameter's value is the master the step writes: no copy of it
         copy = None if o.linked(p) else torch.empty(o.state_numel(p), dtype=p.dtype)
@@ -264,8 +272,11 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
             exchange.detach(core, h)
     for k in _SUMMED:
         stats[k] += st[k]
-    for p, h, _, copy in attached:
-        if copy is None:
+    for p, h, g, copy in attached:
+        if g is None:  # tiled: its new value from the master, block by block
+            offload_of(p).write_blocks(
+                p, lambda off, n, h=h: torch.from_numpy(core.read_param(h, None, off, n)))
+        elif copy is None:
             offload_of(p).committed(p)
         else:
             offload_of(p).write(p, copy)

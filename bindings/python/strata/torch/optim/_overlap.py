@@ -210,6 +210,7 @@ class BackwardOverlap:
         for p in table.params:
             o = offload_of(p)
             if (o is None or o.linked(p) or p.dtype != torch.float32 or o.comm is not None
+                    or o.tiled(p)
                     or o.store is not self._store or id(p) not in table.handle
                     or p.numel() == 0 or table.changed(table.handle[id(p)])):
                 continue

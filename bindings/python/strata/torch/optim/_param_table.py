@@ -225,8 +225,12 @@ class ParamTable:
             if self.changed(h):
                 if self._offloaded_since(p, h):
                     continue
-                value = offload_of(p).read_state(p) if is_offloaded(p) else p
-                opt.write_param(h, as_f32_numpy(value))
+                if is_offloaded(p) and offload_of(p).tiled(p):  # block by block
+                    for off, block in offload_of(p).value_blocks(p):
+                        opt.write_param(h, as_f32_numpy(block), off)
+                else:
+                    value = offload_of(p).read_state(p) if is_offloaded(p) else p
+                    opt.write_param(h, as_f32_numpy(value))
                 self.mark(h)
                 n += 1
         return n

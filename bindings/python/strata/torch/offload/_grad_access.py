@@ -1,0 +1,90 @@
+"""The gradients of a ParameterOffload as the optimizer wing reaches them: the part of
+ParameterOffload (offload/_handle.py) that delegates to its GradientStore
+(offload/_grads.py): binding an optimizer, what is known of a gradient, reading it, moving
+gradients still in ``p.grad``, zero_grad.
+
+Thread-safety: as ParameterOffload (one thread at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._common import no_torch_function as _no_tf
+from .._trace import traced
+from ._grads import GradInfo
+
+
+class GradAccess:
+    """Mixin of ParameterOffload (needs its ``_record`` and ``grads``)."""
+
+    # ---- gradients (the GradientStore ``grads``) -------------------------------------------
+
+    def bind_optimizer(self, p: torch.Tensor) -> None:
+        """A strata optimizer holds ``p``: its gradients go to the store from now on, moved
+        there as soon as torch has accumulated each (with their L2 norms and finiteness),
+        and ``p.grad`` is the stored gradient (offload/_grad_tensor.py). Called by
+        OffloadAdam/AdamW at registration and at each step; idempotent.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        self.grads.bind(self._record(p))
+
+    def grad_info(self, p: torch.Tensor) -> GradInfo:
+        """What is known of ``p``'s gradient since the last zero_grad without reading it:
+        has_grad, finite, norm (see :class:`GradInfo`).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.grads.info(self._record(p))
+
+    @traced("read_grad", "store")
+    def read_grad(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s accumulated gradient as the optimizer steps it: a new 1-d CPU tensor of
+        ``state_numel(p)`` elements of ``p``'s dtype (this rank's reduced slice with a
+        communicator; zeros after ``zero_grad(set_to_none=False)``). Only for a parameter
+        with ``grad_info(p).has_grad``.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.grads.read(self._record(p))
+
+    def grad_stored(self, p: torch.Tensor) -> bool:
+        """``p``'s gradient values can be read (False when an update in backward took it
+        without storing it: offload/_grads.py).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).grad_early != "dropped"
+
+    def grad(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """The gradient of offloaded parameter ``p`` accumulated since the last zero_grad
+        (a new CPU tensor of its shape and dtype; with a communicator this rank's slice,
+        1-d, reduced over the ranks), or ``p.grad`` when its gradients stay in memory; None
+        when it has none.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        if not s.to_store:
+            with _no_tf():
+                return p.grad
+        if not s.has_grad:
+            return None
+        g = self.grads.read(s).clone()
+        return g if s.owned is not None else g.view(s.shape)
+
+    def collect_grads(self) -> None:
+        """Gradients still in ``p.grad`` of parameters whose gradients go to the store (one
+        that did not require grad when the optimizer took it) moved to the store, then
+        every write in flight waited for (its errors raised here)."""
+        self.grads.collect()
+
+    def flush_grads(self) -> None:
+        """Waits for every gradient write in flight (errors are raised here)."""
+        self.grads.flush()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Every stored gradient of this offload as torch's ``zero_grad(set_to_none)``
+        leaves ``p.grad``: zeros (torch 1.13's default: the parameter is still stepped, with
+        a zero gradient, and the next backward adds to zero) or none. (``model.zero_grad()``
+        and an optimizer's ``zero_grad()`` do the same for their parameters through
+        ``p.grad``.)"""
+        self.grads.zero(set_to_none)

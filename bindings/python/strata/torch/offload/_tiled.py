@@ -1,0 +1,435 @@
+"""Tiling: an offloaded parameter larger than ``tile_bytes`` (offload_parameters' argument)
+that ``F.linear`` or ``F.embedding`` uses is never materialized whole. Its store object
+(the row-major value, the same key) is read in *blocks* of whole rows (dim 0: a Linear's
+output features, an Embedding's entries), at most ``tile_bytes`` each; the operator is
+computed block by block while the next block is read on the offload's block thread; in
+backward each block's weight gradient goes straight into the parameter's gradient object
+(offload/_tiled_grads.py), and the optimizer's step streams it from there (ZeRO-Infinity's
+memory-centric tiling, SC21 section 5.1.3, without rewriting the model: the module, its
+parameter and its state_dict key stay what they are).
+
+What is exact (tests/bindings/torch_offload/test_param_offload_tiled.py compares with torch):
+
+* ``F.linear``: each output column block is ``F.linear(x, W[r0:r1], b[r0:r1])`` and each
+  weight-gradient block ``(x2d.t() @ g2d[:, r0:r1]).t()``: the same dot products as the
+  whole operator, which the test finds bit-identical on this CPU's BLAS; the **input
+  gradient** sums the blocks' ``g[:, r0:r1] @ W[r0:r1]`` one after another instead of in one
+  matrix product: another summation order (docs/offload.md gives the measured difference).
+* ``F.embedding``: rows are copied (exact); the weight gradient of each block is
+  ``index_add_`` of the gradient rows in their order of occurrence, as torch's CPU backward
+  sums them: bit-identical.
+* in-place initialization and edits without autograd (``nn.init.normal_``/``uniform_``/
+  ``zeros_``/``trunc_normal_``, ``fill_``, ``mul_``, ``copy_`` as ``load_state_dict`` does):
+  applied block by block and stored (elementwise, so exact; random fills draw the same
+  numbers as on the whole tensor, blocks being multiples of 16 elements).
+
+Other operations on a tiled parameter (``x @ W.t()``, ``state_dict()``, an in-place edit)
+materialize it whole, as any offloaded parameter (more memory than the working set).
+
+Thread-safety: one thread at a time (torch's forward/backward thread); the block reads run
+on the offload's block thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .._common import no_torch_function as _no_tf
+from .._trace import TRACE
+from ._record import IN_MEMORY, ParamRecord, dense_stride, tensor_of
+
+
+class TileLayout:
+    """The blocks of a tiled parameter: ``rows`` (its dim 0), ``row_numel`` (elements per
+    row), ``block_rows`` (rows per block; the last block may hold fewer), ``elem`` (bytes
+    per element)."""
+
+    __slots__ = ("rows", "row_numel", "block_rows", "elem")
+
+    def __init__(self, shape: Tuple[int, ...], elem: int, tile_bytes: int):
+        self.rows = shape[0]
+        self.row_numel = math.prod(shape[1:])
+        self.elem = elem
+        # blocks of a multiple of 16 elements: torch's CPU normal_ fills 16 at a time (and
+        # redoes a tail), so normal_ block by block draws what normal_ on the whole does
+        unit = 16 // math.gcd(self.row_numel, 16)
+        rows = tile_bytes // max(1, self.row_numel * elem)
+        self.block_rows = max(unit, rows - rows % unit)
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.rows // self.block_rows)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of a full block."""
+        return min(self.block_rows, self.rows) * self.row_numel * self.elem
+
+    def rows_of(self, i: int) -> Tuple[int, int]:
+        """Rows [r0, r1) of block ``i``."""
+        r0 = i * self.block_rows
+        return r0, min(self.rows, r0 + self.block_rows)
+
+    def span(self, i: int) -> Tuple[int, int]:
+        """Elements [offset, offset + count) of block ``i`` in the flat value."""
+        r0, r1 = self.rows_of(i)
+        return r0 * self.row_numel, (r1 - r0) * self.row_numel
+
+
+def plan_tile(p: torch.Tensor, tile_bytes: Optional[int], comm: Any) -> Optional[TileLayout]:
+    """The blocks of ``p`` when it is tiled (``tile_bytes`` set, more bytes than that, at
+    least 2 rows, a contiguous CPU tensor of one process), else None."""
+    if tile_bytes is None or comm is not None:
+        return None
+    if (p.numel() * p.element_size() <= tile_bytes or p.dim() < 1 or p.shape[0] < 2
+            or p.device.type != "cpu" or dense_stride(p) is not None):
+        return None
+    return TileLayout(tuple(p.shape), p.element_size(), tile_bytes)
+
+
+# ---- reading blocks ------------------------------------------------------------------------
+
+
+def _executor(owner: Any) -> ThreadPoolExecutor:
+    ex = owner.block_reader
+    if ex is None:
+        ex = owner.block_reader = ThreadPoolExecutor(1, thread_name_prefix="strata-blocks")
+    return ex
+
+
+def read_block(owner: Any, s: ParamRecord, i: int, key: Optional[str] = None) -> torch.Tensor:
+    """Block ``i`` of ``s``'s stored value (``key``: another object of the same layout),
+    a new tensor of shape ``[r1 - r0, *shape[1:]]``."""
+    t = s.tile
+    off, n = t.span(i)
+    r0, r1 = t.rows_of(i)
+    arr = owner.store.read_range(key or s.value_key, off * t.elem, n * t.elem)
+    return tensor_of(arr, s.dtype).view((r1 - r0,) + s.shape[1:])
+
+
+def blocks(owner: Any, s: ParamRecord, need_values: bool = True
+           ) -> Iterator[Tuple[int, int, int, Optional[torch.Tensor]]]:
+    """``(i, r0, r1, W[r0:r1])`` for every block of tiled ``s``, in order: from memory when
+    ``s`` is materialized (an edit in place is seen), else read from the store with the
+    next block in flight on the block thread (two blocks counted in the working set, which
+    evicts for them). ``need_values`` False: no reads, ``None`` as the block."""
+    t = s.tile
+    if not need_values:
+        for i in range(t.nblocks):
+            r0, r1 = t.rows_of(i)
+            yield i, r0, r1, None
+        return
+    if s.state in IN_MEMORY:
+        with _no_tf():
+            data = s.resident.detach()
+        for i in range(t.nblocks):
+            r0, r1 = t.rows_of(i)
+            yield i, r0, r1, data[r0:r1]
+        return
+    ws, stats = owner.ws, owner.stats_ref
+    if s.pending is not None:
+        ws.drain()
+    ws.touch(s)
+    reserve = min(2, t.nblocks) * t.block_bytes  # counted as staged bytes meanwhile
+    ws._make_room(reserve, protect=-1, before=None)
+    ws.staged_bytes += reserve
+    ws._peak()
+    ex = _executor(owner)
+    nxt = None
+    try:
+        nxt = ex.submit(_timed_read, owner, s, 0)
+        for i in range(t.nblocks):
+            t0 = time.perf_counter()
+            fut = nxt
+            nxt = None
+            block, seconds = fut.result()
+            stats["tile_stall_seconds"] += time.perf_counter() - t0
+            stats["tile_fetch_seconds"] += seconds
+            stats["tile_blocks_fetched"] += 1
+            stats["bytes_fetched"] += block.numel() * t.elem
+            if i + 1 < t.nblocks:
+                nxt = ex.submit(_timed_read, owner, s, i + 1)
+            r0, r1 = t.rows_of(i)
+            yield i, r0, r1, block
+    finally:
+        if nxt is not None:
+            nxt.exception()  # (wait: the buffer must not be read into after this)
+        ws.staged_bytes -= reserve
+
+
+def _timed_read(owner: Any, s: ParamRecord, i: int) -> Tuple[torch.Tensor, float]:
+    t0 = time.perf_counter()
+    out = read_block(owner, s, i)
+    if TRACE.on: TRACE.instant(f"block {s.name}[{i}]", "fetch", {"i": i})  # noqa: E701
+    return out, time.perf_counter() - t0
+
+
+# ---- the operators -----------------------------------------------------------------------
+
+
+def _linear_forward(owner: Any, s: ParamRecord, x: torch.Tensor,
+                    bias: Optional[torch.Tensor]) -> torch.Tensor:
+    out = None
+    for _, r0, r1, w in blocks(owner, s):
+        y = F.linear(x, w, None if bias is None else bias[r0:r1])
+        if out is None:
+            out = torch.empty(tuple(x.shape[:-1]) + (s.shape[0],), dtype=y.dtype,
+                              device=y.device)
+        out[..., r0:r1] = y
+    return out
+
+
+class _TiledLinear(torch.autograd.Function):
+    """``F.linear(x, W, b)`` with tiled ``W`` (the record in ``ctx``); ``weight`` is the
+    parameter itself, passed so that backward runs when only it requires grad."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bias: Optional[torch.Tensor], weight: torch.Tensor,
+                record: ParamRecord) -> torch.Tensor:
+        ctx.record = record
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x)
+        return _linear_forward(record.owner, record, x, bias)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        (x,) = ctx.saved_tensors
+        s = ctx.record
+        owner = s.owner
+        owner.begin_backward()
+        need_x, need_b, need_w = ctx.needs_input_grad[:3]
+        g2 = g.reshape(-1, g.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        gx = None
+        writer = owner.tiled_grads.writer(s) if need_w else None
+        try:
+            for i, r0, r1, w in blocks(owner, s, need_values=need_x):
+                gb = g2[:, r0:r1]
+                if need_x:
+                    part = gb.mm(w)
+                    gx = part if gx is None else gx.add_(part)
+                if writer is not None:  # as linear's backward: (x2d^T g2d)^T, per block
+                    writer.add(i, x2.t().mm(gb).t())
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        gw = writer.end() if writer is not None else None
+        gb_all = g2.sum(0) if (ctx.has_bias and need_b) else None
+        return (gx.view(x.shape) if gx is not None else None), gb_all, gw, None
+
+
+def _embedding_forward(owner: Any, s: ParamRecord, idx: torch.Tensor) -> torch.Tensor:
+    flat = idx.reshape(-1)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= s.shape[0]):
+        raise IndexError(f"index out of range in self (tiled parameter {s.name!r} has "
+                         f"{s.shape[0]} rows; indices from {int(flat.min())} to "
+                         f"{int(flat.max())})")
+    out = None
+    for _, r0, r1, w in blocks(owner, s):
+        if out is None:
+            out = torch.empty((flat.numel(),) + s.shape[1:], dtype=w.dtype)
+        sel = ((flat >= r0) & (flat < r1)).nonzero().squeeze(1)
+        if sel.numel():
+            out[sel] = w.index_select(0, flat[sel] - r0)
+    return out.view(tuple(idx.shape) + s.shape[1:])
+
+
+class _TiledEmbedding(torch.autograd.Function):
+    """``F.embedding(idx, W, padding_idx)`` with tiled ``W``."""
+
+    @staticmethod
+    def forward(ctx: Any, idx: torch.Tensor, weight: torch.Tensor, record: ParamRecord,
+                padding_idx: Optional[int]) -> torch.Tensor:
+        ctx.record = record
+        ctx.padding_idx = padding_idx
+        ctx.save_for_backward(idx)
+        return _embedding_forward(record.owner, record, idx)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        (idx,) = ctx.saved_tensors
+        s = ctx.record
+        owner = s.owner
+        owner.begin_backward()
+        if not ctx.needs_input_grad[1]:
+            return None, None, None, None
+        flat = idx.reshape(-1)
+        g2 = g.reshape(flat.numel(), -1)
+        writer = owner.tiled_grads.writer(s)
+        try:  # every block: torch's backward makes the whole gradient (zeros where unused)
+            for i, r0, r1, _ in blocks(owner, s, need_values=False):
+                m = (flat >= r0) & (flat < r1)
+                if ctx.padding_idx is not None:
+                    m &= flat != ctx.padding_idx
+                sel = m.nonzero().squeeze(1)
+                blk = torch.zeros((r1 - r0,) + s.shape[1:], dtype=g.dtype)
+                if sel.numel():
+                    blk.view(r1 - r0, -1).index_add_(0, flat[sel] - r0, g2[sel])
+                writer.add(i, blk)
+        except BaseException:
+            writer.abort()
+            raise
+        return None, writer.end(), None, None
+
+
+#: in-place operations applied block by block (no autograd): those that read the old values
+_EDITS = frozenset({"mul_", "add_", "sub_", "div_", "clamp_", "clamp_min_", "clamp_max_",
+                    "erfinv_", "neg_", "abs_"})
+#: ... and those that overwrite every element (the old values are not read)
+_FILLS = frozenset({"normal_", "uniform_", "zero_", "fill_", "copy_"})
+
+
+def _edit_blocks(func: Any, s: ParamRecord, args: Tuple[Any, ...], kwargs: dict) -> Any:
+    """In-place ``func(p, *args[1:], **kwargs)`` on tiled ``p``, block by block: each block
+    read (unless overwritten), changed and written back; the stored value's version moves
+    (an optimizer takes it as the new master)."""
+    name = func.__name__
+    rest = args[1:]
+    src = None
+    if name == "copy_":
+        src = rest[0]
+        with _no_tf():
+            if not torch.is_tensor(src) or tuple(src.shape) != s.shape:
+                return NOT_TILED  # (broadcasting copy: whole, as any parameter)
+            if getattr(src, "_strata_record", None) is not None:
+                return NOT_TILED
+        rest = rest[1:]
+    for v in list(rest) + list(kwargs.values()):
+        if torch.is_tensor(v) and v.dim() > 0:
+            return NOT_TILED  # a tensor operand: whole, as any parameter
+    owner, t = s.owner, s.tile
+    owner.ws.touch(s)
+    with _no_tf():
+        for i, r0, r1, w in blocks(owner, s, need_values=name in _EDITS):
+            if w is None:
+                w = torch.empty((r1 - r0,) + s.shape[1:], dtype=s.dtype)
+            if src is not None:
+                w.copy_(src[r0:r1], *rest, **kwargs)
+            else:
+                func(w, *rest, **kwargs)
+            off, _ = t.span(i)
+            owner.store.write_range(s.key, off * t.elem, w.reshape(-1).contiguous())
+            owner.stats_ref["bytes_written_back"] += w.numel() * t.elem
+    s.version += 1
+    return args[0]
+
+
+def _init(func: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+    """``torch.nn.init.<name>(p, ...)`` on tiled ``p``: the Tensor method it comes down
+    to, with torch.nn.init's own arithmetic for the bounds (so each block pass goes through
+    :func:`_edit_blocks`); NOT_TILED for a function not listed."""
+    import inspect
+    init = torch.nn.init
+    a = inspect.signature(func).bind(*args, **kwargs)
+    a.apply_defaults()
+    v = dict(a.arguments)
+    t = v.pop("tensor")
+    name = func.__name__
+    with torch.no_grad():
+        if name == "normal_":
+            return t.normal_(v["mean"], v["std"])
+        if name == "uniform_":
+            return t.uniform_(v["a"], v["b"])
+        if name == "zeros_":
+            return t.zero_()
+        if name in ("ones_", "constant_"):
+            return t.fill_(1.0 if name == "ones_" else v["val"])
+        if name in ("kaiming_uniform_", "kaiming_normal_"):
+            fan = init._calculate_correct_fan(t, v["mode"])
+            std = init.calculate_gain(v["nonlinearity"], v["a"]) / math.sqrt(fan)
+            if name == "kaiming_normal_":
+                return t.normal_(0, std)
+            bound = math.sqrt(3.0) * std
+            return t.uniform_(-bound, bound)
+        if name in ("xavier_uniform_", "xavier_normal_"):
+            fan_in, fan_out = init._calculate_fan_in_and_fan_out(t)
+            std = v["gain"] * math.sqrt(2.0 / float(fan_in + fan_out))
+            if name == "xavier_normal_":
+                return t.normal_(0.0, std)
+            bound = math.sqrt(3.0) * std
+            return t.uniform_(-bound, bound)
+        if name == "trunc_normal_":
+            return init._no_grad_trunc_normal_(t, v["mean"], v["std"], v["a"], v["b"])
+    return NOT_TILED
+
+
+_INITS = frozenset({"normal_", "uniform_", "zeros_", "ones_", "constant_", "kaiming_uniform_",
+                    "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "trunc_normal_"})
+
+
+def _is_tiled(w: Any) -> Optional[ParamRecord]:
+    s = getattr(w, "_strata_record", None)
+    if s is None or s.tile is None or s.state in IN_MEMORY:
+        return None
+    return s
+
+
+def tiled_call(func: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` computed on blocks when it is ``F.linear`` or
+    ``F.embedding`` over a tiled parameter not in memory; else :data:`NOT_TILED`."""
+    name = getattr(func, "__name__", "")
+    if getattr(func, "__module__", "") == "torch.nn.init":
+        t = args[0] if args else kwargs.get("tensor")  # (nn.init passes it by keyword)
+        if name in _INITS and _is_tiled(t) is not None:
+            return _init(func, args, kwargs)
+        return NOT_TILED
+    if name in _EDITS or name in _FILLS:
+        s = _is_tiled(args[0]) if args else None
+        if s is None or (torch.is_grad_enabled() and s.param.requires_grad):
+            return NOT_TILED  # (torch refuses in-place on a leaf that requires grad)
+        return _edit_blocks(func, s, args, kwargs)
+    if func is F.embedding:
+        names = ("input", "weight", "padding_idx", "max_norm", "norm_type",
+                 "scale_grad_by_freq", "sparse")
+        a = dict(zip(names, args), **kwargs)
+        s = _is_tiled(a.get("weight"))
+        if s is None:
+            return NOT_TILED
+        if a.get("max_norm") is not None or a.get("scale_grad_by_freq") or a.get("sparse"):
+            raise ValueError(f"F.embedding over tiled offloaded parameter {s.name!r}: "
+                             "max_norm, scale_grad_by_freq and sparse are not supported "
+                             "(pass tile_bytes=None to offload_parameters, or a tile_bytes "
+                             "above this parameter's size)")
+        pad = a.get("padding_idx")
+        if pad is not None and pad < 0:
+            pad += s.shape[0]
+        w = a["weight"]
+        with _no_tf():
+            if torch.is_grad_enabled() and w.requires_grad:
+                return _TiledEmbedding.apply(a["input"], w, s, pad)
+            return _embedding_forward(s.owner, s, a["input"])
+    if name == "linear" and func in _LINEARS:
+        a = dict(zip(("input", "weight", "bias"), args), **kwargs)
+        s = _is_tiled(a.get("weight"))
+        if s is None:
+            return NOT_TILED
+        x, w, b = a["input"], a["weight"], a.get("bias")
+        owner = s.owner
+        rb = getattr(b, "_strata_record", None)
+        prev = owner.ws.protected
+        if rb is not None:  # the bias (an offloaded parameter) stays in memory meanwhile
+            owner.ws.protected = prev | {rb.index}
+            owner.ws.materialize(rb)
+        try:
+            with _no_tf():
+                if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad
+                                                or (b is not None and b.requires_grad)):
+                    return _TiledLinear.apply(x, b, w, s)
+                return _linear_forward(owner, s, x, b)
+        finally:
+            owner.ws.protected = prev
+    return NOT_TILED
+
+
+#: what :func:`tiled_call` returns when the call is not one it computes on blocks
+NOT_TILED = object()
+_LINEARS = (F.linear, torch._C._nn.linear)
+#: the function names :func:`tiled_call` may compute on blocks
+TILED_NAMES = frozenset({"linear", "embedding"}) | _EDITS | _FILLS | _INITS

@@ -1,0 +1,238 @@
+"""The gradients and values of tiled parameters (offload/_tiled.py) block by block: the
+writer a tiled operator's backward hands each block's weight gradient to, what the
+optimizer's step needs (the gradient object complete, the new value stored block by block),
+and the mixin of ParameterOffload that the optimizer wing reaches them through.
+
+Gradient object: ``<key>#grad`` holds the whole gradient in row-major order, as for any
+offloaded parameter; a block's gradient is written with ``write_range`` at its offset. With
+a strata optimizer (the gradient goes to the store) the contributions of one parameter add
+as torch's ``p.grad += g`` does: the first backward after ``zero_grad(set_to_none=True)``
+writes the blocks as they come, after ``zero_grad(set_to_none=False)`` adds them to zeros
+(``g + 0.0``), later ones read the block, replay recorded scalings (``p.grad.mul_(c)``) and
+add. Its norm is ``torch.norm`` of the stacked block norms (``clip_grad_norm_``'s rule one
+level down): the same value up to summation order, not bit-identical to ``torch.norm`` of
+the whole gradient. Without a strata optimizer the blocks are assembled into one gradient
+tensor that torch accumulates into ``p.grad`` (memory of the whole parameter).
+
+Thread-safety: as ParameterOffload (one thread at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .._common import all_finite, no_torch_function as _no_tf
+from ._record import IN_MEMORY, ParamRecord
+from ._tiled import read_block
+
+
+def put_zeros(owner: Any, s: ParamRecord, key: str) -> None:
+    """Object ``key``: ``s.numel`` zeros of ``s``'s dtype (numpy's lazily zeroed pages: no
+    memory of that size is touched to store them)."""
+    np_dtype = {torch.float32: np.float32, torch.float16: np.float16,
+                torch.bfloat16: np.uint16, torch.float64: np.float64}[s.dtype]
+    zeros = np.zeros(s.numel, dtype=np_dtype)
+    owner.store.put(key, zeros, tier=owner.tier, overwrite=True,
+                    dtype="bf16" if s.dtype == torch.bfloat16 else None)
+    del zeros
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.float16: "float16",
+            torch.bfloat16: "bfloat16"}[dtype]
+
+
+class BlockWriter:
+    """One tiled backward's weight gradient of ``s``, block by block (:meth:`add` every
+    block once, then :meth:`end`, or :meth:`abort` on an error)."""
+
+    def __init__(self, tiled: "TiledGrads", s: ParamRecord):
+        self.tiled, self.s = tiled, s
+        g = tiled.owner.grads
+        self.full: Optional[torch.Tensor] = None
+        if not s.to_store:  # torch accumulates p.grad: the whole gradient in memory
+            self.full = torch.empty(s.shape, dtype=s.dtype)
+            return
+        if s.index in g._writes:
+            g._wait(s.index)
+        if s.grad_mem is not None:
+            self.mode = "memory"  # materialized by the user: added there
+        elif not s.has_grad:
+            self.mode = "fresh"
+        elif s.grad_zero:
+            self.mode = "zeroed"
+        else:
+            g._check_kept(s)
+            self.mode = "add"
+        self.ops = list(s.grad_ops)
+        tiled.ensure_grad_object(s)
+        self.norms: List[torch.Tensor] = []
+        self.finite = True
+
+    def add(self, i: int, blk: torch.Tensor) -> None:
+        """Block ``i``'s gradient ``blk`` (shape ``[r1 - r0, *shape[1:]]``, the parameter's
+        dtype; may be changed in place)."""
+        s, t = self.s, self.s.tile
+        r0, r1 = t.rows_of(i)
+        if self.full is not None:
+            self.full[r0:r1] = blk
+            return
+        if self.mode == "memory":
+            with _no_tf():
+                s.grad_mem[r0:r1].add_(blk)
+            return
+        owner = self.tiled.owner
+        if self.mode == "zeroed":
+            val = blk.add_(0.0)  # torch: zeroed grad += g (-0.0 becomes +0.0)
+        elif self.mode == "add":
+            val = read_block(owner, s, i, key=s.grad_key)
+            owner.stats_ref["grad_bytes_read"] += val.numel() * t.elem
+            for op, c in self.ops:
+                getattr(val, op)(c)  # the recorded scaling, in the gradient's dtype
+            val.add_(blk)
+        else:
+            val = blk
+        val = val.contiguous()
+        off, _ = t.span(i)
+        owner.store.write_range(s.grad_key, off * t.elem, val.reshape(-1))
+        owner.stats_ref["grad_bytes_written"] += val.numel() * t.elem
+        n = torch.norm(val, 2.0)
+        self.norms.append(n)
+        self.finite = self.finite and all_finite(val, n)
+
+    def end(self) -> Optional[torch.Tensor]:
+        """The gradient is complete: the bookkeeping of a stored gradient (returns None), or
+        the assembled gradient for autograd (no strata optimizer)."""
+        if self.full is not None:
+            return self.full
+        s = self.s
+        if self.mode == "memory":
+            return None
+        g = self.s.owner.grads
+        g._forget_values(s)
+        s.has_grad = True
+        s.grad_norm = torch.norm(torch.stack(self.norms), 2.0)
+        s.grad_finite = self.finite
+        return None
+
+    def abort(self) -> None:
+        """The backward failed: the gradient object may be half written, so the stored
+        gradient is dropped (``p.grad`` is None)."""
+        if self.full is None and self.mode != "memory":
+            self.s.owner.grads._drop(self.s)
+
+
+class TiledGrads:
+    """The tiled parameters' gradient objects of one ParameterOffload ``owner``."""
+
+    def __init__(self, owner: Any):
+        self.owner = owner
+        self._ready: set = set()  # ids of records whose gradient object exists, full size
+
+    def writer(self, s: ParamRecord) -> BlockWriter:
+        """A :class:`BlockWriter` for one backward's gradient of tiled ``s``."""
+        return BlockWriter(self, s)
+
+    def ensure_grad_object(self, s: ParamRecord) -> None:
+        """``s``'s gradient object exists with the parameter's size (created as zeros:
+        numpy's lazily zeroed pages, so no memory of its size is touched)."""
+        if id(s) in self._ready:
+            return
+        st = self.owner.store
+        if not (s.grad_key in st and st.stat(s.grad_key).nbytes == s.nbytes):
+            put_zeros(self.owner, s, s.grad_key)
+        self._ready.add(id(s))
+
+    def copy_value(self, s: ParamRecord, key: str) -> None:
+        """``s``'s stored value also as object ``key``, block by block (offload_init's
+        temporary key to the model's name)."""
+        st, t = self.owner.store, s.tile
+        put_zeros(self.owner, s, key)
+        for i in range(t.nblocks):
+            off, _ = t.span(i)
+            st.write_range(key, off * t.elem, read_block(self.owner, s, i).reshape(-1))
+
+    def forget(self, s: ParamRecord) -> None:
+        """``s``'s gradient object may be gone (its key changed)."""
+        self._ready.discard(id(s))
+
+    def for_step(self, s: ParamRecord) -> Tuple[str, str]:
+        """``s``'s gradient object made to hold the gradient exactly as the step takes it
+        (a materialized gradient stored, zeros written, recorded scalings applied block by
+        block); returns (its key, its dtype name)."""
+        g = self.owner.grads
+        g._check_kept(s)
+        if s.index in g._writes:
+            g._wait(s.index)
+        if s.grad_mem is not None:
+            g._evict(s)
+            g.flush()
+        t = s.tile
+        if s.grad_zero or s.grad_ops:
+            self.ensure_grad_object(s)
+            st = self.owner.store
+            for i in range(t.nblocks):
+                off, n = t.span(i)
+                if s.grad_zero:
+                    val = torch.zeros(n, dtype=s.dtype)
+                else:
+                    val = read_block(self.owner, s, i, key=s.grad_key).reshape(-1)
+                    for op, c in s.grad_ops:
+                        getattr(val, op)(c)
+                st.write_range(s.grad_key, off * t.elem, val)
+            s.grad_ops = []
+            s.grad_zero = False
+        return s.grad_key, _dtype_name(s.dtype)
+
+
+class TiledAccess:
+    """Mixin of ParameterOffload: the optimizer wing's view of tiled parameters (needs its
+    ``_record``, ``ws``, ``store``, ``tiled_grads``, ``_stats``)."""
+
+    def tiled(self, p: torch.Tensor) -> bool:
+        """``p`` is tiled (offload/_tiled.py): its value and gradient are read and written
+        in blocks, never whole.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self._record(p).tile is not None
+
+    def value_blocks(self, p: torch.Tensor) -> Iterator[Tuple[int, torch.Tensor]]:
+        """``(offset, values)`` of every block of tiled ``p``'s current value: element
+        offset in the flat value, a new flat tensor of ``p``'s dtype.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        t = s.tile
+        for i in range(t.nblocks):
+            off, n = t.span(i)
+            if s.state in IN_MEMORY:
+                with _no_tf():
+                    yield off, s.resident.detach().reshape(-1)[off:off + n].clone()
+            else:
+                yield off, read_block(self, s, i).reshape(-1)
+
+    def grad_object(self, p: torch.Tensor) -> Tuple[str, str]:
+        """The store key and dtype name of tiled ``p``'s gradient as the step takes it
+        (see TiledGrads.for_step).
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        return self.tiled_grads.for_step(self._record(p))
+
+    def write_blocks(self, p: torch.Tensor, read: Callable[[int, int], torch.Tensor]) -> None:
+        """Stores tiled ``p``'s new value block by block, ``read(offset, count)`` giving
+        each block's values (any float dtype, converted): the optimizer's step. A
+        materialized copy is released first.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        self.ws.release(s, write_back=False)
+        t = s.tile
+        for i in range(t.nblocks):
+            off, n = t.span(i)
+            v = read(off, n).to(s.dtype).contiguous()
+            self.store.write_range(s.key, off * t.elem, v)
+            self._stats["param_bytes_written"] += n * t.elem
+        s.version += 1

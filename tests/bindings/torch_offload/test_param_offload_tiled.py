@@ -1,0 +1,286 @@
+"""Tiling (offload_parameters(tile_bytes=...)): a parameter larger than tile_bytes that
+F.linear / F.embedding use is computed block by block, its gradient written block by block
+into its gradient object and stepped by strata's optimizer from there. Compared with torch
+in memory on the same data: F.embedding (forward, gradient, training with OffloadAdamW) bit
+for bit; F.linear within summation-order differences (the BLAS computes a column block of a
+product in another order than the whole product: docs/offload.md, "Tiling"), its bias
+gradient bit for bit.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import strata
+import strata.torch as st
+
+V, D = 1000, 64  # the tiled parameters: 1000 x 64 fp32 = 256000 bytes
+TILE = 32 * 1024  # 128 rows per block -> 8 blocks
+
+
+class Lookup(nn.Module):
+    """An embedding (tiled) and a small Linear (not tiled)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D, padding_idx=3)
+        self.fc = nn.Linear(D, 4)
+
+    def forward(self, idx):
+        return self.fc(torch.tanh(self.emb(idx)))
+
+
+class Tied(nn.Module):
+    """An embedding whose weight is also the output head (F.linear), and a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.head = nn.Linear(D, V)
+
+    def forward(self, idx):
+        h = torch.tanh(self.emb(idx))
+        return self.head(h) + F.linear(h, self.emb.weight)
+
+
+def offload(model, tmp_path, **kw):
+    store = strata.Store.open(str(tmp_path / "s"), chunk_size="64KiB")
+    kw.setdefault("working_set", "256KiB")
+    kw.setdefault("tile_bytes", TILE)
+    return st.offload_parameters(model, store, **kw)
+
+
+def batch(step, n=(4, 16)):
+    g = torch.Generator().manual_seed(100 + step)
+    idx = torch.randint(0, V, n, generator=g)
+    idx[0, :3] = 3  # the padding row, and repeated indices
+    idx[1, :5] = 7
+    return idx, torch.randint(0, 4, n, generator=g)
+
+
+def test_only_parameters_above_tile_bytes_are_tiled_and_keys_stay(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Tied(), Tied()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    assert [(s.name, s.tile.nblocks if s.tile else None) for s in h.ws.records] == [
+        ("emb.weight", 8), ("head.weight", 8), ("head.bias", None)]
+    assert sorted(model.state_dict()) == sorted(ref.state_dict())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), k
+    assert "params/emb.weight" in h.store
+
+
+def test_embedding_forward_and_gradient_are_bit_identical(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    idx, y = batch(0)
+    out_ref, out = ref(idx), model(idx)
+    assert torch.equal(out, out_ref)
+    F.cross_entropy(out_ref.view(-1, 4), y.view(-1)).backward()
+    F.cross_entropy(out.view(-1, 4), y.view(-1)).backward()
+    for (n, a), b in zip(ref.named_parameters(), model.parameters()):
+        assert torch.equal(b.grad, a.grad), n  # no strata optimizer: gradients in p.grad
+    assert torch.equal(model.emb.weight.grad[3], torch.zeros(D))  # padding_idx
+    st_ = h.stats()
+    assert st_["tile_blocks_fetched"] == 8  # forward reads each block once; backward none
+    assert st_["resident_bytes"] <= h.working_set_bytes
+
+
+def test_linear_within_summation_order_and_bias_exact(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Linear(D, V)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path)
+    x = torch.randn(4, 16, D, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    g = torch.randn(4, 16, V)
+    o_ref, o = ref(x), model(x2)
+    torch.testing.assert_close(o, o_ref, rtol=1e-6, atol=1e-5)
+    o_ref.backward(g)
+    o.backward(g)
+    torch.testing.assert_close(model.weight.grad, ref.weight.grad, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.bias.grad, ref.bias.grad)
+    assert h.stats()["tile_blocks_fetched"] == 16  # forward 8, backward 8 (input gradient)
+
+
+def test_frozen_input_reads_no_blocks_in_backward(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(D, V)
+    h = offload(model, tmp_path)
+    x = torch.randn(8, D)  # no input gradient: backward needs only x
+    model(x).sum().backward()
+    assert h.stats()["tile_blocks_fetched"] == 8
+    with torch.no_grad():
+        model(x)
+    assert h.stats()["tile_blocks_fetched"] == 16
+
+
+def train(model, opt, steps, accumulate=1, zero_to_none=True):
+    losses = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=zero_to_none)
+        for k in range(accumulate):
+            idx, y = batch(10 * step + k)
+            loss = F.cross_entropy(model(idx).view(-1, 4), y.view(-1))
+            loss.backward()
+            losses.append(loss.item())
+        opt.step()
+    return losses
+
+
+@pytest.mark.parametrize("accumulate,zero_to_none", [(1, True), (3, True), (2, False)])
+def test_training_with_offload_adamw_is_bit_identical(tmp_path, accumulate, zero_to_none):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch")
+    assert train(model, opt, 3, accumulate, zero_to_none) == \
+        train(ref, ropt, 3, accumulate, zero_to_none)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n
+    assert torch.equal(opt.state[model.emb.weight]["exp_avg"],
+                       ropt.state[ref.emb.weight]["exp_avg"])
+    assert h.stats()["resident_bytes"] <= h.working_set_bytes
+
+
+def test_overlap_backward_steps_tiled_parameters_after_backward(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch",
+                          overlap_backward=True)
+    assert train(model, opt, 3) == train(ref, ropt, 3)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n
+    assert not h.linked(model.emb.weight)
+
+
+def test_tied_embedding_and_head_train_close_to_torch(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Tied(), Tied()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-3, store=h.store, arithmetic="torch")
+
+    def run(m, o):
+        out = []
+        for step in range(3):
+            o.zero_grad()
+            idx, _ = batch(step)
+            y = torch.randint(0, V, idx.shape, generator=torch.Generator().manual_seed(step))
+            loss = F.cross_entropy(m(idx).view(-1, V), y.view(-1))
+            loss.backward()
+            out.append(loss.item())
+            o.step()
+        return out
+
+    torch.testing.assert_close(run(model, opt), run(ref, ropt), rtol=1e-6, atol=0)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(h.read(b), a.detach(), rtol=0, atol=1e-6, msg=n)
+
+
+def test_clip_grad_norm_of_a_tiled_gradient_is_torchs_up_to_summation_order(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store)
+    idx, y = batch(0)
+    for m in (ref, model):
+        F.cross_entropy(m(idx).view(-1, 4), y.view(-1)).backward()
+    n_ref = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e-3)
+    n = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    torch.testing.assert_close(n, n_ref, rtol=1e-6, atol=0)
+    opt.step()
+    assert opt.last_step["skipped"] is False
+
+
+def test_embedding_options_it_cannot_tile_are_refused(tmp_path):
+    model = nn.Embedding(V, D, max_norm=1.0)
+    offload(model, tmp_path)
+    with pytest.raises(ValueError, match="emb|weight.*max_norm"):
+        model(torch.tensor([1, 2]))
+
+
+def test_out_of_range_index_is_an_index_error(tmp_path):
+    model = nn.Embedding(V, D)
+    offload(model, tmp_path)
+    with pytest.raises(IndexError, match="out of range"):
+        model(torch.tensor([1, V]))
+
+
+def test_offload_init_initializes_tiled_parameters_block_by_block(tmp_path):
+    """nn.init's random fills on blocks draw what they draw on the whole tensor."""
+    torch.manual_seed(0)
+    ref = Tied()
+    store = strata.Store.open(str(tmp_path / "s"), chunk_size="64KiB")
+    torch.manual_seed(0)
+    with st.offload_init(store, working_set="256KiB", tile_bytes=TILE) as h:
+        model = Tied()
+    h.attach(model)
+    assert h.stats()["peak_working_set_bytes"] <= 2 * TILE + 4 * V
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n
+    with torch.no_grad():
+        model.emb.weight.mul_(0.5)
+        ref.emb.weight.mul_(0.5)
+    assert torch.equal(h.read(model.emb.weight), ref.emb.weight.detach())
+
+
+def test_load_state_dict_copies_into_blocks(tmp_path):
+    torch.manual_seed(0)
+    model, other = Tied(), Tied()
+    h = offload(model, tmp_path)
+    h.reset_stats()
+    model.load_state_dict(other.state_dict())
+    assert h.stats()["peak_working_set_bytes"] <= 4 * V  # only the bias materialized
+    for (n, a), (_, b) in zip(other.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n
+
+
+def test_checkpoint_and_resume_of_a_tiled_parameter(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    path = str(tmp_path / "s")
+    store = strata.Store.open(path, chunk_size="64KiB")
+    h = st.offload_parameters(model, store, working_set="256KiB", tile_bytes=TILE)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=store, arithmetic="torch")
+    expected = train(ref, ropt, 4)
+    got = train(model, opt, 2)
+    opt.checkpoint()
+    opt.close()
+    h.close(restore=False)
+    store.close()
+    torch.manual_seed(1)
+    again = Lookup()  # other values: the stored ones are taken
+    store = strata.Store.open(path)
+    h = st.offload_parameters(again, store, working_set="256KiB", tile_bytes=TILE,
+                              resume=True)
+    assert h.tiled(again.emb.weight)
+    opt = st.OffloadAdamW(again.parameters(), lr=1e-2, store=store, arithmetic="torch",
+                          resume=True)
+    losses = []
+    for step in range(2, 4):
+        opt.zero_grad()
+        idx, y = batch(10 * step)
+        loss = F.cross_entropy(again(idx).view(-1, 4), y.view(-1))
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    assert got + losses == expected
+    for (n, a), (_, b) in zip(ref.named_parameters(), again.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n
