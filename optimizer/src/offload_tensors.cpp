@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 
@@ -16,20 +17,19 @@ using namespace offload_detail;
 
 namespace {
 
-// A read-only view of `nbytes` zero bytes that costs no DRAM: untouched anonymous pages
-// all map the kernel's shared zero page (not counted in RSS).
-class ZeroView {
+// One chunk of zeros (4 KiB-aligned), which a put repeats over a whole object
+// (PutOptions::repeat_bytes). (A read-only anonymous mapping of the object's size, the
+// kernel's zero page, is not free: reading it for the put made every page resident here,
+// +384 MiB of RSS for a 384 MiB tensor.)
+class ZeroChunk {
  public:
-  explicit ZeroView(uint64_t nbytes) : nbytes_(std::max<uint64_t>(align_up(nbytes, kAlign), kAlign)) {
-    void* p = ::mmap(nullptr, nbytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
-    p_ = p == MAP_FAILED ? nullptr : p;
+  explicit ZeroChunk(uint64_t nbytes) : nbytes_(std::max<uint64_t>(align_up(nbytes, kAlign), kAlign)) {
+    p_ = std::aligned_alloc(kAlign, nbytes_);
+    if (p_ != nullptr) std::memset(p_, 0, nbytes_);
   }
-  ~ZeroView() {
-    if (p_ != nullptr) ::munmap(p_, nbytes_);
-  }
-  ZeroView(const ZeroView&) = delete;
-  ZeroView& operator=(const ZeroView&) = delete;
+  ~ZeroChunk() { std::free(p_); }
+  ZeroChunk(const ZeroChunk&) = delete;
+  ZeroChunk& operator=(const ZeroChunk&) = delete;
   const void* data() const { return p_; }
 
  private:
@@ -124,9 +124,10 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   po.tier = Tier::kNvme;
   po.overwrite = true;  // leftovers of a crashed, never-checkpointed add_param
   po.chunk_bytes = chunk_bytes;  // sub-groups of whole chunks (Impl::chunk_bytes)
-  // The objects' initial bytes: the host arrays, or `init` and zeros that cost no DRAM.
+  // The objects' initial bytes: the host arrays, or `init` and one chunk of zeros repeated.
   std::vector<const void*> srcs;
-  std::optional<ZeroView> zeros;
+  std::vector<PutOptions> pos(num_streams(), po);
+  std::optional<ZeroChunk> zeros;
   if (placement == Placement::kHost) {
     for (int s = 0; s < num_streams(); ++s) {
       STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(numel * 4));
@@ -138,16 +139,23 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
       t.host.push_back(std::move(a));
     }
   } else {
-    zeros.emplace(numel * 4);
+    zeros.emplace(chunk_bytes);
     if (zeros->data() == nullptr) {
-      return errno_status(errno, "offload: mapping " + format_bytes(numel * 4) + " of zeros");
+      return resource_exhausted("offload: allocating " + format_bytes(chunk_bytes) + " of zeros");
     }
     for (int s = 0; s < num_streams(); ++s) {
-      srcs.push_back(s == 0 && init != nullptr ? static_cast<const void*>(init) : zeros->data());
+      if (s == 0 && init != nullptr) {
+        srcs.push_back(init);
+      } else {
+        srcs.push_back(zeros->data());
+        pos[s].repeat_bytes = chunk_bytes;
+      }
     }
   }
   std::vector<Future<void>> futs;
-  for (int s = 0; s < num_streams(); ++s) futs.push_back(store->put_async(t.keys[s], srcs[s], desc, po));
+  for (int s = 0; s < num_streams(); ++s) {
+    futs.push_back(store->put_async(t.keys[s], srcs[s], desc, pos[s]));
+  }
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
       "offload: creating parameter '" + name + "'"));
   if (placement == Placement::kHost) {

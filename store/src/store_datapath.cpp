@@ -106,15 +106,15 @@ void StoreImpl::write_direct(uint32_t dir, const uint8_t* s,
 
 Result<LayoutPtr> StoreImpl::write_layout(const std::string& key, const uint8_t* src,
                                           uint64_t nbytes, uint32_t first_dir, bool src_dev,
-                                          uint64_t chunk) {
-  auto l = write_layout_once(key, src, nbytes, first_dir, src_dev, chunk);
+                                          uint64_t chunk, uint64_t repeat) {
+  auto l = write_layout_once(key, src, nbytes, first_dir, src_dev, chunk, repeat);
   if (!l.ok()) trim_data_files();  // its extents are released by now: give back the space
   return l;
 }
 
 Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uint8_t* src,
                                                uint64_t nbytes, uint32_t first_dir,
-                                               bool src_dev, uint64_t chunk) {
+                                               bool src_dev, uint64_t chunk, uint64_t repeat) {
   auto layout = std::make_shared<Layout>();
   const uint64_t chunk_bytes = chunk != 0 ? chunk : chunk_bytes_;
   layout->chunk_bytes = chunk_bytes;
@@ -156,7 +156,7 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
     const uint64_t len = c.nbytes;
     const uint32_t dir = c.ext->dir;
     const auto& file = files_[dir];
-    const uint8_t* s = src + cs;
+    const uint8_t* s = src + (repeat != 0 ? cs % repeat : cs);  // (repeat: whole chunks)
     bool direct = !src_dev && is_aligned_ptr(s, std::max<uint32_t>(file->memory_alignment(), 1));
     if (direct) {
       mark_dir_dirty(dir);
@@ -174,7 +174,8 @@ Result<LayoutPtr> StoreImpl::write_layout_once(const std::string& key, const uin
     }
   }
   for (uint64_t j : hash_later) {
-    (*layout)[j].checksum = xxh3_64(src + j * chunk_bytes, (*layout)[j].nbytes);
+    const uint64_t cs = j * chunk_bytes;
+    (*layout)[j].checksum = xxh3_64(src + (repeat != 0 ? cs % repeat : cs), (*layout)[j].nbytes);
   }
   for (auto& f : futs) {
     const auto& r = f.result();

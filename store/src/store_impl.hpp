@@ -381,12 +381,14 @@ class StoreImpl final : public Store {
   // ---- store_datapath.cpp: chunk I/O
   /// Writes a new version of `nbytes` from `src` into newly placed extents (put, flush,
   /// demotion). On failure the new extents are released and the data files trimmed.
-  /// `chunk`: bytes per chunk (Obj::chunk).
+  /// `chunk`: bytes per chunk (Obj::chunk). `repeat` (PutOptions::repeat_bytes, a multiple
+  /// of `chunk`): `src` holds that many bytes, repeated; 0: all `nbytes`.
   Result<LayoutPtr> write_layout(const std::string& key, const uint8_t* src, uint64_t nbytes,
-                                 uint32_t first_dir, bool src_dev, uint64_t chunk);
+                                 uint32_t first_dir, bool src_dev, uint64_t chunk,
+                                 uint64_t repeat = 0);
   Result<LayoutPtr> write_layout_once(const std::string& key, const uint8_t* src,
                                       uint64_t nbytes, uint32_t first_dir, bool src_dev,
-                                      uint64_t chunk);
+                                      uint64_t chunk, uint64_t repeat);
   // Reads and write_range run completion-driven: the calling thread (a worker) plans the
   // transfer, allocates staging memory and submits; each later step runs on the thread
   // that completed the step before it (an engine completion thread), except the CPU work

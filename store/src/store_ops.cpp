@@ -42,6 +42,15 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
         " is not a multiple of 4096 up to the store's chunk_bytes " +
         std::to_string(chunk_bytes_))));
   }
+  if (opts.repeat_bytes != 0) {
+    const uint64_t chunk = opts.chunk_bytes != 0 ? opts.chunk_bytes : chunk_bytes_;
+    if (opts.tier != Tier::kNvme || opts.repeat_bytes % chunk != 0) {
+      return make_ready_future(Result<void>(invalid_argument(
+          "put '" + key + "': PutOptions.repeat_bytes " + std::to_string(opts.repeat_bytes) +
+          " needs the nvme tier and a multiple of the object's chunk bytes " +
+          std::to_string(chunk))));
+    }
+  }
   if (Status st = check_writable(); !st.ok()) return make_ready_future(Result<void>(st));
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -71,7 +80,8 @@ Future<void> StoreImpl::put_async(const std::string& key, const void* src, const
     bool src_dev = is_device_pointer(s);
     if (opts.tier == Tier::kNvme) {
       if (opts.pin) return fail(invalid_argument("put '" + key + "': pin needs the host or device tier"));
-      auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev, o->chunk);
+      auto l = write_layout(key, s, o->nbytes, o->first_dir, src_dev, o->chunk,
+                            opts.repeat_bytes);
       if (!l.ok()) return fail(l.status());
       o->current = *l;
       std::lock_guard<std::mutex> lk(mu_);

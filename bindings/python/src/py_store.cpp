@@ -102,6 +102,21 @@ BufferCall put_call(py::handle key_arg, py::handle array, py::handle tier, bool 
   return p;
 }
 
+/// put_repeated: object `key` of `numel` elements of `block`'s dtype (1-d) whose bytes
+/// repeat `block`'s (PutOptions::repeat_bytes), NVMe tier.
+void put_repeated(PyStore& st, py::handle key_arg, py::handle block, py::handle numel_arg,
+                  bool overwrite, py::handle dtype) {
+  std::string key = to_text(key_arg, "key");
+  const uint64_t numel = to_u64(numel_arg, "numel");
+  TensorRef r = view_tensor(block, false, to_dtype_arg(dtype));
+  PutOptions po;
+  po.overwrite = overwrite;
+  po.repeat_bytes = r.nbytes;
+  if (r.nbytes == 0) throw StatusError(invalid_argument("put_repeated '" + key + "': empty block"));
+  const TensorDesc desc{r.dtype, {static_cast<int64_t>(numel)}};
+  st.wait([&](Store& s) { return s.put_async(key, r.data, desc, po); });
+}
+
 /// A writable view of `out` and the store call that reads object `key` into it.
 BufferCall get_into_call(py::handle key_arg, py::handle out, py::handle dtype) {
   std::string key = to_text(key_arg, "key");
@@ -316,6 +331,8 @@ void register_store(py::module_& m) {
            "pin"_a = false, "dtype"_a = py::none())
       .def("put_async", &PyStore::put_async, "key"_a, "array"_a, "tier"_a = "nvme",
            "overwrite"_a = false, "pin"_a = false, "dtype"_a = py::none())
+      .def("put_repeated", &put_repeated, "key"_a, "block"_a, "numel"_a,
+           "overwrite"_a = false, "dtype"_a = py::none())
       .def("get", &PyStore::get, "key"_a)
       .def("get_async", &PyStore::get_async, "key"_a)
       .def("get_into", &PyStore::get_into, "key"_a, "out"_a, "dtype"_a = py::none())

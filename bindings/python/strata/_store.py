@@ -181,6 +181,23 @@ class Store:
         """
         self._s.put(key, array, tier, overwrite, pin, dtype)
 
+    def put_repeated(self, key: str, block: Any, numel: int, *, overwrite: bool = False,
+                     dtype: Optional[str] = None) -> None:
+        """Stores a 1-d object of ``numel`` elements of ``block``'s dtype whose bytes repeat
+        ``block``'s (``block`` a C-contiguous array or CPU tensor; element i is
+        ``block.flat[i % block.size]``), nvme tier: an object far larger than memory made
+        from one small buffer, e.g. zeros to ``write_range`` into later.
+
+        :param block: its bytes a multiple of the store's chunk bytes (``chunk_bytes()``).
+        :param dtype: reinterpret the elements, as in :meth:`put` (``"bf16"``).
+        :param numel: elements of the object (any count: the last chunk takes the block's
+            first bytes).
+        :raises InvalidArgumentError: (ValueError) ``block`` is empty or its bytes are not a
+            multiple of the store's chunk bytes.
+        :raises AlreadyExistsError: ``key`` exists and not ``overwrite``.
+        Thread-safety: as :meth:`put`."""
+        self._s.put_repeated(key, block, numel, overwrite, dtype)
+
     def put_async(self, key: str, array: Any, tier: str = "nvme", *, overwrite: bool = False,
                   pin: bool = False, dtype: Optional[str] = None) -> Future:
         """As :meth:`put`, returning a :class:`Future` (result None). The array is kept

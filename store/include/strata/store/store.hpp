@@ -194,6 +194,14 @@ struct PutOptions {
   /// \error InvalidArgument (put) for a value that is not a multiple of 4096 or exceeds
   ///     chunk_bytes().
   uint64_t chunk_bytes = 0;
+  /// 0 (default): `src` holds the object's bytes. Else `src` holds repeat_bytes bytes that
+  /// the object repeats (byte i of the object is src[i % repeat_bytes]): an object far
+  /// larger than memory made from one small buffer -- a zero-filled object to write_range()
+  /// into later, say. NVMe tier only; the object's chunks are written and checksummed as
+  /// for any put.
+  /// \error InvalidArgument (put) for another tier, or a value that is not a multiple of
+  ///     the object's chunk bytes (chunk_bytes, else the store's).
+  uint64_t repeat_bytes = 0;
 };
 
 /// Per-tier usage, in bytes.
