@@ -93,7 +93,12 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     block is stored and released at once, so construction takes the largest parameter's
     memory, not the model's; initialization in place afterwards (``nn.init.normal_(p)``,
     ``reset_parameters``) materializes each parameter in the working set and stores the
-    result. Then attach the model to the handle, which names its parameters::
+    result (a tiled parameter, ``tile_bytes``, is initialized block by block instead). A
+    module built with ``device="meta"`` inside the block (``nn.Embedding(n, d,
+    device="meta")``) gets CPU parameters whose values are zeros made in the store, so
+    not even the largest parameter is ever allocated: with tiling, a table larger than
+    memory is built and initialized within the working set. Then attach the model to the
+    handle, which names its parameters::
 
         with strata.torch.offload_init(store, working_set="64MiB") as h:
             model = GPT(...)
@@ -114,9 +119,14 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     original = torch.nn.Module.register_parameter
 
     def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:
+        meta = param is not None and param.is_meta
+        if meta:  # built on the meta device: a CPU parameter of zeros, in the store only
+            param = torch.nn.Parameter(
+                torch.zeros((), dtype=param.dtype).expand(param.shape),
+                requires_grad=param.requires_grad)
         original(module, name, param)
         if param is not None:
-            handle.init_offload(param)
+            handle.init_offload(param, zeros=meta)
 
     torch.nn.Module.register_parameter = register_parameter  # type: ignore[assignment]
     _INIT_ACTIVE = True

@@ -32,7 +32,7 @@ from ._memory import fix_mmap_threshold
 from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, record_of
 from ._record import IN_MEMORY, ParamRecord, shaped
 from ._tiled import plan_tile
-from ._tiled_grads import TiledAccess, TiledGrads
+from ._tiled_grads import TiledAccess, TiledGrads, put_zeros
 from ._working_set import WorkingSet
 
 
@@ -109,16 +109,19 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
     # ---- setup ---------------------------------------------------------------------------
 
     def _offload(self, p: torch.nn.Parameter, name: str, key: str,
-                 store_value: bool = True) -> ParamRecord:
+                 store_value: Any = True) -> ParamRecord:
         """``p`` into the store as ``key`` (its current value; ``store_value`` False: the
-        value stored there already is kept -- resume) and released."""
+        value stored there already is kept -- resume; "zeros": zeros, made without memory of
+        its size -- a parameter built on the meta device) and released."""
         s = ParamRecord(len(self.ws.records), name, key, p, self)
         with _no_tf():
             s.offloaded_from = ((p._version, p.data_ptr()), not store_value)
-            s.tile = plan_tile(p, self.tile_bytes, self.comm)
+            s.tile = plan_tile(p, self.tile_bytes if self.tier == "nvme" else None, self.comm)
         if self.comm is not None:
             s.owned = self.comm.owned_range(s.numel)
-        if store_value:
+        if store_value == "zeros":
+            put_zeros(self, s, key)
+        elif store_value:
             with _no_tf():
                 src = p.detach().reshape(-1).contiguous()
                 if src.device.type != "cpu":
@@ -152,13 +155,15 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
             import strata.distributed as sd
             sd.remove_partitioned(self.store, s.key)
 
-    def init_offload(self, p: torch.nn.Parameter) -> None:
-        """offload_init: a parameter just registered by a module under construction."""
+    def init_offload(self, p: torch.nn.Parameter, zeros: bool = False) -> None:
+        """offload_init: a parameter just registered by a module under construction
+        (``zeros``: stored as zeros, its data not read -- one made from a meta tensor)."""
         if record_of(p) is not None or not p.is_floating_point() or p.is_sparse:
             return
         self._init_count += 1
         s = self._offload(p, f"#init{self._init_count}",
-                          f"{self.key_prefix}#init/{self._init_count}")
+                          f"{self.key_prefix}#init/{self._init_count}",
+                          store_value="zeros" if zeros else True)
         s.offloaded_from = None  # no optimizer can have held it
 
     def attach(self, model: torch.nn.Module, resume: bool = False,

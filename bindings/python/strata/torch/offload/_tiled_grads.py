@@ -30,14 +30,13 @@ from ._tiled import read_block
 
 
 def put_zeros(owner: Any, s: ParamRecord, key: str) -> None:
-    """Object ``key``: ``s.numel`` zeros of ``s``'s dtype (numpy's lazily zeroed pages: no
-    memory of that size is touched to store them)."""
+    """Object ``key``: ``s.numel`` zeros of ``s``'s dtype, made from one chunk of zeros
+    (``Store.put_repeated``: no memory of the object's size)."""
     np_dtype = {torch.float32: np.float32, torch.float16: np.float16,
                 torch.bfloat16: np.uint16, torch.float64: np.float64}[s.dtype]
-    zeros = np.zeros(s.numel, dtype=np_dtype)
-    owner.store.put(key, zeros, tier=owner.tier, overwrite=True,
-                    dtype="bf16" if s.dtype == torch.bfloat16 else None)
-    del zeros
+    block = np.zeros(owner.store.chunk_bytes // np.dtype(np_dtype).itemsize, dtype=np_dtype)
+    owner.store.put_repeated(key, block, s.numel, overwrite=True,
+                             dtype="bf16" if s.dtype == torch.bfloat16 else None)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
