@@ -211,3 +211,20 @@ def test_damaged_catalog_row_is_reported_in_object_info(store_path):
         assert s.stat("bad").damage == ""
         np.testing.assert_array_equal(s.get("bad"), bad)
     assert strata.ObjectInfo("k", "fp32", (1,), 4, "nvme", True, False, False, 1).damage == ""
+
+
+def test_put_repeated_makes_a_large_object_from_one_chunk(store):
+    c = store.chunk_bytes // 4
+    block = np.arange(c, dtype=np.float32)
+    n = 3 * c + 5
+    store.put_repeated("z", block, n)
+    info = store.stat("z")
+    assert info.dtype == "fp32" and info.shape == (n,) and info.nbytes == 4 * n
+    np.testing.assert_array_equal(store.get("z"), np.concatenate([block] * 3 + [block[:5]]))
+    with pytest.raises(strata.InvalidArgumentError, match="repeat_bytes"):
+        store.put_repeated("bad", block[:-1], n)  # not a multiple of the chunk
+    with pytest.raises(strata.AlreadyExistsError):
+        store.put_repeated("z", block, n)
+    bits = np.zeros(2 * c, dtype=np.uint16)
+    store.put_repeated("b", bits, 7, dtype="bf16")
+    assert store.stat("b").dtype == "bf16" and store.stat("b").shape == (7,)

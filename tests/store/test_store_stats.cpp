@@ -82,6 +82,48 @@ TEST(StoreStats, PutAndGetCountNvmeChunksAndDiskBytes) {
   ASSERT_TRUE(s->close().ok());
 }
 
+TEST(StoreStats, RepeatBytesMakesAnObjectFromOneBuffer) {
+  TempDir d;
+  const uint64_t n = 5 * kChunk + 300;  // 6 chunks, the last one 300 bytes
+  auto block = pattern(2 * kChunk, 3);  // repeated every 2 chunks
+  std::vector<uint8_t> want(n);
+  for (uint64_t i = 0; i < n; ++i) want[i] = block[i % block.size()];
+  {
+    auto s = open_or_die(small_options(d.path()));
+    ASSERT_TRUE(s);
+    PutOptions po;
+    po.repeat_bytes = block.size();
+    ASSERT_TRUE(s->put("rep", block.data(), TensorDesc::bytes(n), po).ok());
+    EXPECT_EQ(s->stat("rep")->nbytes, n);
+    EXPECT_EQ(s->stat("rep")->num_chunks, 6u);
+    std::vector<uint8_t> got(n);
+    ASSERT_TRUE(s->get_bytes("rep", got.data(), n).ok());
+    EXPECT_EQ(got, want);
+    // Errors name the key, change nothing: not a multiple of the chunk, another tier.
+    po.repeat_bytes = kChunk + 4096;
+    Status e = s->put("bad", block.data(), TensorDesc::bytes(n), po);
+    EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.message().find("put 'bad': PutOptions.repeat_bytes " +
+                               std::to_string(kChunk + 4096)), std::string::npos)
+        << e.message();
+    po.repeat_bytes = kChunk;
+    po.tier = Tier::kHost;
+    EXPECT_EQ(s->put("bad", block.data(), TensorDesc::bytes(n), po).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_FALSE(s->contains("bad"));
+    ASSERT_TRUE(s->close().ok());
+  }
+  auto s = open_or_die(small_options(d.path()));  // every chunk checksummed as written
+  ASSERT_TRUE(s);
+  auto rep = s->verify();
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->errors.empty());
+  EXPECT_EQ(rep->chunks, 6u);
+  std::vector<uint8_t> got(n);
+  ASSERT_TRUE(s->get_bytes("rep", got.data(), n).ok());
+  EXPECT_EQ(got, want);
+}
+
 TEST(StoreStats, AnObjectsOwnChunkSizeMakesSlicesWholeChunks) {
   TempDir d;
   constexpr uint64_t kSlice = 256 * 1024;  // a quarter of the store's 1 MiB chunk
