@@ -284,3 +284,78 @@ def test_checkpoint_and_resume_of_a_tiled_parameter(tmp_path):
     assert got + losses == expected
     for (n, a), (_, b) in zip(ref.named_parameters(), again.named_parameters()):
         assert torch.equal(h.read(b), a.detach()), n
+
+
+def test_gradients_torch_is_not_asked_for_are_not_written(tmp_path):
+    """backward(inputs=[x]) and autograd.grad: p.grad of a tiled weight as torch leaves it
+    (they wrote the weight's gradient into the gradient object, or raised)."""
+    torch.manual_seed(0)
+    ref = nn.Linear(D, V)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path)
+    st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store)
+    x = torch.randn(8, D, requires_grad=True)
+    model(x).sum().backward(inputs=[x])
+    assert model.weight.grad is None and model.bias.grad is None
+    (gx,) = torch.autograd.grad(model(x).sum(), [x])
+    assert model.weight.grad is None
+    torch.manual_seed(0)
+    emb_ref = nn.Embedding(V, D)
+    emb = copy.deepcopy(emb_ref)
+    h2 = offload(emb, tmp_path / "e")
+    st.OffloadAdamW(emb.parameters(), lr=1e-2, store=h2.store)
+    idx, _ = batch(0)
+    (want,) = torch.autograd.grad(emb_ref(idx).pow(2).sum(), [emb_ref.weight])
+    (got,) = torch.autograd.grad(emb(idx).pow(2).sum(), [emb.weight])
+    assert torch.equal(got, want)
+    assert emb.weight.grad is None
+
+
+def test_normal_init_with_a_last_block_of_fewer_than_16_elements(tmp_path):
+    """torch's normal_ redoes the last 16 elements of the whole tensor: a last block of
+    fewer than 16 elements joins the block before (it drew other numbers)."""
+    n = 8192 + 5
+    torch.manual_seed(0)
+    want = nn.init.normal_(torch.empty(n))
+    m = nn.Module()
+    m.p = nn.Parameter(torch.zeros(n))
+    h = offload(m, tmp_path, tile_bytes=4096)  # 1024 elements a block
+    t = h.ws.records[0].tile
+    assert t.nblocks == 8 and t.rows_of(7) == (7168, n)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        nn.init.normal_(m.p)
+    assert torch.equal(h.read(m.p), want)
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    (0, ValueError, "tile_bytes must be > 0"), (-1, ValueError, "tile_bytes must be > 0"),
+    ("abc", ValueError, "tile_bytes 'abc' is not a byte size"), (1.5, TypeError, "tile_bytes")])
+def test_bad_tile_bytes_is_an_error_naming_it(tmp_path, bad, error, match):
+    with pytest.raises(error, match=match):
+        offload(nn.Linear(D, V), tmp_path, tile_bytes=bad)
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_low_precision_linear_gradients_are_torchs(tmp_path, autocast):
+    """CPU autocast to bf16 (backward failed: fp32 input, bf16 gradient) and bf16
+    parameters (the input gradient was summed in bf16, rounded once per block)."""
+    torch.manual_seed(0)
+    ref = nn.Linear(D, V)
+    if not autocast:
+        ref.bfloat16()
+    model = copy.deepcopy(ref)
+    offload(model, tmp_path)
+    torch.manual_seed(3)
+    x = torch.randn(8, D, dtype=torch.float32 if autocast else torch.bfloat16)
+    x.requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        o_ref, o = ref(x), model(x2)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, o_ref)
+    o_ref.float().pow(2).sum().backward()
+    o.float().pow(2).sum().backward()
+    assert model.weight.grad.dtype == ref.weight.grad.dtype
+    assert torch.equal(model.weight.grad, ref.weight.grad)
+    assert torch.equal(model.bias.grad, ref.bias.grad)
+    assert x2.grad.dtype == x.grad.dtype and torch.equal(x2.grad, x.grad)

@@ -34,9 +34,9 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def working_set_bytes(value: Any) -> int:
-    """The ``working_set`` argument as bytes (int > 0): an int, or a size string such as
-    "64MiB" (strata.parse_size).
+def working_set_bytes(value: Any, name: str = "working_set") -> int:
+    """The ``working_set`` argument (or the one called ``name``) as bytes (int > 0): an
+    int, or a size string such as "64MiB" (strata.parse_size).
 
     :raises TypeError: None, a bool, a float or another type.
     :raises ValueError: <= 0, or a string that is not a size."""
@@ -44,15 +44,15 @@ def working_set_bytes(value: Any) -> int:
         try:
             n = strata.parse_size(value)
         except (ValueError, strata.Error) as e:
-            raise ValueError(f"{_WHERE}: working_set {value!r} is not a byte size (e.g. "
+            raise ValueError(f"{_WHERE}: {name} {value!r} is not a byte size (e.g. "
                              f"'64MiB' or 67108864): {e}") from None
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         n = int(value)
     else:
-        raise _bad_type("working_set", value, "bytes as an int (e.g. 67108864) or a size "
+        raise _bad_type(name, value, "bytes as an int (e.g. 67108864) or a size "
                         "string (e.g. '64MiB')")
     if n <= 0:
-        raise ValueError(f"{_WHERE}: working_set must be > 0 bytes, got {value!r}")
+        raise ValueError(f"{_WHERE}: {name} must be > 0 bytes, got {value!r}")
     return n
 
 

@@ -70,7 +70,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
             check_bool(name, flag)
         comm = check_comm(comm)
         #: parameters of more bytes are tiled (offload/_tiled.py); None: none
-        self.tile_bytes = None if tile_bytes is None else working_set_bytes(tile_bytes)
+        self.tile_bytes = None if tile_bytes is None else working_set_bytes(tile_bytes,
+                                                                            "tile_bytes")
         if resume and store is None and path is None:
             raise ValueError("offload_parameters(resume=True): pass the store or the path of "
                              "the earlier run (a temporary store holds nothing to resume)")

@@ -64,17 +64,21 @@ class TileLayout:
 
     @property
     def nblocks(self) -> int:
-        return -(-self.rows // self.block_rows)
+        n = -(-self.rows // self.block_rows)
+        if n > 1 and (self.rows - (n - 1) * self.block_rows) * self.row_numel < 16:
+            n -= 1  # a tail of < 16 elements joins the block before (normal_: see above)
+        return n
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of a full block."""
-        return min(self.block_rows, self.rows) * self.row_numel * self.elem
+        """Bytes of the largest block."""
+        r0, r1 = self.rows_of(self.nblocks - 1)
+        return max(min(self.block_rows, self.rows), r1 - r0) * self.row_numel * self.elem
 
     def rows_of(self, i: int) -> Tuple[int, int]:
-        """Rows [r0, r1) of block ``i``."""
+        """Rows [r0, r1) of block ``i`` (the last one: up to ``rows``)."""
         r0 = i * self.block_rows
-        return r0, min(self.rows, r0 + self.block_rows)
+        return r0, self.rows if i == self.nblocks - 1 else r0 + self.block_rows
 
     def span(self, i: int) -> Tuple[int, int]:
         """Elements [offset, offset + count) of block ``i`` in the flat value."""
@@ -194,6 +198,8 @@ class _TiledLinear(torch.autograd.Function):
                 record: ParamRecord) -> torch.Tensor:
         ctx.record = record
         ctx.has_bias = bias is not None
+        # under CPU autocast F.linear computes in its dtype: so does backward (torch's)
+        ctx.cast = torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
         ctx.save_for_backward(x)
         return _linear_forward(record.owner, record, x, bias)
 
@@ -203,26 +209,49 @@ class _TiledLinear(torch.autograd.Function):
         s = ctx.record
         owner = s.owner
         owner.begin_backward()
-        need_x, need_b, need_w = ctx.needs_input_grad[:3]
+        need_x, need_b = ctx.needs_input_grad[:2]
+        need_w = _weight_grad(ctx, 2, 2 if ctx.has_bias else 1)  # (None: no edge)
         g2 = g.reshape(-1, g.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
+        cast = ctx.cast or x2.dtype
+        x2 = x2.to(cast)
+        # the input gradient summed over blocks in fp32 (a bf16/fp16 sum per block would
+        # round once per block, torch's matrix product rounds once)
+        acc = torch.float32 if cast in (torch.bfloat16, torch.float16) else cast
         gx = None
-        writer = owner.tiled_grads.writer(s) if need_w else None
+        writer = owner.tiled_grads.writer(s, whole=not need_w) if need_w is not None else None
         try:
             for i, r0, r1, w in blocks(owner, s, need_values=need_x):
                 gb = g2[:, r0:r1]
                 if need_x:
-                    part = gb.mm(w)
+                    part = gb.to(acc).mm(w.to(cast).to(acc))
                     gx = part if gx is None else gx.add_(part)
                 if writer is not None:  # as linear's backward: (x2d^T g2d)^T, per block
-                    writer.add(i, x2.t().mm(gb).t())
+                    writer.add(i, x2.t().mm(gb).t().to(s.dtype))
         except BaseException:
             if writer is not None:
                 writer.abort()
             raise
         gw = writer.end() if writer is not None else None
         gb_all = g2.sum(0) if (ctx.has_bias and need_b) else None
-        return (gx.view(x.shape) if gx is not None else None), gb_all, gw, None
+        return (gx.to(cast).view(x.shape) if gx is not None else None), gb_all, gw, None
+
+
+def _weight_grad(ctx: Any, k: int, edge: int) -> Optional[bool]:
+    """How the backward of ``ctx`` hands over the gradient of its tiled weight (input
+    ``k``, the ``edge``-th tensor input): None when this backward does not compute it (frozen, or ``backward(inputs=)`` /
+    ``autograd.grad`` of other tensors: torch leaves ``p.grad`` alone), False when
+    ``autograd.grad`` asks for the weight's (returned whole, ``p.grad`` untouched), True
+    when it accumulates into ``p.grad`` (a strata optimizer's: written block by block)."""
+    if not ctx.needs_input_grad[k]:
+        return None
+    fn = ctx.next_functions[edge][0]
+    try:
+        if not torch._C._will_engine_execute_node(fn):
+            return None
+    except RuntimeError:  # (torch refuses to answer for a leaf autograd.grad captures)
+        return False
+    return True
 
 
 def _embedding_forward(owner: Any, s: ParamRecord, idx: torch.Tensor) -> torch.Tensor:
@@ -258,11 +287,12 @@ class _TiledEmbedding(torch.autograd.Function):
         s = ctx.record
         owner = s.owner
         owner.begin_backward()
-        if not ctx.needs_input_grad[1]:
+        need_w = _weight_grad(ctx, 1, 1)
+        if need_w is None:
             return None, None, None, None
         flat = idx.reshape(-1)
         g2 = g.reshape(flat.numel(), -1)
-        writer = owner.tiled_grads.writer(s)
+        writer = owner.tiled_grads.writer(s, whole=not need_w)
         try:  # every block: torch's backward makes the whole gradient (zeros where unused)
             for i, r0, r1, _ in blocks(owner, s, need_values=False):
                 m = (flat >= r0) & (flat < r1)

@@ -48,11 +48,11 @@ class BlockWriter:
     """One tiled backward's weight gradient of ``s``, block by block (:meth:`add` every
     block once, then :meth:`end`, or :meth:`abort` on an error)."""
 
-    def __init__(self, tiled: "TiledGrads", s: ParamRecord):
+    def __init__(self, tiled: "TiledGrads", s: ParamRecord, whole: bool = False):
         self.tiled, self.s = tiled, s
         g = tiled.owner.grads
         self.full: Optional[torch.Tensor] = None
-        if not s.to_store:  # torch accumulates p.grad: the whole gradient in memory
+        if whole or not s.to_store:  # for autograd (torch accumulates p.grad): in memory
             self.full = torch.empty(s.shape, dtype=s.dtype)
             return
         if s.index in g._writes:
@@ -131,9 +131,10 @@ class TiledGrads:
         self.owner = owner
         self._ready: set = set()  # ids of records whose gradient object exists, full size
 
-    def writer(self, s: ParamRecord) -> BlockWriter:
-        """A :class:`BlockWriter` for one backward's gradient of tiled ``s``."""
-        return BlockWriter(self, s)
+    def writer(self, s: ParamRecord, whole: bool = False) -> BlockWriter:
+        """A :class:`BlockWriter` for one backward's gradient of tiled ``s`` (``whole``:
+        assembled for autograd even with a strata optimizer -- ``autograd.grad``)."""
+        return BlockWriter(self, s, whole)
 
     def ensure_grad_object(self, s: ParamRecord) -> None:
         """``s``'s gradient object exists with the parameter's size (created as zeros:
