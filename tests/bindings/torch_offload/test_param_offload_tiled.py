@@ -359,3 +359,21 @@ def test_low_precision_linear_gradients_are_torchs(tmp_path, autocast):
     assert torch.equal(model.weight.grad, ref.weight.grad)
     assert torch.equal(model.bias.grad, ref.bias.grad)
     assert x2.grad.dtype == x.grad.dtype and torch.equal(x2.grad, x.grad)
+
+
+@pytest.mark.parametrize("where", ["own store", "deepcopy"])
+def test_optimizer_on_another_store_steps_tiled_parameters(tmp_path, where):
+    """An optimizer whose store is not the offload's (no store=; a deepcopy's offload):
+    the tiled gradient is stepped whole (set_grad_object found no object there)."""
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    if where == "deepcopy":
+        model = copy.deepcopy(model)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, arithmetic="torch")
+    assert opt.store is not h.store
+    assert train(model, opt, 3, 2, False) == train(ref, ropt, 3, 2, False)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(b.detach(), a.detach()), n

@@ -224,7 +224,7 @@ def _run_batches(table: ParamTable, exchange: TensorExchange,
             memory.append((p, h))
             continue
         o = offload_of(p)  # (a tiled parameter's gradient and value stay in the store)
-        need = 0 if o.tiled(p) else o.state_numel(p) * 4 * 2
+        need = 0 if _streamed(table.core, o, p) else o.state_numel(p) * 4 * 2
         if batch and used + need > budget:
             _run_batch(table, exchange, batch, memory, grad_scale, stats)
             memory, batch, used = [], [], 0
@@ -232,6 +232,12 @@ def _run_batches(table: ParamTable, exchange: TensorExchange,
         used += need
     if batch or memory:
         _run_batch(table, exchange, batch, memory, grad_scale, stats)
+
+
+def _streamed(core: Any, o: Any, p: torch.Tensor) -> bool:
+    """``p`` is tiled and its gradient object is in the optimizer's store (set_grad_object
+    reads it there); a tiled parameter of another store is stepped whole, as any other."""
+    return o.tiled(p) and o.store is core.store
 
 
 @traced("step.batch", "optimizer")
@@ -247,7 +253,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         exchange.attach(core, p, h)
     for p, h in batch:
         o = offload_of(p)
-        if o.tiled(p):  # the gradient streamed from its object; the value stored after
+        if _streamed(core, o, p):  # the gradient streamed from its object; value stored after
             key, dtype = o.grad_object(p)
             exchange.forget(h)
             core.set_grad_object(h, key, dtype)
