@@ -377,3 +377,15 @@ def test_optimizer_on_another_store_steps_tiled_parameters(tmp_path, where):
     assert train(model, opt, 3, 2, False) == train(ref, ropt, 3, 2, False)
     for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
         assert torch.equal(b.detach(), a.detach()), n
+
+
+def test_blocks_fit_half_the_working_set_whatever_tile_bytes(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Linear(D, V)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path, working_set=64 * 1024, tile_bytes=200 * 1024)
+    assert h.ws.records[0].tile.block_rows == 128  # 32 KiB blocks, not 200 KiB
+    x = torch.randn(8, D)
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-6, atol=1e-5)
+    # the two blocks fill the working set; the bias, the same call's argument, comes beside
+    assert h.stats()["peak_working_set_bytes"] == 64 * 1024 + 4 * V

@@ -56,11 +56,12 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
     :param tile_bytes: bytes (int or "16MiB"): a parameter of more bytes (CPU, contiguous,
         one process) is *tiled*: ``F.linear``/``F.embedding`` over it (``nn.Linear``,
         ``nn.Embedding``, a tied output head) compute on blocks of whole rows of at most
-        this size read in turn (the next in flight; two blocks counted in the working
-        set), its gradient goes block by block into its gradient object, and strata's
-        optimizer steps it from there: neither is ever whole in memory (docs/offload.md,
-        "Tiling"). Keep it at most a quarter of ``working_set``. Default None: nothing is
-        tiled.
+        this size and of half ``working_set`` read in turn (the next in flight; two
+        blocks counted in the working set), its gradient goes block by block into its
+        gradient object, and strata's optimizer (in the offload's store) steps it from
+        there: neither is ever whole in memory (docs/offload.md, "Tiling"). Only with
+        ``tier="nvme"`` (the host tier holds parameters in memory anyway: nothing is
+        tiled). Default None: nothing is tiled.
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
     :raises TypeError: ``model`` is not a Module.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter

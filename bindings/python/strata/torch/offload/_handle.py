@@ -117,7 +117,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
         s = ParamRecord(len(self.ws.records), name, key, p, self)
         with _no_tf():
             s.offloaded_from = ((p._version, p.data_ptr()), not store_value)
-            s.tile = plan_tile(p, self.tile_bytes if self.tier == "nvme" else None, self.comm)
+            s.tile = plan_tile(p, self.tile_bytes if self.tier == "nvme" else None, self.comm,
+                               self.working_set_bytes)
         if self.comm is not None:
             s.owned = self.comm.owned_range(s.numel)
         if store_value == "zeros":

@@ -86,15 +86,19 @@ class TileLayout:
         return r0 * self.row_numel, (r1 - r0) * self.row_numel
 
 
-def plan_tile(p: torch.Tensor, tile_bytes: Optional[int], comm: Any) -> Optional[TileLayout]:
+def plan_tile(p: torch.Tensor, tile_bytes: Optional[int], comm: Any,
+              working_set: Optional[int] = None) -> Optional[TileLayout]:
     """The blocks of ``p`` when it is tiled (``tile_bytes`` set, more bytes than that, at
-    least 2 rows, a contiguous CPU tensor of one process), else None."""
+    least 2 rows, a contiguous CPU tensor of one process), else None. Blocks hold at most
+    ``tile_bytes``, and at most half of ``working_set`` (the two blocks an operator holds
+    stay within the budget)."""
     if tile_bytes is None or comm is not None:
         return None
     if (p.numel() * p.element_size() <= tile_bytes or p.dim() < 1 or p.shape[0] < 2
             or p.device.type != "cpu" or dense_stride(p) is not None):
         return None
-    return TileLayout(tuple(p.shape), p.element_size(), tile_bytes)
+    block = tile_bytes if working_set is None else max(1, min(tile_bytes, working_set // 2))
+    return TileLayout(tuple(p.shape), p.element_size(), block)
 
 
 # ---- reading blocks ------------------------------------------------------------------------
@@ -335,6 +339,8 @@ def _edit_blocks(func: Any, s: ParamRecord, args: Tuple[Any, ...], kwargs: dict)
         if torch.is_tensor(v) and v.dim() > 0:
             return NOT_TILED  # a tensor operand: whole, as any parameter
     owner, t = s.owner, s.tile
+    if s.pending is not None:  # a whole-parameter prefetch in flight: dropped first, so
+        owner.ws.drain()  # that its (old) value never lands after the blocks are written
     owner.ws.touch(s)
     with _no_tf():
         for i, r0, r1, w in blocks(owner, s, need_values=name in _EDITS):
