@@ -1,22 +1,26 @@
 """A memory limit enforced by the operating system for a child process: a memory cgroup
 (v1: /sys/fs/cgroup/memory; v2: a cgroup.controllers listing "memory"), created for one run
-and removed after it. Needs root (or a delegated cgroup). Used by examples/train_offload.py
-and bench/optimizer/param_offload.py.
+and removed after it. Needs root (or a delegated cgroup). Used by examples/train_offload.py,
+train_activations.py, train_tiled.py and bench/optimizer/param_offload.py.
 
     with MemoryLimit(512 << 20) as lim:
         rc = lim.run([sys.executable, "child.py"])
         print(lim.peak_bytes(), lim.oom_killed())
+
+:func:`compare_runs` is the three runs the memory-limit examples make (offloaded under the
+limit, torch without it, torch under it: killed).
 
 Thread-safety: one run at a time per object.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 V1_ROOT = "/sys/fs/cgroup/memory"
 V2_ROOT = "/sys/fs/cgroup"
@@ -129,3 +133,46 @@ def _safe_read(path: str) -> str:
         return _read(path)
     except OSError:
         return ""
+
+
+def compare_runs(child_argv: Callable[[str, str], List[str]], limit_bytes: int, work: str,
+                 oom_demo: bool = True, env: Optional[dict] = None
+                 ) -> Tuple[Dict[str, dict], List[str]]:
+    """The three runs of the memory-limit examples (train_activations.py, train_tiled.py):
+    role "offload" under a fresh cgroup of ``limit_bytes``, role "torch" without a limit
+    (the reference), and with ``oom_demo`` "torch" again under the limit, which must be
+    killed for memory. ``child_argv(role, result_path)`` gives each child's command; a
+    child writes its result as JSON to ``result_path`` (under ``work``). Prints each run's
+    exit status (and the cgroup's peak charge). Returns the results by role ("offload",
+    "torch"; a run that failed is missing) and the failures, as messages.
+
+    :raises MemoryLimitUnavailable: no memory cgroup can be made here."""
+    runs: Dict[str, dict] = {}
+    failures: List[str] = []
+    for role, limited in (("offload", True), ("torch", False)):
+        res = os.path.join(work, f"{role}.json")
+        print(f"{role} run{' under the limit' if limited else ', no limit'}:", flush=True)
+        if limited:
+            with MemoryLimit(limit_bytes) as lim:
+                rc = lim.run(child_argv(role, res), env=env)
+                peak = lim.peak_bytes()
+            print(f"  exit status {rc}, cgroup peak {peak / 2**20:.0f} MiB of "
+                  f"{limit_bytes / 2**20:.0f} MiB")
+        else:
+            rc = subprocess.run(child_argv(role, res), env=env).returncode
+        if rc != 0 or not os.path.exists(res):
+            failures.append(f"the {role} run failed (exit status {rc})")
+            continue
+        with open(res) as f:
+            runs[role] = json.load(f)
+    if oom_demo:
+        print("torch in memory under the limit:", flush=True)
+        with MemoryLimit(limit_bytes) as lim:
+            rc = lim.run(child_argv("torch", os.path.join(work, "oom.json")), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            killed = lim.oom_killed()
+        print(f"  exit status {rc}, OOM kills {killed}")
+        if not (rc == -9 and killed != 0):
+            failures.append(f"the in-memory run under the limit was not killed (exit status "
+                            f"{rc})")
+    return runs, failures

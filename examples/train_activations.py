@@ -174,7 +174,7 @@ def main() -> int:
         run_child(args)
         return 0
     import strata
-    from memory_limit import MemoryLimit, MemoryLimitUnavailable
+    from memory_limit import MemoryLimitUnavailable, compare_runs
     limit = strata.parse_size(args.memory_limit)
     saved = activation_bytes(args)
     work = tempfile.mkdtemp(prefix="strata-activations-")
@@ -185,30 +185,14 @@ def main() -> int:
     print(f"model: {args.blocks} blocks, d_model {args.d_model}, {args.tokens} tokens per "
           f"batch; saved activations {mib(saved)} per step = {saved / limit:.2f} x the "
           f"{mib(limit)} memory limit; host pool {args.host_budget}")
-    failures = []
     try:
-        runs = {}
-        for role, limited in (("offload", True), ("torch", False)):
-            res = os.path.join(work, f"{role}.json")
-            print(f"{role} run{' under the limit' if limited else ', no limit'}:", flush=True)
-            if limited:
-                try:
-                    lim = MemoryLimit(limit)
-                except MemoryLimitUnavailable as e:
-                    print(f"FAIL: no memory cgroup: {e}")
-                    return 1
-                with lim:
-                    rc = lim.run(child_argv(args, role, res), env=env)
-                    peak = lim.peak_bytes()
-                print(f"  exit status {rc}, cgroup peak {mib(peak)} of {mib(limit)}")
-            else:
-                import subprocess
-                rc = subprocess.run(child_argv(args, role, res), env=env).returncode
-            if rc != 0 or not os.path.exists(res):
-                failures.append(f"the {role} run failed (exit status {rc})")
-                continue
-            with open(res) as f:
-                runs[role] = json.load(f)
+        try:
+            runs, failures = compare_runs(lambda role, res: child_argv(args, role, res),
+                                          limit, work, oom_demo=not args.no_oom_demo,
+                                          env=env)
+        except MemoryLimitUnavailable as e:
+            print(f"FAIL: no memory cgroup: {e}")
+            return 1
         if len(runs) == 2:
             a, b = runs["offload"], runs["torch"]
             s = a["stats"]
@@ -232,16 +216,6 @@ def main() -> int:
             ratio = (sorted(a["seconds"])[len(a["seconds"]) // 2]
                      / sorted(b["seconds"])[len(b["seconds"]) // 2])
             print(f"offloaded / in-memory step time: {ratio:.2f}")
-        if not args.no_oom_demo:
-            print("torch in memory under the limit:", flush=True)
-            with MemoryLimit(limit) as lim:
-                rc = lim.run(child_argv(args, "torch", os.path.join(work, "oom.json")),
-                             env=env, stdout=subprocess_devnull(), stderr=subprocess_devnull())
-                killed = lim.oom_killed()
-            print(f"  exit status {rc}, OOM kills {killed}")
-            if not (rc == -9 and killed != 0):
-                failures.append(f"the in-memory run under the limit was not killed (exit "
-                                f"status {rc})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
@@ -249,11 +223,6 @@ def main() -> int:
         return 1
     print("OK")
     return 0
-
-
-def subprocess_devnull():
-    import subprocess
-    return subprocess.DEVNULL
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -177,7 +176,7 @@ def main() -> int:
         run_child(args)
         return 0
     import strata
-    from memory_limit import MemoryLimit, MemoryLimitUnavailable
+    from memory_limit import MemoryLimitUnavailable, compare_runs
     limit = strata.parse_size(args.memory_limit)
     ws = strata.parse_size(args.working_set)
     table = 4 * args.vocab * args.d_model
@@ -187,29 +186,13 @@ def main() -> int:
     print(f"model: embedding {args.vocab} x {args.d_model} fp32 = {mib(table)} = "
           f"{table / limit:.2f} x the {mib(limit)} memory limit, {table / ws:.1f} x the "
           f"{mib(ws)} working set; tiled in blocks of {args.tile_bytes}")
-    failures = []
     try:
-        runs = {}
-        for role, limited in (("offload", True), ("torch", False)):
-            res = os.path.join(work, f"{role}.json")
-            print(f"{role} run{' under the limit' if limited else ', no limit'}:", flush=True)
-            if limited:
-                try:
-                    lim = MemoryLimit(limit)
-                except MemoryLimitUnavailable as e:
-                    print(f"FAIL: no memory cgroup: {e}")
-                    return 1
-                with lim:
-                    rc = lim.run(child_argv(args, role, res))
-                    peak = lim.peak_bytes()
-                print(f"  exit status {rc}, cgroup peak {mib(peak)} of {mib(limit)}")
-            else:
-                rc = subprocess.run(child_argv(args, role, res)).returncode
-            if rc != 0 or not os.path.exists(res):
-                failures.append(f"the {role} run failed (exit status {rc})")
-                continue
-            with open(res) as f:
-                runs[role] = json.load(f)
+        try:
+            runs, failures = compare_runs(lambda role, res: child_argv(args, role, res),
+                                          limit, work, oom_demo=not args.no_oom_demo)
+        except MemoryLimitUnavailable as e:
+            print(f"FAIL: no memory cgroup: {e}")
+            return 1
         if table <= limit or table < 4 * ws:
             failures.append("the table is not larger than the limit and 4 x the working set")
         if len(runs) == 2:
@@ -236,16 +219,6 @@ def main() -> int:
             ratio = (sorted(a["seconds"])[len(a["seconds"]) // 2]
                      / sorted(b["seconds"])[len(b["seconds"]) // 2])
             print(f"offloaded / in-memory step time: {ratio:.2f}")
-        if not args.no_oom_demo:
-            print("torch in memory under the limit:", flush=True)
-            with MemoryLimit(limit) as lim:
-                rc = lim.run(child_argv(args, "torch", os.path.join(work, "oom.json")),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                killed = lim.oom_killed()
-            print(f"  exit status {rc}, OOM kills {killed}")
-            if not (rc == -9 and killed != 0):
-                failures.append(f"the in-memory run under the limit was not killed (exit "
-                                f"status {rc})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
