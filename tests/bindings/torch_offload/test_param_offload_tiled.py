@@ -389,3 +389,16 @@ def test_blocks_fit_half_the_working_set_whatever_tile_bytes(tmp_path):
     torch.testing.assert_close(model(x), ref(x), rtol=1e-6, atol=1e-5)
     # the two blocks fill the working set; the bias, the same call's argument, comes beside
     assert h.stats()["peak_working_set_bytes"] == 64 * 1024 + 4 * V
+
+
+def test_a_host_tier_optimizer_steps_tiled_parameters_whole(tmp_path):
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch",
+                          tier="host")
+    assert train(model, opt, 2, 2) == train(ref, ropt, 2, 2)
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n

@@ -224,7 +224,7 @@ def _run_batches(table: ParamTable, exchange: TensorExchange,
             memory.append((p, h))
             continue
         o = offload_of(p)  # (a tiled parameter's gradient and value stay in the store)
-        need = 0 if _streamed(table.core, o, p) else o.state_numel(p) * 4 * 2
+        need = 0 if _streamed(table.core, o, p, h) else o.state_numel(p) * 4 * 2
         if batch and used + need > budget:
             _run_batch(table, exchange, batch, memory, grad_scale, stats)
             memory, batch, used = [], [], 0
@@ -234,10 +234,12 @@ def _run_batches(table: ParamTable, exchange: TensorExchange,
         _run_batch(table, exchange, batch, memory, grad_scale, stats)
 
 
-def _streamed(core: Any, o: Any, p: torch.Tensor) -> bool:
-    """``p`` is tiled and its gradient object is in the optimizer's store (set_grad_object
-    reads it there); a tiled parameter of another store is stepped whole, as any other."""
-    return o.tiled(p) and o.store is core.store
+def _streamed(core: Any, o: Any, p: torch.Tensor, h: int) -> bool:
+    """``p`` is tiled, its gradient object is in the optimizer's store (set_grad_object
+    reads it there) and its master is an NVMe-tier tensor (a host-tier master is in memory
+    whole anyway); otherwise a tiled parameter is stepped whole, as any other."""
+    return (o.tiled(p) and o.store is core.store
+            and core.param_info(h)["placement"] == "nvme")
 
 
 @traced("step.batch", "optimizer")
@@ -253,7 +255,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         exchange.attach(core, p, h)
     for p, h in batch:
         o = offload_of(p)
-        if _streamed(core, o, p):  # the gradient streamed from its object; value stored after
+        if _streamed(core, o, p, h):  # the gradient streamed from its object; value stored after
             key, dtype = o.grad_object(p)
             exchange.forget(h)
             core.set_grad_object(h, key, dtype)
