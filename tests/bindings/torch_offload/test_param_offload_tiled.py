@@ -402,3 +402,20 @@ def test_a_host_tier_optimizer_steps_tiled_parameters_whole(tmp_path):
     assert train(model, opt, 2, 2) == train(ref, ropt, 2, 2)
     for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
         assert torch.equal(h.read(b), a.detach()), n
+
+
+def test_a_step_on_zeroed_gradients_is_torchs(tmp_path):
+    """zero_grad(set_to_none=False), then step without a backward: the gradient object is
+    made zeros for the step (torch.optim steps a zero gradient)."""
+    torch.manual_seed(0)
+    ref, model = Lookup(), Lookup()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch")
+    assert train(model, opt, 1) == train(ref, ropt, 1)
+    for o in (opt, ropt):
+        o.zero_grad(set_to_none=False)
+        o.step()
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        assert torch.equal(h.read(b), a.detach()), n

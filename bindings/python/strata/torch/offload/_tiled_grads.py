@@ -137,8 +137,8 @@ class TiledGrads:
         return BlockWriter(self, s, whole)
 
     def ensure_grad_object(self, s: ParamRecord) -> None:
-        """``s``'s gradient object exists with the parameter's size (created as zeros:
-        numpy's lazily zeroed pages, so no memory of its size is touched)."""
+        """``s``'s gradient object exists with the parameter's size (created as zeros by
+        :func:`put_zeros`: no memory of its size)."""
         if id(s) in self._ready:
             return
         st = self.owner.store
@@ -171,20 +171,18 @@ class TiledGrads:
             g._evict(s)
             g.flush()
         t = s.tile
-        if s.grad_zero or s.grad_ops:
-            self.ensure_grad_object(s)
-            st = self.owner.store
+        if s.grad_zero:  # zeros, then the recorded scalings, as GradientStore reads them
+            put_zeros(self.owner, s, s.grad_key)
+            self._ready.add(id(s))
+        if s.grad_ops:
             for i in range(t.nblocks):
-                off, n = t.span(i)
-                if s.grad_zero:
-                    val = torch.zeros(n, dtype=s.dtype)
-                else:
-                    val = read_block(self.owner, s, i, key=s.grad_key).reshape(-1)
-                    for op, c in s.grad_ops:
-                        getattr(val, op)(c)
-                st.write_range(s.grad_key, off * t.elem, val)
-            s.grad_ops = []
-            s.grad_zero = False
+                off, _ = t.span(i)
+                val = read_block(self.owner, s, i, key=s.grad_key).reshape(-1)
+                for op, c in s.grad_ops:
+                    getattr(val, op)(c)
+                self.owner.store.write_range(s.grad_key, off * t.elem, val)
+        s.grad_ops = []
+        s.grad_zero = False
         return s.grad_key, _dtype_name(s.dtype)
 
 

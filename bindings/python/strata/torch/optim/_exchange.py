@@ -149,11 +149,25 @@ def bump_version(p: torch.Tensor) -> None:
             p.narrow(0, 0, 0).mul_(1)  # any layout (a view of no element)
 
 
+def master_from_blocks(opt: Any, h: int, p: torch.nn.Parameter) -> None:
+    """Tiled offloaded ``p``'s current value into the fp32 master of handle ``h``, block by
+    block (offload/_tiled.py: never the whole value in memory)."""
+    for off, block in offload_of(p).value_blocks(p):
+        opt.write_param(h, as_f32_numpy(block), off)
+
+
+def blocks_from_master(opt: Any, h: int, p: torch.nn.Parameter) -> None:
+    """The fp32 master of handle ``h`` into tiled offloaded ``p``'s store object, block by
+    block (the step's new value, a resume)."""
+    offload_of(p).write_blocks(
+        p, lambda off, n: torch.from_numpy(opt.read_param(h, None, off, n)))
+
+
 def copy_master_to_param(opt: Any, h: int, p: torch.nn.Parameter) -> None:
     """The fp32 master of handle ``h`` into ``p`` (any dtype and device; resume)."""
     o = offload_of(p)
-    if o is not None and o.tiled(p):  # block by block (offload/_tiled.py)
-        o.write_blocks(p, lambda off, n: torch.from_numpy(opt.read_param(h, None, off, n)))
+    if o is not None and o.tiled(p):
+        blocks_from_master(opt, h, p)
         return
     master = torch.from_numpy(opt.read_param(h))
     if o is not None:  # an offloaded parameter: its object (this rank's slice, ZeRO-3)

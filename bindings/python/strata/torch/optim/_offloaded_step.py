@@ -36,7 +36,7 @@ from ... import _strata as _core
 from .._common import all_finite
 from .._trace import TRACE, traced
 from ..offload import is_offloaded, offload_of
-from ._exchange import TensorExchange
+from ._exchange import TensorExchange, blocks_from_master
 from ._gate import summarize
 from ._param_table import ParamTable, offloads
 
@@ -282,8 +282,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
         stats[k] += st[k]
     for p, h, g, copy in attached:
         if g is None:  # tiled: its new value from the master, block by block
-            offload_of(p).write_blocks(
-                p, lambda off, n, h=h: torch.from_numpy(core.read_param(h, None, off, n)))
+            blocks_from_master(core, h, p)
         elif copy is None:
             offload_of(p).committed(p)
         else:

@@ -33,7 +33,7 @@ import torch
 
 from .._common import GRAD_DTYPES
 from ..offload import is_offloaded, offload_of
-from ._exchange import as_f32_numpy
+from ._exchange import as_f32_numpy, master_from_blocks
 
 
 def check_param(p: Any, index: int) -> None:
@@ -226,8 +226,7 @@ class ParamTable:
                 if self._offloaded_since(p, h):
                     continue
                 if is_offloaded(p) and offload_of(p).tiled(p):  # block by block
-                    for off, block in offload_of(p).value_blocks(p):
-                        opt.write_param(h, as_f32_numpy(block), off)
+                    master_from_blocks(opt, h, p)
                 else:
                     value = offload_of(p).read_state(p) if is_offloaded(p) else p
                     opt.write_param(h, as_f32_numpy(value))

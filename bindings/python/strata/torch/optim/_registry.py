@@ -17,7 +17,7 @@ import torch
 from ..offload import note_checkpoint_value, offload_of
 from . import _hyperparams, _layout, _names
 from ._checkpoints import Checkpoints
-from ._exchange import as_f32_numpy, copy_master_to_param
+from ._exchange import copy_master_to_param, master_from_blocks
 from ._param_table import ParamTable, check_param, state_numel
 from ._torch_kwargs import TorchFlags
 
@@ -144,8 +144,7 @@ class ParamRegistry:
         name = _names.strata_name(table.core.num_params(), self.names_by_id.get(id(p)))
         if o is not None and o.tiled(p):  # block by block: never the whole value in memory
             h = table.core.add_param(name, state_numel(p), None, group=gi, placement=self.tier)
-            for off, block in o.value_blocks(p):
-                table.core.write_param(h, as_f32_numpy(block), off)
+            master_from_blocks(table.core, h, p)
         else:
             value = o.read_state(p) if o is not None else p.detach()
             init = value.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
