@@ -39,6 +39,28 @@ namespace strata::optimizer {
 
 using namespace offload_detail;
 
+namespace {
+
+/// The streams of host-tier tensors before a transactional step updates them (copies),
+/// put back by restore() when the step fails.
+class HostBackup {
+ public:
+  void save(const OffloadedOptimizer::Impl::Tensor& t) {
+    for (const HostArray& a : t.host) {
+      saved_.emplace_back(a.data(), std::vector<float>(a.data(), a.data() + t.numel));
+    }
+  }
+  void restore() {
+    for (auto& [dst, copy] : saved_) std::memcpy(dst, copy.data(), copy.size() * sizeof(float));
+    saved_.clear();
+  }
+
+ private:
+  std::vector<std::pair<float*, std::vector<float>>> saved_;
+};
+
+}  // namespace
+
 UpdateSpans OffloadedOptimizer::Impl::host_spans(const Tensor& t) const {
   UpdateSpans s;
   s.param = t.host[0].data();
@@ -137,6 +159,9 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       StepInfo info;
       info.step = t.state.step() + 1;
       info.grad_scale = grad_scale;
+      info.param = it.t;
+      info.param_name = t.name;
+      info.offset = it.begin;
       const auto t_compute = Clock::now();
       st = apply_update(*groups[t.group].rule, sp, info, pool.get());
       stats.compute_seconds += seconds_since(t_compute);
@@ -272,6 +297,24 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   std::vector<Item> items;
   std::vector<size_t> batches;
   plan_items(work, items, batches);
+  // A rule that may fail (UpdateRule::may_fail: a Python callable) makes the step a
+  // transaction: a savepoint of the NVMe tensors' objects and a copy of each host tensor's
+  // streams before its update, restored when the step fails. Overlapped steps have their
+  // own savepoints (offload_overlap.cpp).
+  bool transactional = false;
+  for (uint32_t h : active) transactional |= groups[tensors[h].group].rule->may_fail();
+  transactional = transactional && started == nullptr;
+  Savepoint savepoint;
+  HostBackup host_backup;
+  if (transactional) {
+    std::vector<std::string> keys;
+    for (const auto& [h, e] : work) {
+      for (const std::string& k : tensors[h].keys) keys.push_back(k);
+    }
+    if (!keys.empty()) {
+      STRATA_ASSIGN_OR_RETURN(savepoint, store->savepoint(keys));
+    }
+  }
   // Runs while the first NVMe reads are in flight: gradient checks, then DRAM tensors in
   // place. nullopt = skip the step (nothing has changed yet).
   auto gate = [&]() -> Result<std::optional<float>> {
@@ -312,11 +355,14 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
       StepInfo info;
       info.step = t.state.step() + 1;
       info.grad_scale = scale;
+      info.param = h;
+      info.param_name = t.name;
       UpdateSpans sp = host_spans(t);
       if (const EarlyGrad* e = early_entry(h); e != nullptr && e->param_copy != nullptr) {
         sp.param_copy = e->param_copy;
         sp.param_copy_type = e->param_copy_type;
       }
+      if (transactional) host_backup.save(t);
       const auto tc = Clock::now();
       STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, sp, info, pool.get()));
       stats.compute_seconds += seconds_since(tc);
@@ -325,6 +371,20 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   };
   bool skipped = false;
   if (Status st = run_pipeline(items, batches, gate, stats, &skipped); !st.ok()) {
+    // A rule that may fail: the step is undone (savepoint, host copies) and the optimizer
+    // stays usable; else, or when undoing fails, host tensors or NVMe chunks may be
+    // updated while the counters are not.
+    if (transactional) {
+      Status undo = savepoint.empty() ? Status::OK() : store->rollback(savepoint);
+      if (undo.ok()) {
+        host_backup.restore();
+        return st.with_context("offload step (rolled back: every tensor is as before the "
+                               "step)");
+      }
+      broken = st;
+      return st.with_context("offload step (rolling it back failed too: " + undo.message() +
+                             ")");
+    }
     broken = st;  // host tensors or NVMe chunks may be updated, counters are not
     return st;
   }

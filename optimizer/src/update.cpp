@@ -2,6 +2,7 @@
 #include "strata/optimizer/update.hpp"
 
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "kernels.hpp"
@@ -81,15 +82,30 @@ Status apply_update(const UpdateRule& rule, const UpdateSpans& spans, const Step
     f32_copy = static_cast<float*>(s.param_copy);
     s.param_copy = nullptr;
   }
+  const bool may_fail = rule.may_fail();
+  std::mutex error_mu;  // the first error of a tile (rules that may fail)
+  Status error;
   auto run = [&](size_t begin, size_t count) {
-    rule.update(s.slice(begin, count), info);
+    StepInfo at = info;
+    at.offset = info.offset + begin;
+    if (may_fail) {
+      Status st = rule.update_or_fail(s.slice(begin, count), at);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lk(error_mu);
+        if (error.ok()) error = std::move(st);
+        return;
+      }
+    } else {
+      rule.update(s.slice(begin, count), at);
+    }
     if (f32_copy != nullptr && count > 0) {
       std::memcpy(f32_copy + begin, s.param + begin, count * sizeof(float));
     }
   };
-  if (pool == nullptr || pool->num_threads() <= 1 || n < kMinParallelNumel) {
+  if (rule.whole_spans() || pool == nullptr || pool->num_threads() <= 1 ||
+      n < kMinParallelNumel) {
     run(0, n);
-    return Status::OK();
+    return error;
   }
   const size_t tiles = (n + kTileNumel - 1) / kTileNumel;
   pool->parallel_for(tiles, [&](size_t t0, size_t t1) {
@@ -97,7 +113,7 @@ Status apply_update(const UpdateRule& rule, const UpdateSpans& spans, const Step
     const size_t end = std::min(n, t1 * kTileNumel);
     run(begin, end - begin);
   });
-  return Status::OK();
+  return error;
 }
 
 Status init_states(const UpdateRule& rule, const UpdateSpans& spans, ThreadPool* pool) {

@@ -11,6 +11,7 @@
 #include "errors.hpp"
 #include "py_convert.hpp"
 #include "py_futures.hpp"
+#include "py_rule.hpp"
 #include "py_store.hpp"
 #include "strata/base/logging.hpp"
 #include "strata/optimizer/offload.hpp"
@@ -173,7 +174,8 @@ class PyOptimizer {
                                            py::object pinned_budget, py::object host_budget,
                                            const std::string& default_placement,
                                            int num_threads, bool verify_on_open,
-                                           const std::string& arithmetic) {
+                                           const std::string& arithmetic,
+                                           const py::object& python_rule) {
     optimizer::OffloadOptions o;
     o.key_prefix = key_prefix;
     o.sub_group_numel = sub_group_numel;
@@ -186,9 +188,15 @@ class PyOptimizer {
     if (arithmetic != "simd" && arithmetic != "torch")
       throw StatusError(invalid_argument("arithmetic must be 'simd' or 'torch', got '" +
                                          arithmetic + "'"));
-    auto factory = check(arithmetic == "torch"
-                             ? optimizer::torch_exact_rule_factory(optimizer_name)
-                             : optimizer::builtin_rule_factory(optimizer_name));
+    std::shared_ptr<PyRuleSpec> spec;
+    optimizer::RuleFactory factory;
+    if (!python_rule.is_none()) {
+      spec = make_rule_spec(python_rule);
+      factory = python_rule_factory(spec);
+    } else {
+      factory = check(arithmetic == "torch" ? optimizer::torch_exact_rule_factory(optimizer_name)
+                                            : optimizer::builtin_rule_factory(optimizer_name));
+    }
     auto hp = to_hyperparams(hyperparams);
     auto shared = store.shared();
     auto r = release_gil([&] {
@@ -202,7 +210,8 @@ class PyOptimizer {
           "OffloadedOptimizer.remove deletes it)"));
     }
     auto p = std::make_unique<PyOptimizer>();
-    p->opt_ = check(std::move(r));
+    p->spec_ = spec;
+    p->opt_ = p->checked(std::move(r));
     return p;
   }
 
@@ -298,7 +307,7 @@ class PyOptimizer {
                 const py::object& grad_summary) {
     const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite, grad_summary);
     auto& opt = o();
-    return stats_dict(check(release_gil([&] { return opt.step(so); })));
+    return stats_dict(checked(release_gil([&] { return opt.step(so); })));
   }
 
   PyFuture step_async(double max_grad_norm, float grad_scale, bool skip_if_nonfinite,
@@ -379,7 +388,7 @@ class PyOptimizer {
     auto r = release_gil([&] { return opt.finish_step(so); });
     early_refs_.clear();
     transient_refs_.clear();
-    return stats_dict(check(std::move(r)));
+    return stats_dict(checked(std::move(r)));
   }
 
   void abort_step() {
@@ -470,6 +479,20 @@ class PyOptimizer {
     held[h] = std::move(r);
   }
 
+  /// check(r), but an error caused by an exception of the Python rule's callable raises the
+  /// strata error with that exception as its __cause__.
+  template <class T>
+  T checked(Result<T> r) {
+    if (r.ok()) return std::move(r).value();
+    py::object cause = spec_ ? spec_->take_error() : py::none();
+    if (cause.is_none()) throw StatusError(r.status());
+    py::object exc = exception_of(r.status());
+    PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals the reference
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    throw py::error_already_set();
+  }
+
+  std::shared_ptr<PyRuleSpec> spec_;  // the Python rule, or null (a built-in rule)
   std::unique_ptr<optimizer::OffloadedOptimizer> opt_;
   std::map<uint32_t, TensorRef> grads_;
   std::map<uint32_t, TensorRef> copies_;
@@ -498,16 +521,17 @@ void register_optimizer(py::module_& m) {
                                py::handle sub_group_numel, int num_buffers,
                                py::object pinned_budget, py::object host_budget,
                                const std::string& default_placement, int num_threads,
-                               bool verify_on_open, const std::string& arithmetic) {
+                               bool verify_on_open, const std::string& arithmetic,
+                               const py::object& python_rule) {
         return PyOptimizer::make(store, name, hp, resume, to_text(key_prefix, "key_prefix"),
                                  to_u64(sub_group_numel, "sub_group_numel"),
                                  num_buffers, pinned_budget, host_budget, default_placement,
-                                 num_threads, verify_on_open, arithmetic);
+                                 num_threads, verify_on_open, arithmetic, python_rule);
       }, "store"_a, "optimizer"_a = "adamw", "hyperparams"_a = py::dict(), "resume"_a = false,
          "key_prefix"_a = "optim/", "sub_group_numel"_a = 0, "num_buffers"_a = 4,
          "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
          "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
-         "arithmetic"_a = "simd")
+         "arithmetic"_a = "simd", "python_rule"_a = py::none())
       .def_static("remove", [](PyStore& store, py::handle key_prefix) {
         optimizer::OffloadOptions o;
         o.key_prefix = to_text(key_prefix, "key_prefix");

@@ -14,7 +14,8 @@ Errors are :class:`strata.Error` subclasses that are also KeyError / ValueError 
 MemoryError / OSError / ... (``strata._errors``, docs/errors.md).
 
 Where things live: :class:`Store`, :class:`ObjectInfo` in ``_store``;
-:class:`OffloadedOptimizer` in ``_offloaded_optimizer``; :func:`load_config` in
+:class:`OffloadedOptimizer` in ``_offloaded_optimizer``; :class:`PythonRule` (an update
+rule in Python) in ``_python_rule``; :func:`load_config` in
 ``_config``; the compiled core in ``_strata``. ``strata.torch`` has the PyTorch optimizers
 (OffloadAdam, OffloadAdamW), ``strata.distributed`` the collectives.
 """
@@ -30,6 +31,7 @@ from ._errors import (AlreadyExistsError, CancelledError, DataLossError, Deadlin
                       PermissionDeniedError, ResourceExhaustedError, UnavailableError,
                       UnimplementedError)
 from ._offloaded_optimizer import OffloadedOptimizer
+from ._python_rule import PythonRule
 from ._store import ObjectInfo, Size, Store  # noqa: F401 (Size: public, not in __all__)
 
 __version__ = "0.1.0"
@@ -40,7 +42,8 @@ format_bytes = _strata.format_bytes
 built_with_cuda: bool = _strata.built_with_cuda
 
 __all__ = [
-    "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "parse_size", "format_bytes",
+    "Store", "ObjectInfo", "Future", "OffloadedOptimizer", "PythonRule", "parse_size",
+    "format_bytes",
     "default_data_dir", "load_config",
     "Error", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "OutOfRangeError",
     "ResourceExhaustedError", "FailedPreconditionError", "DataLossError", "UnavailableError",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _lifetime, _strata
+from ._python_rule import PythonRule
 from ._store import Future, Size, Store
 
 #: ``count`` meaning "to the end of the tensor" (C++ ``optimizer::kToEnd``, 2^64 - 1)
@@ -56,7 +57,8 @@ class OffloadedOptimizer:
                sub_group_numel: int = 0, num_buffers: int = 4,
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
                default_placement: str = "auto", num_threads: int = 0,
-               arithmetic: str = "simd") -> "OffloadedOptimizer":
+               arithmetic: str = "simd",
+               rule: Optional[PythonRule] = None) -> "OffloadedOptimizer":
         """A new optimizer ("adam", "adamw", "adagrad", "sgd", "lion") with param group 0
         from ``hyperparams`` (torch.optim names: lr, beta1, beta2, eps, weight_decay,
         amsgrad, maximize, ...; absent keys take torch's defaults).
@@ -66,6 +68,10 @@ class OffloadedOptimizer:
             round exactly like torch.optim's CPU kernels (bit-identical parity runs; scalar,
             slower on large models).
 
+        :param rule: a :class:`strata.PythonRule`: the update is that Python function
+            (``optimizer`` and ``arithmetic`` are then ignored; ``hyperparams`` keys must be
+            among the rule's ``defaults``).
+
         :raises AlreadyExistsError: a checkpoint exists under ``key_prefix`` (use resume).
         :raises InvalidArgumentError: unknown optimizer or a bad hyperparameter/option.
         :raises DiskFullError: (OSError errno ENOSPC) the store's file system lacks the
@@ -74,19 +80,22 @@ class OffloadedOptimizer:
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, dict(hyperparams or {}), False, key_prefix, sub_group_numel,
             num_buffers, pinned_budget, host_budget, default_placement, num_threads, False,
-            arithmetic), store)
+            arithmetic, rule), store)
 
     @classmethod
     def resume(cls, store: Store, optimizer: str = "adamw", *, key_prefix: str = "optim/",
                sub_group_numel: int = 0, num_buffers: int = 4,
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
                num_threads: int = 0, verify: bool = False,
-               arithmetic: str = "simd") -> "OffloadedOptimizer":
-        """Reopens the optimizer checkpointed under ``key_prefix``.
-        :raises NotFoundError: no checkpoint there."""
+               arithmetic: str = "simd",
+               rule: Optional[PythonRule] = None) -> "OffloadedOptimizer":
+        """Reopens the optimizer checkpointed under ``key_prefix`` (``rule``: the
+        :class:`strata.PythonRule` it was made with, same name and number of states).
+        :raises NotFoundError: no checkpoint there.
+        :raises FailedPreconditionError: the checkpoint's rule is another."""
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, {}, True, key_prefix, sub_group_numel, num_buffers,
-            pinned_budget, host_budget, "auto", num_threads, verify, arithmetic), store)
+            pinned_budget, host_budget, "auto", num_threads, verify, arithmetic, rule), store)
 
     @staticmethod
     def remove(store: Store, *, key_prefix: str = "optim/") -> None:

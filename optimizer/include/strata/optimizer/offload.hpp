@@ -44,6 +44,19 @@
 // everything and loses nothing committed (the last checkpoint stays the resume point).
 // Do not flush or commit the optimizer's keys while a step or checkpoint() runs.
 //
+// A RULE THAT FAILS (UpdateRule::may_fail(), e.g. a Python update rule whose callable
+// raises): a step with such a rule in any param group is a transaction. Before it, a
+// Store::savepoint() of the NVMe tensors' objects; before each host-tier tensor's update, a
+// copy of its streams (DRAM: the host-tier state of the stepped tensors, freed after the
+// step). When the step fails -- the rule's error, or any other -- the savepoint is rolled
+// back and the copies put back: every master, state and step counter is as before the
+// step, the optimizer stays usable (checkpoint() and close() work), and the error says
+// "rolled back". Only when the rollback itself fails is the optimizer broken as above.
+// Cost: the savepoint keeps the chunks this step replaces on disk until the step ends, so
+// the store may need room for one more copy of the rewritten state (3 * T instead of
+// 2 * T below, for a step between checkpoints). Overlapped steps (begin_step) keep their
+// own savepoints and are not covered by this.
+//
 // DISK SPACE. Writes are copy-on-write: until the next commit (checkpoint(), or a flush of
 // the store between steps) the last checkpoint's chunks stay on disk beside the new ones,
 // so the store's NVMe directories need room for two copies of the state. With S = 1 +

@@ -65,6 +65,9 @@ struct UpdateSpans {
 
 /// Per-call inputs of an update besides the streams.
 struct StepInfo {
+  StepInfo() = default;
+  /// `{step, grad_scale}`: the other fields at their defaults.
+  StepInfo(int64_t step_number, float scale = 1.0f) : step(step_number), grad_scale(scale) {}
   /// 1-based step number of the parameter tensor being updated (after this step: torch's
   /// state["step"]). Drives bias correction (Adam), lr decay (Adagrad) and SGD's first
   /// momentum step. Must be >= 1.
@@ -72,6 +75,13 @@ struct StepInfo {
   /// Every gradient is multiplied by this fp32 factor before use (default 1): the
   /// gradient-clipping coefficient (see clip_coefficient()) times 1/loss_scale.
   float grad_scale = 1.0f;
+  /// Where the spans are, for rules that keep data per tensor or report errors (a Python
+  /// rule): the tensor's handle and name in the OffloadedOptimizer and the element offset
+  /// of spans.param[0] within the tensor. The offloaded optimizer sets them for every
+  /// call; other callers may leave them (0, "", 0). `param_name` is valid during the call.
+  uint32_t param = 0;
+  std::string_view param_name;
+  uint64_t offset = 0;
 };
 
 /// An element-wise optimizer update. Implementations are immutable after construction.
@@ -90,6 +100,23 @@ class UpdateRule {
   /// Updates elements [0, spans.numel) of `spans` for step `info.step`. The spans have been
   /// validated by the caller (apply_update); numel may be any value including 0.
   virtual void update(const UpdateSpans& spans, const StepInfo& info) const = 0;
+  /// True: apply_update() hands update_or_fail() all of its spans in ONE call, on the
+  /// calling thread, instead of tiles of kTileNumel spread over its pool -- for rules that
+  /// run their own parallelism over a whole slice (a Python callable running torch ops,
+  /// whose cost is per call). Then it also copies an fp32 param_copy after the call, and
+  /// the rule writes an fp16/bf16 one. Default false.
+  virtual bool whole_spans() const { return false; }
+  /// True when update_or_fail() can fail (a callable that raises): the offloaded
+  /// optimizer then makes its step transactional -- a failed step leaves every tensor as
+  /// before it (offload.hpp, "A rule that fails"). Default false.
+  virtual bool may_fail() const { return false; }
+  /// update() for rules whose update can fail; apply_update() calls this one. On error
+  /// the spans may be partly updated (the caller restores them). Default: update(), OK.
+  /// \threadsafety as update().
+  virtual Status update_or_fail(const UpdateSpans& spans, const StepInfo& info) const {
+    update(spans, info);
+    return Status::OK();
+  }
 };
 
 /// Checks `spans` against `rule`: non-null param/grad/states (when numel > 0), a supported
@@ -103,7 +130,9 @@ Status validate_spans(const UpdateRule& rule, const UpdateSpans& spans);
 /// call it once per chunk with the same `info` to update a tensor in sub-groups.
 /// Results are bit-identical for any pool size and any split of a tensor into chunks (for
 /// a given SIMD target, see simd.hpp).
-/// \error InvalidArgument from validate_spans(), or when info.step < 1.
+/// A rule with whole_spans() gets one update_or_fail() call on the calling thread instead.
+/// \error InvalidArgument from validate_spans(), or when info.step < 1; the error of
+///     rule.update_or_fail() (the first one, when tiles fail on several threads).
 /// \threadsafety safe to call concurrently on disjoint spans; calls sharing a pool are
 ///     serialized by the pool.
 Status apply_update(const UpdateRule& rule, const UpdateSpans& spans, const StepInfo& info,
