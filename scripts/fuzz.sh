@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER=${STRATA_FUZZ_SECONDS:-20}
-TARGETS=${STRATA_FUZZ_TARGETS:-catalog c_api checkpoint_record key_text partition_record}
+TARGETS=${STRATA_FUZZ_TARGETS:-catalog c_api checkpoint_record key_text partition_record safetensors}
 B=build-fuzz
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

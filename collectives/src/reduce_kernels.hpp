@@ -6,47 +6,14 @@
 #include <cstring>
 #include <type_traits>
 
+#include "strata/base/half.hpp"  // Half, BFloat16 and their fp32 conversions
 #include "strata/collectives/communicator.hpp"
 
 namespace strata::detail {
 
-// Storage types of the dtypes that C++ has no arithmetic type for.
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
 struct Bool8 {
   uint8_t v;
 };
-
-// fp16 <-> fp32 through the compiler's _Float16 (IEEE round to nearest even).
-inline float to_float(Half h) {
-  _Float16 x;
-  std::memcpy(&x, &h.bits, 2);
-  return static_cast<float>(x);
-}
-inline Half to_half(float f) {
-  _Float16 x = static_cast<_Float16>(f);
-  Half h;
-  std::memcpy(&h.bits, &x, 2);
-  return h;
-}
-// bf16 is the upper half of an fp32; rounding to nearest even, NaN kept quiet.
-inline float to_float(BFloat16 b) {
-  uint32_t u = static_cast<uint32_t>(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline BFloat16 to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return BFloat16{static_cast<uint16_t>(u >> 16)};
-}
 
 template <class T>
 struct Arith {

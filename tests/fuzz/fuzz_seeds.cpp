@@ -8,6 +8,8 @@
 //   checkpoint_record/  the record of real offloaded optimizers (checkpoint())
 //   key_text/           keys and escaped keys
 //   c_api/              byte strings that drive a few calls each
+//   safetensors/        files of write_file (a store object, memory, bf16 conversion) and
+//                       format_header (every dtype, 8-byte padding, an empty header)
 #include <sqlite3.h>
 
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include "key_text.hpp"
 #include "partition_record.hpp"
 #include "strata/optimizer/offload.hpp"
+#include "strata/store/safetensors.hpp"
 #include "strata/store/store.hpp"
 
 namespace fs = std::filesystem;
@@ -178,6 +181,43 @@ void c_api_seeds(const fs::path& out) {
   }
 }
 
+void safetensors_seeds(const fs::path& out) {
+  namespace st = strata::safetensors;
+  // write_file's own output (header padded to 4096) from a store object and memory.
+  const std::string tmp = fuzz::scratch_dir();
+  auto s = open_store(tmp + "/st", {}, 4096);
+  std::vector<float> w(6);
+  for (int i = 0; i < 6; ++i) w[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  must(s->put("w", w.data(), TensorDesc{DType::kFloat32, {2, 3}}));
+  const int64_t step[1] = {7};
+  const uint8_t mask[3] = {1, 0, 1};
+  std::vector<st::WriteSource> src = {
+      {"layer.0.weight", DType::kFloat32, {2, 3}, DType::kFloat32, nullptr, "w", 0},
+      {"layer.0.weight_bf16", DType::kBFloat16, {2, 3}, DType::kFloat32, nullptr, "w", 0},
+      {"step", DType::kInt64, {}, DType::kInt64, step, "", 0},
+      {"mask", DType::kBool, {3}, DType::kBool, mask, "", 0}};
+  must(st::write_file(tmp + "/st.safetensors", src, {{"format", "pt"}}, s.get()).status());
+  std::ifstream f(tmp + "/st.safetensors", std::ios::binary);
+  write(out / "strata_written", std::string(std::istreambuf_iterator<char>(f), {}));
+  // The reference writer's padding (8 bytes), every dtype, an empty tensor and metadata.
+  std::vector<st::TensorEntry> es;
+  uint64_t pos = 0;
+  const char* names[] = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16",
+                         "I32", "U32", "F32", "F64", "I64", "U64"};
+  for (const char* n : names) {
+    st::TensorEntry e{std::string("t.") + n, *st::parse_dtype(n), {2}, 0, 0};
+    es.push_back(e);
+  }
+  es.push_back({"empty", st::StDType::kF32, {0, 4}, 0, 0});
+  for (size_t i : st::layout_order(es)) {
+    es[i].begin = pos;
+    es[i].end = pos += es[i].numel() * st::dtype_size(es[i].dtype);
+  }
+  write(out / "every_dtype", st::format_header(es, {{"format", "pt"}, {"note", "\xc3\xa9"}}, 8) +
+                                 std::string(pos, '\x5a'));
+  write(out / "empty", st::format_header({}, {}, 8));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,6 +228,7 @@ int main(int argc, char** argv) {
   partition_seeds(out / "partition_record");
   key_text_seeds(out / "key_text");
   c_api_seeds(out / "c_api");
+  safetensors_seeds(out / "safetensors");
   std::printf("seeds written under %s\n", argv[1]);
   return 0;
 }

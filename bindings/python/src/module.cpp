@@ -4,7 +4,7 @@
 // docs/bindings.md. Every call that may block (I/O, waits, optimizer steps) releases the GIL.
 // One file per concern: errors.cpp (Status -> exceptions), py_convert.cpp (arguments,
 // aligned arrays), tensor_ref.cpp (zero-copy views), py_futures.cpp, py_store.cpp,
-// py_optimizer.cpp, py_collectives.cpp + py_partitioned.cpp.
+// py_optimizer.cpp, py_collectives.cpp + py_partitioned.cpp, py_safetensors.cpp.
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -17,6 +17,10 @@
 #include "py_store.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/config.hpp"
+
+namespace strata::py_bindings {
+void register_safetensors(py::module_& m);  // py_safetensors.cpp
+}  // namespace strata::py_bindings
 
 using namespace strata;
 using namespace strata::py_bindings;
@@ -43,6 +47,7 @@ PYBIND11_MODULE(_strata, m) {
   register_aligned_buffer(m);
   register_futures(m);
   register_store(m);
+  register_safetensors(m);
   register_optimizer(m);
   register_collectives(m);
 }
