@@ -136,6 +136,22 @@ Status check_orphaned_data(const std::string& cat_path, const std::string& root,
   return Status::OK();
 }
 
+Status create_nvme_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "a/b/" -> "a/b"
+  const fs::path parent = p.parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    return not_found("nvme directory " + dir + ": its parent " + parent.string() +
+                     " does not exist (an unmounted drive or a typo?); create " +
+                     parent.string() + " first");
+  }
+  if (fs::create_directory(p, ec)) return Status::OK();
+  const int err = ec.value();
+  if (fs::is_directory(p, ec)) return Status::OK();
+  return errno_status(err, "create nvme directory " + dir);
+}
+
 Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
                          const std::vector<std::string>& dirs, const std::vector<uint64_t>& chunks,
                          bool read_only) {
@@ -150,8 +166,7 @@ Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
                          "without it?)");
       }
       if (read_only) continue;  // the caller reports the missing directory
-      fs::create_directories(dir, ec);
-      if (ec) return errno_status(ec.value(), "create nvme directory " + dir);
+      STRATA_RETURN_IF_ERROR(create_nvme_dir(dir));
     }
     const std::string data = data_file_path(dir, uuid);
     const std::string mpath = marker_file_path(dir, uuid);

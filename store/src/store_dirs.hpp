@@ -63,4 +63,12 @@ Status prepare_nvme_dirs(const std::string& root, const std::string& uuid,
                          const std::vector<std::string>& dirs, const std::vector<uint64_t>& chunks,
                          bool read_only);
 
+/// Creates NVMe directory `dir` (one level: mkdir, never its parents). A missing parent is
+/// an unmounted drive or a typo (`/mnt/nvmee0/strata`) far more often than a wish, and
+/// creating it would quietly put the data file on whatever disk holds the path.
+/// \error NotFound "nvme directory D: its parent P does not exist (an unmounted drive or a
+///     typo?); create P first" when the parent is missing or not a directory; errno_status
+///     naming the directory when mkdir fails otherwise (EEXIST of a directory is success).
+Status create_nvme_dir(const std::string& dir);
+
 }  // namespace strata::store_detail

@@ -229,8 +229,7 @@ Status StoreImpl::prepare_directories() {
     file_end_[i].store(0);
     if (!fs::is_directory(dirs_[i], ec)) {
       if (read_only_) return not_found("nvme directory " + dirs_[i] + " is missing");
-      fs::create_directories(dirs_[i], ec);
-      if (ec) return errno_status(ec.value(), "create nvme directory " + dirs_[i]);
+      STRATA_RETURN_IF_ERROR(create_nvme_dir(dirs_[i]));
     }
   }
   return Status::OK();

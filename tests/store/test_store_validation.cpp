@@ -705,6 +705,30 @@ TEST(StoreValidation, EmptyOrNulPathsAreInvalidArgument) {
   EXPECT_EQ(l.status().message(), "store path 'x\\0y' contains a NUL byte");
 }
 
+// An nvme directory whose parent is missing (an unmounted drive, a typo) is refused instead
+// of being created with its parents on whatever disk holds the path; one level is created.
+TEST(StoreValidation, NvmeDirWithAMissingParentIsNotFoundAndCreatesNothing) {
+  TempDir d;
+  StoreOptions o;
+  o.path = d.sub("s");
+  o.nvme_dirs = {d.sub("nvme0"), d.sub("mnt/nvmee0/strata")};
+  auto r = Store::open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(),
+            "nvme directory " + d.sub("mnt/nvmee0/strata") + ": its parent " + d.sub("mnt/nvmee0") +
+                " does not exist (an unmounted drive or a typo?); create " + d.sub("mnt/nvmee0") +
+                " first");
+  EXPECT_FALSE(std::filesystem::exists(d.sub("mnt")));
+  std::filesystem::create_directories(d.sub("mnt/nvmee0"));
+  auto s = open_or_die(o);
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(std::filesystem::is_directory(d.sub("mnt/nvmee0/strata")));
+  auto a = pattern(3u << 20, 5);
+  ASSERT_OK(s->put("a", a.data(), TensorDesc::bytes(a.size())));
+  expect_reads_back(*s, "a", a);
+}
+
 // ---------------------------------------------------------------- 7. ENOSPC gives space back
 
 TEST(StoreValidation, FailedPutGivesBackPreallocatedSpace) {
