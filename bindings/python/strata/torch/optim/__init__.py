@@ -36,9 +36,17 @@ the parameter object; a parameter listed twice is refused); ``optimizer.state[p]
 torch's entries; torch's keyword arguments are accepted; one open optimizer per store and
 key prefix.
 
+``OffloadOptimizer(torch.optim.RMSprop, params, lr=..., path=..., tier="nvme")`` runs any
+element-wise torch.optim class (or a custom ``UpdateRule`` written with torch ops) with its
+state in the store: the class's own step on each streamed slice, through strata's Python
+update rule (docs/optimizers.md).
+
 Modules (imports point down this list; the offload wing, strata.torch.offload, is reached
 only through its package's public names):
 
+- _any.py: OffloadOptimizer (any element-wise torch.optim class or UpdateRule; its own
+  members, beside the chain below); _slice_step.py: a class's step on one slice;
+  _rule.py: UpdateRule, update_rule, RuleOptimizer (custom rules)
 - _adam.py: OffloadAdam, OffloadAdamW (the constructor: arguments, settings, checks)
 - _optimizer.py: OffloadedTorchOptimizer (members, step()'s order of work, checkpoints,
   state dicts, close)
@@ -53,5 +61,8 @@ only through its package's public names):
 """
 
 from ._adam import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (strata.torch)
+from ._any import OffloadOptimizer
+from ._rule import RuleOptimizer, UpdateRule, update_rule
 
-__all__ = ["OffloadAdam", "OffloadAdamW"]
+__all__ = ["OffloadAdam", "OffloadAdamW", "OffloadOptimizer", "UpdateRule", "update_rule",
+           "RuleOptimizer"]

@@ -1,0 +1,488 @@
+"""OffloadOptimizer: any element-wise torch.optim optimizer -- or a custom
+:class:`~strata.torch.optim.UpdateRule` -- with its state in a strata store, stepped by
+strata's offloaded pipeline (optimizer/offload.hpp) through a Python update rule
+(strata.PythonRule, bindings/python/src/py_rule.cpp): for each streamed slice the class's
+own ``step()`` runs on torch views of the slice (optim/_slice_step.py), so training is
+bit-identical to the class in memory.
+
+Layout in the store (``key_prefix``): the C++ optimizer's objects, one tensor ``p<i>`` per
+parameter (i = its index in param_groups order), and an internal tensor
+``torch-record-<n>`` holding a JSON record (param_groups' hyperparameters, the per-tensor
+scalar state) committed with every checkpoint.
+
+Thread-safety: like torch optimizers, one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import weakref
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+import torch
+
+import strata
+
+from ..._data_dir import make_temp_dir
+from . import _slice_step as ss
+from ._exchange import bump_version
+from ._rule import UpdateRule
+
+_RECORD = "torch-record-"
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return float(v.item())
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """``OffloadOptimizer(torch.optim.RMSprop, model.parameters(), lr=1e-2, path=...,
+    tier="nvme")``: the optimizer class's arithmetic, its state (every element-wise state
+    tensor, fp32) in a strata store, streamed sub-group by sub-group (reads, update,
+    writes overlapped) at each ``step()``.
+
+    Supported: torch.optim's SGD (momentum, dampening, nesterov, weight_decay, maximize),
+    Adagrad, RMSprop (centered, momentum), Adadelta, Adamax, NAdam, RAdam, ASGD, Rprop,
+    Adam, AdamW; and :class:`~strata.torch.optim.UpdateRule` (custom rules). Refused:
+    LBFGS, SparseAdam (ValueError saying why), other classes, sparse gradients.
+
+    What it keeps of torch's contract: ``param_groups`` (its hyperparameters are read at
+    each step: schedulers and edits work; adding, removing or moving parameters does not,
+    ValueError); ``state_dict()`` in the class's own format, loadable into the class in
+    memory, and ``load_state_dict()`` of the class's state dicts; a closure is evaluated
+    once (as every supported class does). Parameters must be contiguous fp32 CPU tensors;
+    parameters changed outside the optimizer (``model.load_state_dict``, ``p.copy_()``)
+    are stepped from their new value (``p.data`` edits in place are not seen).
+    ``self.state`` is empty: the state lives in the store (``state_dict()`` reads it).
+
+    :param optimizer_class: a torch.optim class, or an UpdateRule.
+    :param params: as torch.optim (tensors or param-group dicts).
+    :param hyperparams: the class's keyword arguments (``lr=...``), checked by the class.
+    :param store: a :class:`strata.Store` (not closed by the optimizer), or None: a store
+        at ``path`` (default: a temporary directory, removed by :meth:`close`).
+    :param tier: "nvme" (default), "host" or "auto" (strata placement of every tensor).
+    :param key_prefix: prefix of the optimizer's keys in the store.
+    :param resume: reopen the checkpoint under ``key_prefix`` (same class, same parameters
+        in the same order and groups): masters are copied into the parameters, and the
+        checkpoint's hyperparameters replace the given ones (as load_state_dict).
+    :param overwrite: delete a checkpoint under ``key_prefix`` first.
+    :param sub_group_numel, num_buffers, num_threads, chunk_size: pipeline settings
+        (strata.OffloadedOptimizer.create; 0 = auto).
+    :raises TypeError, ValueError: a class that is not supported (naming why), the class's
+        own argument errors, a parameter that is not a contiguous fp32 CPU tensor (naming
+        its index), ``resume`` without store/path or with other parameters.
+    :raises strata.Error: the store's errors (AlreadyExistsError: a checkpoint is there and
+        neither resume nor overwrite was given).
+    """
+
+    def __init__(self, optimizer_class: Any, params: Iterable[Any], *,
+                 store: Optional[strata.Store] = None, path: Optional[str] = None,
+                 tier: str = "nvme", key_prefix: str = "optim/", resume: bool = False,
+                 overwrite: bool = False, sub_group_numel: int = 0, num_buffers: int = 4,
+                 num_threads: int = 0, chunk_size: Any = None, **hyperparams: Any):
+        self._core: Optional[strata.OffloadedOptimizer] = None
+        self._closed = False
+        self._owned_dir: Optional[str] = None
+        self._owns_store = False
+        self.store: Optional[strata.Store] = None
+        self._rule: Optional[UpdateRule] = None
+        self._cls: Any = None
+        params = list(params)
+        if isinstance(optimizer_class, UpdateRule):
+            self._rule = optimizer_class
+            unknown = sorted(set(hyperparams) - set(self._rule.defaults))
+            if unknown:
+                raise TypeError(f"OffloadOptimizer: rule {self._rule.name!r} has no "
+                                f"hyperparameter {unknown[0]!r}")
+            super().__init__(params, {**self._rule.defaults, **hyperparams})
+            kind = f"rule:{self._rule.name}"
+        else:
+            ss.check_class(optimizer_class)
+            self._cls = optimizer_class
+            reference = optimizer_class(params, **hyperparams)  # the class's own checks
+            groups = [{k: v for k, v in g.items()} for g in reference.param_groups]
+            defaults = dict(reference.defaults)
+            del reference
+            super().__init__(groups, defaults)
+            kind = f"torch.optim.{optimizer_class.__name__}"
+        self._kind = kind
+        self._params: List[torch.Tensor] = [p for g in self.param_groups for p in g["params"]]
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+                raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
+                                 f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}"
+                                 "; it takes contiguous float32 CPU parameters")
+        self._layout = self._current_layout()
+        self._stream_cache: Dict[str, List[str]] = {}
+        self._streams = self._union_streams()
+        self._scalars: Dict[int, Dict[str, Any]] = {}  # handle -> scalar state (has state)
+        self._pending: Dict[int, Dict[str, Any]] = {}
+        self._record_handle: Optional[int] = None
+        if resume and store is None and path is None:
+            raise ValueError("OffloadOptimizer: resume=True needs the store or path of the "
+                             "checkpoint")
+        try:
+            self._open(store, path, tier, key_prefix, resume, overwrite, chunk_size,
+                       dict(sub_group_numel=sub_group_numel, num_buffers=num_buffers,
+                            num_threads=num_threads))
+        except BaseException:
+            self.close()
+            raise
+        strata._lifetime.register(self.store, self)
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def _open(self, store, path, tier, key_prefix, resume, overwrite, chunk_size, pipeline):
+        if store is None:
+            self._owns_store = True
+            if path is None:
+                path = self._owned_dir = make_temp_dir("optim-")
+            store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
+                                      chunk_size=chunk_size, create=not resume)
+        self.store = store
+        rule = strata.PythonRule(name=self._kind, update=_callback(self),
+                                 state_names=tuple(self._streams))
+        if overwrite and not resume:
+            try:
+                strata.OffloadedOptimizer.remove(store, key_prefix=key_prefix)
+            except strata.NotFoundError:
+                pass
+        if resume:
+            self._core = strata.OffloadedOptimizer.resume(store, key_prefix=key_prefix,
+                                                          rule=rule, **pipeline)
+        else:
+            self._core = strata.OffloadedOptimizer.create(
+                store, key_prefix=key_prefix, default_placement=tier, rule=rule, **pipeline)
+        core = self._core
+        self._handle: Dict[int, int] = {}
+        self._group_of: Dict[int, int] = {}
+        self._by_handle: Dict[int, torch.Tensor] = {}
+        if resume:
+            self._resume(core)
+        else:
+            for i, p in enumerate(self._params):
+                h = core.add_param(f"p{i}", p.numel(), p.detach().reshape(-1).numpy())
+                self._bind(i, p, h)
+        self._seen = {h: self._signature(p) for h, p in self._by_handle.items()}
+
+    def _bind(self, i: int, p: torch.Tensor, h: int) -> None:
+        self._handle[id(p)] = h
+        self._by_handle[h] = p
+        self._group_of[h] = next(gi for gi, g in enumerate(self.param_groups)
+                                 if any(q is p for q in g["params"]))
+        self._core.set_param_copy(h, p.detach().view(-1).numpy())
+
+    def _resume(self, core: strata.OffloadedOptimizer) -> None:
+        by_name = {core.param_info(h)["name"]: h for h in range(core.num_params())}
+        records = sorted((n for n in by_name if n.startswith(_RECORD)),
+                         key=lambda n: int(n[len(_RECORD):]))
+        want = sum(1 for n in by_name if not n.startswith(_RECORD))
+        if want != len(self._params):
+            raise ValueError(f"OffloadOptimizer resume: the checkpoint has {want} parameters, "
+                             f"the model gives {len(self._params)}")
+        for i, p in enumerate(self._params):
+            h = by_name[f"p{i}"]
+            if core.param_info(h)["numel"] != p.numel():
+                raise ValueError(f"OffloadOptimizer resume: parameter {i} has "
+                                 f"{p.numel()} elements, the checkpoint's "
+                                 f"{core.param_info(h)['numel']}")
+            self._bind(i, p, h)
+        if records:
+            self._record_handle = by_name[records[-1]]
+            raw = core.read_param(self._record_handle).tobytes()
+            rec = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")].decode())
+            if len(rec["groups"]) != len(self.param_groups):
+                raise ValueError(f"OffloadOptimizer resume: the checkpoint has "
+                                 f"{len(rec['groups'])} param groups, the model "
+                                 f"{len(self.param_groups)}")
+            for g, saved in zip(self.param_groups, rec["groups"]):
+                for k, v in saved.items():
+                    g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+            self._scalars = {int(h): ss.scalars_from_record(s)
+                             for h, s in rec["scalars"].items()}
+        for h, p in self._by_handle.items():
+            with torch.no_grad():
+                core.read_param(h, out=p.detach().view(-1).numpy())
+            bump_version(p)
+
+    def _current_layout(self) -> List[List[int]]:
+        return [[id(p) for p in g["params"]] for g in self.param_groups]
+
+    def _group_streams(self, group: Dict[str, Any]) -> List[str]:
+        if self._rule is not None:
+            return list(self._rule.states)
+        key = repr(sorted((k, repr(v)) for k, v in group.items() if k != "params"))
+        if key not in self._stream_cache:
+            self._stream_cache[key] = ss.stream_names(self._cls, group)
+        return self._stream_cache[key]
+
+    def _union_streams(self) -> List[str]:
+        out: List[str] = []
+        for g in self.param_groups:
+            out += [n for n in self._group_streams(g) if n not in out]
+        if len(out) > 4:
+            raise ValueError(f"OffloadOptimizer: {self._kind} keeps {len(out)} state tensors "
+                             f"({ss.names(out)}), strata at most 4")
+        return out
+
+    @staticmethod
+    def _signature(p: torch.Tensor):
+        return (p.data_ptr(), p._version)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise strata.FailedPreconditionError("OffloadOptimizer is closed")
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Only during construction: afterwards ValueError (the offloaded layout is fixed)."""
+        if getattr(self, "_core", None) is not None:
+            raise ValueError("OffloadOptimizer: parameters cannot be added after construction")
+        super().add_param_group(param_group)
+
+    # ---- the update of one slice (strata.PythonRule's callable) ---------------------------
+
+    def _update_slice(self, param, grad, states, step, hp, ctx) -> None:
+        h = ctx["param"]
+        group = self.param_groups[self._group_of[h]]
+        pv, gv = torch.from_numpy(param), torch.from_numpy(grad)
+        if ctx["grad_scale"] != 1.0:
+            gv = gv * ctx["grad_scale"]
+        names = self._group_streams(group)
+        streams = {n: torch.from_numpy(states[self._streams.index(n)]) for n in names}
+        if self._rule is not None:
+            self._rule.update(pv, gv, streams, step, group)
+            after: Dict[str, Any] = {"step": step}
+        else:
+            after = ss.step_slice(self._cls, group, pv, gv, streams, self._scalars.get(h, {}),
+                                  h not in self._scalars)
+        if ctx["offset"] == 0:
+            self._pending[h] = after
+
+    # ---- stepping ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every parameter with a gradient (the class's step, slice by slice);
+        returns the closure's loss (evaluated once, first).
+
+        :raises ValueError: sparse gradients; parameters added, removed or moved in
+            param_groups; a hyperparameter change needing a state tensor the optimizer was
+            not created with (e.g. SGD's momentum from 0).
+        :raises strata.InvalidArgumentError: the class's step raised on a slice (its
+            exception the ``__cause__``); the step is rolled back: parameters and state are
+            as before it."""
+        self._check_open()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._current_layout() != self._layout:
+            raise ValueError("OffloadOptimizer: the parameters of param_groups changed since "
+                             "construction (adding, removing or moving parameters is not "
+                             "supported; hyperparameters may change)")
+        for gi, g in enumerate(self.param_groups):
+            missing = [n for n in self._group_streams(g) if n not in self._streams]
+            if missing:
+                raise ValueError(f"OffloadOptimizer: param group {gi}'s hyperparameters need "
+                                 f"state {ss.names(missing)}, which the optimizer was not "
+                                 f"created with (it keeps {ss.names(self._streams)})")
+        core, stepped, grads = self._core, [], []
+        for h, p in self._by_handle.items():
+            if self._seen[h] != self._signature(p):  # changed outside: its value is the master
+                if self._seen[h][0] != p.data_ptr():
+                    if not p.is_contiguous():
+                        raise ValueError(f"OffloadOptimizer: parameter {h} is no longer "
+                                         "contiguous")
+                    core.set_param_copy(h, p.detach().view(-1).numpy())
+                core.write_param(h, p.detach().reshape(-1).numpy())
+            g = p.grad
+            if g is None:
+                core.set_grad(h, None)
+                continue
+            if g.is_sparse:
+                raise ValueError(f"OffloadOptimizer: parameter {h} has a sparse gradient; "
+                                 "strata streams dense state (torch.optim.SparseAdam's "
+                                 "sparse updates are not supported)")
+            g = g.detach().to(torch.float32).contiguous().view(-1)
+            grads.append(g)
+            core.set_grad(h, g.numpy())
+            stepped.append((h, p))
+        self._pending = {}
+        try:
+            self.last_step = core.step(0.0, 1.0, False)
+        except BaseException:
+            self._pending = {}
+            for h, p in stepped:  # the parameter copies written before the failure
+                core.read_param(h, out=p.detach().view(-1).numpy())
+            raise
+        finally:
+            for h, _ in stepped:
+                core.set_grad(h, None)
+        for h, p in stepped:
+            self._scalars[h] = self._pending.get(h, {})
+            bump_version(p)
+            self._seen[h] = self._signature(p)
+        self._pending = {}
+        return loss
+
+    # ---- state dicts, checkpoints --------------------------------------------------------
+
+    def _materialized(self) -> Dict[torch.Tensor, Dict[str, Any]]:
+        out: Dict[torch.Tensor, Dict[str, Any]] = {}
+        for h, p in self._by_handle.items():
+            if h not in self._scalars:
+                continue
+            entry = ss.clone_scalars(self._scalars[h])
+            for n in self._group_streams(self.param_groups[self._group_of[h]]):
+                arr = self._core.read_state(h, self._streams.index(n))
+                entry[n] = torch.from_numpy(arr).view(p.shape)
+            out[p] = entry
+        return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The class's state_dict format (``state[i]``: its scalars and its state tensors,
+        fp32 CPU, shaped like parameter i; ``param_groups``), read from the store; loads
+        into the class in memory and back."""
+        self._check_open()
+        self._take_changed()
+        saved = self.state
+        self.state = defaultdict(dict, self._materialized())
+        try:
+            return super().state_dict()
+        finally:
+            self.state = saved
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads a state dict of this optimizer or of the class in memory (same groups and
+        sizes; torch's checks): its param_groups replace the live ones, each parameter's
+        state is written into the store (a parameter without an entry restarts).
+
+        :raises ValueError: torch's checks, or a state tensor the optimizer does not keep
+            or of another size (nothing is written then)."""
+        self._check_open()
+        saved = (self.param_groups, self.state)
+        super().load_state_dict(state_dict)
+        loaded, self.state = self.state, saved[1]
+        plan = []
+        try:
+            for h, p in self._by_handle.items():
+                st = loaded.get(p)
+                streams, scalars = ss.split_state(st) if st else ({}, None)
+                for n, t in streams.items():
+                    if n not in self._streams or t.numel() != p.numel():
+                        raise ValueError(f"OffloadOptimizer.load_state_dict: state {n!r} of "
+                                         f"parameter {h} ({t.numel()} elements) is not one "
+                                         f"this optimizer keeps ({ss.names(self._streams)}, "
+                                         f"{p.numel()} elements)")
+                plan.append((h, streams, scalars))
+        except BaseException:
+            self.param_groups = saved[0]
+            raise
+        core = self._core
+        for h, streams, scalars in plan:
+            numel = self._by_handle[h].numel()
+            for k, n in enumerate(self._streams):
+                t = streams.get(n)
+                src = (t.detach().to(torch.float32).reshape(-1).contiguous().numpy()
+                       if t is not None else np.zeros(numel, dtype=np.float32))
+                core.write_state(h, k, src)
+            if scalars is None:
+                self._scalars.pop(h, None)
+                core.set_step_count(h, 0)
+            else:
+                self._scalars[h] = scalars
+                step = scalars.get("step", 1)
+                core.set_step_count(h, max(1, int(float(step))))
+
+    def _take_changed(self) -> None:
+        for h, p in self._by_handle.items():
+            if self._seen[h] != self._signature(p) and self._seen[h][0] == p.data_ptr():
+                self._core.write_param(h, p.detach().reshape(-1).numpy())
+                self._seen[h] = self._signature(p)
+
+    def _write_record(self) -> None:
+        groups = [{k: _jsonable(v) for k, v in g.items() if k != "params"}
+                  for g in self.param_groups]
+        rec = dict(version=1, kind=self._kind, groups=groups,
+                   scalars={str(h): ss.scalars_to_record(s) for h, s in self._scalars.items()})
+        body = json.dumps(rec).encode()
+        raw = len(body).to_bytes(8, "little") + body
+        raw += b"\0" * (-len(raw) % 4)
+        core = self._core
+        h = self._record_handle
+        if h is None or core.param_info(h)["numel"] * 4 < len(raw):
+            numel = max(1024, len(raw) // 2)  # twice the bytes, in floats
+            h = core.add_param(f"{_RECORD}{core.num_params()}", numel)
+            self._record_handle = h
+        buf = np.zeros(core.param_info(h)["numel"], dtype=np.float32)
+        buf.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        core.write_param(h, buf)
+
+    def checkpoint(self) -> None:
+        """Makes the state after the last step durable (one commit: every tensor's state,
+        the step counts, the per-tensor scalars and the current param_groups'
+        hyperparameters). Reopen with ``resume=True``; a process killed without closing
+        resumes here."""
+        self._check_open()
+        self._take_changed()
+        self._write_record()
+        self._core.checkpoint()
+
+    def close(self) -> None:
+        """The last checkpoint (skipped in a temporary directory, removed), then the
+        release; idempotent. Also at garbage collection and interpreter exit."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        error: Optional[BaseException] = None
+        core, self._core = self._core, None
+        if core is not None:
+            try:
+                keep = self._owned_dir is None
+                if keep:
+                    self._core = core
+                    self._take_changed()
+                    self._write_record()
+                core.close(checkpoint=keep)
+            except Exception as e:  # noqa: BLE001
+                error = e
+                try:
+                    core.close(checkpoint=False)
+                except Exception:  # noqa: BLE001
+                    pass
+            finally:
+                self._core = None
+            strata._lifetime.unregister(self.store, self)
+        if self._owns_store and self.store is not None and not self.store.closed:
+            self.store.close()
+        owned, self._owned_dir = self._owned_dir, None
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+        if error is not None:
+            raise error
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _callback(opt: OffloadOptimizer):
+    """The Python rule's callable: ``opt._update_slice`` through a weak reference (the C++
+    optimizer holds the callable; ``del opt`` still closes it)."""
+    ref = weakref.ref(opt)
+
+    def update(param, grad, states, step, hp, ctx):
+        o = ref()
+        if o is None:
+            raise RuntimeError("the OffloadOptimizer is gone")
+        o._update_slice(param, grad, states, step, hp, ctx)
+    return update

@@ -1,0 +1,161 @@
+"""A torch.optim class's own step on one slice of a parameter (for OffloadOptimizer,
+optim/_any.py): the streamed slice of the fp32 master, of the gradient and of each
+element-wise state tensor are torch views of strata's buffers, handed to a one-parameter
+instance of the class, whose ``step()`` updates them in place -- the class's arithmetic,
+whatever the torch version, so a tensor stepped slice by slice is bit-identical to the
+class stepping it whole in memory (every supported class is element-wise: element i of the
+result depends on element i of the inputs and on per-tensor scalars only).
+
+Per-tensor scalar state (``step``, ASGD's ``eta``/``mu``, NAdam's ``mu_product``, SGD's
+``momentum_buffer=None`` when momentum is 0) is what a state entry is when it is not a
+tensor of the slice's shape: each slice gets a fresh copy of the values before the step,
+and the values after it are taken from the first slice (offset 0), so they advance once
+per tensor step.
+
+Thread-safety: one slice at a time (the Python rule's calls are serial).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+#: element-wise classes of torch.optim this module steps (torch 1.13's; the same names in 2.x)
+SUPPORTED = ("SGD", "Adagrad", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD",
+             "Rprop", "Adam", "AdamW")
+
+#: classes refused, and why
+REFUSED = {
+    "LBFGS": "LBFGS is not element-wise: its step re-evaluates the closure several times "
+             "and keeps a history of whole-model vectors (line search, two-loop recursion), "
+             "which cannot be streamed one slice at a time",
+    "SparseAdam": "SparseAdam steps sparse gradients (only the rows a gradient holds), "
+                  "while the offloaded pipeline streams dense slices of every element",
+}
+
+
+def check_class(cls: Any) -> None:
+    """Refuses what OffloadOptimizer cannot step.
+
+    :raises TypeError: ``cls`` is not a torch.optim.Optimizer subclass.
+    :raises ValueError: LBFGS, SparseAdam (naming why), or another class that is not one of
+        ``SUPPORTED`` (its arithmetic is not known to be element-wise)."""
+    if not (inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer)):
+        raise TypeError(f"OffloadOptimizer: expected a torch.optim.Optimizer class (e.g. "
+                        f"torch.optim.RMSprop) or a strata.torch.optim.UpdateRule, got "
+                        f"{cls!r}")
+    name = cls.__name__
+    if name in REFUSED and cls.__module__.startswith("torch.optim"):
+        raise ValueError(f"OffloadOptimizer: torch.optim.{name} is refused: {REFUSED[name]}")
+    if name not in SUPPORTED or not cls.__module__.startswith("torch.optim"):
+        raise ValueError(f"OffloadOptimizer: {cls.__module__}.{name} is not one of the "
+                         f"element-wise torch.optim classes it steps ({', '.join(SUPPORTED)}); "
+                         "write the update as a strata.torch.optim.UpdateRule instead")
+
+
+def init_kwargs(cls: Any, group: Dict[str, Any]) -> Dict[str, Any]:
+    """The entries of ``group`` that ``cls.__init__`` takes as keyword arguments."""
+    names = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in group.items() if k in names and k != "params"}
+
+
+def is_stream(value: Any) -> bool:
+    """A state entry of a 1-D slice that is element-wise (not a per-tensor scalar)."""
+    return isinstance(value, torch.Tensor) and value.dim() >= 1
+
+
+def stream_names(cls: Any, group: Dict[str, Any]) -> List[str]:
+    """The element-wise state tensors ``cls`` keeps with ``group``'s hyperparameters
+    (e.g. RMSprop centered with momentum: square_avg, momentum_buffer, grad_avg), in the
+    order the class creates them: found by one step of a 2-element parameter."""
+    p = torch.zeros(2)
+    p.grad = torch.ones(2)
+    opt = cls([p], **init_kwargs(cls, group))
+    _copy_group(opt.param_groups[0], group)
+    opt.step()
+    return [k for k, v in opt.state[p].items() if is_stream(v)]
+
+
+def _copy_group(dst: Dict[str, Any], group: Dict[str, Any]) -> None:
+    for k, v in group.items():
+        if k != "params":
+            dst[k] = v
+
+
+def clone_scalars(scalars: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of per-tensor scalar state (tensors cloned) that a step may change in place."""
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else copy.copy(v))
+            for k, v in scalars.items()}
+
+
+def step_slice(cls: Any, group: Dict[str, Any], param: torch.Tensor, grad: torch.Tensor,
+               streams: Dict[str, torch.Tensor], scalars: Dict[str, Any],
+               fresh: bool) -> Dict[str, Any]:
+    """One step of ``cls`` on a slice, in place: ``param`` (fp32, 1-D), ``grad`` (same
+    shape), ``streams`` (name -> the state stream's 1-D fp32 view). ``fresh``: the tensor
+    has no state yet (its first step: the class initializes it, e.g. Adagrad's
+    initial_accumulator_value, Rprop's step_size = lr); else ``scalars`` is its per-tensor
+    scalar state before the step (copied, not changed). Returns the scalar state after the
+    step. State tensors the class replaces rather than updates in place (SGD's first
+    momentum buffer, a clone of the gradient) are copied into their views."""
+    opt = cls([param], **init_kwargs(cls, group))
+    _copy_group(opt.param_groups[0], group)
+    param.grad = grad
+    state = opt.state[param]
+    if not fresh:
+        state.update(clone_scalars(scalars))
+        state.update(streams)
+    opt.step()
+    after: Dict[str, Any] = {}
+    for k, v in state.items():
+        view = streams.get(k)
+        if view is not None and is_stream(v):
+            if v.data_ptr() != view.data_ptr():
+                view.copy_(v)
+        elif not is_stream(v):
+            after[k] = v
+    param.grad = None
+    return after
+
+
+def scalars_to_record(scalars: Dict[str, Any]) -> Dict[str, Any]:
+    """Per-tensor scalar state as JSON values: a tensor as [value, dtype name], None, ints,
+    floats."""
+    out: Dict[str, Any] = {}
+    for k, v in scalars.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = ["tensor", float(v.item()), str(v.dtype).replace("torch.", "")]
+        else:
+            out[k] = v
+    return out
+
+
+def scalars_from_record(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """The inverse of scalars_to_record."""
+    out: Dict[str, Any] = {}
+    for k, v in rec.items():
+        if isinstance(v, list) and len(v) == 3 and v[0] == "tensor":
+            out[k] = torch.tensor(v[1], dtype=getattr(torch, v[2]))
+        else:
+            out[k] = v
+    return out
+
+
+def split_state(state: Dict[str, Any]) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """A torch state entry of one parameter as (element-wise tensors, scalars): tensors of
+    the parameter's shape (dim >= 1, or any tensor of more than one element) vs the rest."""
+    streams, scalars = {}, {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor) and (v.dim() >= 1 or k not in ("step", "eta", "mu",
+                                                                      "mu_product")):
+            streams[k] = v
+        else:
+            scalars[k] = v
+    return streams, scalars
+
+
+def names(values: Sequence[str]) -> str:
+    return ", ".join(values) if values else "none"
