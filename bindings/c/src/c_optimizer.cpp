@@ -213,7 +213,9 @@ strata_status_t strata_optimizer_set_grad(strata_optimizer_t* o, uint32_t param,
   return guard([&]() -> strata_status_t {
     if (auto st = check_opt(o); !st.ok()) return set_error(st);
     if (dtype != STRATA_FLOAT32 && dtype != STRATA_FLOAT16 && dtype != STRATA_BFLOAT16)
-      return invalid("gradient dtype must be STRATA_FLOAT32, FLOAT16 or BFLOAT16");
+      return invalid("set_grad of parameter " + std::to_string(param) + ": gradient dtype value " +
+                     std::to_string(static_cast<int>(dtype)) +
+                     " is not STRATA_FLOAT32, STRATA_FLOAT16 or STRATA_BFLOAT16");
     return set_error(o->opt->set_grad(param, grad, static_cast<DType>(dtype)));
   });
 }
@@ -293,7 +295,9 @@ strata_status_t strata_comm_all_reduce(strata_comm_t* c, const void* send, void*
   return guard([&]() -> strata_status_t {
     if (auto st = check_comm(c); !st.ok()) return set_error(st);
     if (op != 0 && op != 1) return invalid("op must be 0 (sum) or 1 (max)");
-    if (strata_dtype_size(dtype) == 0) return invalid("invalid dtype");
+    if (strata_dtype_size(dtype) == 0)
+      return invalid("all_reduce: dtype value " + std::to_string(static_cast<int>(dtype)) +
+                     " is not a strata_dtype_t");
     return set_error(c->comm->all_reduce(send, recv, count, static_cast<DType>(dtype),
                                          static_cast<ReduceOp>(op)));
   });
@@ -303,7 +307,9 @@ strata_status_t strata_comm_all_gather(strata_comm_t* c, const void* send, void*
                                        size_t count, strata_dtype_t dtype) {
   return guard([&]() -> strata_status_t {
     if (auto st = check_comm(c); !st.ok()) return set_error(st);
-    if (strata_dtype_size(dtype) == 0) return invalid("invalid dtype");
+    if (strata_dtype_size(dtype) == 0)
+      return invalid("all_gather: dtype value " + std::to_string(static_cast<int>(dtype)) +
+                     " is not a strata_dtype_t");
     return set_error(c->comm->all_gather(send, recv, count, static_cast<DType>(dtype)));
   });
 }

@@ -36,19 +36,23 @@ namespace {
 
 bool valid_tier(strata_tier_t t) { return t >= STRATA_TIER_DEVICE && t <= STRATA_TIER_NVME; }
 
-Result<TensorDesc> make_desc(strata_dtype_t dtype, int ndim, const int64_t* shape) {
+/// The TensorDesc of a put of `key`; errors name the key ("put 'k': ...").
+Result<TensorDesc> make_desc(const char* key, strata_dtype_t dtype, int ndim,
+                             const int64_t* shape) {
+  const std::string what = "put '" + std::string(key) + "': ";
   const auto dt = static_cast<DType>(dtype);
   if (static_cast<int>(dtype) < 0 || static_cast<int>(dtype) >= kNumDTypes)
-    return invalid_argument("invalid dtype value " + std::to_string(static_cast<int>(dtype)));
+    return invalid_argument(what + "dtype value " + std::to_string(static_cast<int>(dtype)) +
+                            " is not a strata_dtype_t");
   if (ndim < 0 || ndim > STRATA_MAX_NDIM)
-    return invalid_argument("ndim " + std::to_string(ndim) + " outside 0.." +
+    return invalid_argument(what + "ndim " + std::to_string(ndim) + " outside 0.." +
                             std::to_string(STRATA_MAX_NDIM));
-  if (ndim > 0 && shape == nullptr) return invalid_argument("shape is NULL with ndim > 0");
+  if (ndim > 0 && shape == nullptr) return invalid_argument(what + "shape is NULL with ndim > 0");
   TensorDesc d{dt, {}};
   for (int i = 0; i < ndim; ++i) {
     if (shape[i] < 0)
-      return invalid_argument("shape[" + std::to_string(i) + "] = " + std::to_string(shape[i]) +
-                              " is negative");
+      return invalid_argument(what + "shape[" + std::to_string(i) + "] = " +
+                              std::to_string(shape[i]) + " is negative");
     d.shape.push_back(shape[i]);
   }
   return d;
@@ -189,10 +193,12 @@ strata_status_t strata_store_put_async(strata_store_t* s, const char* key, const
     *future = nullptr;
     if (auto st = check_store(s); !st.ok()) return set_error(st);
     if (auto st = check_key(key); !st.ok()) return set_error(st);
-    if (!valid_tier(tier)) return invalid("invalid tier value " + std::to_string(static_cast<int>(tier)));
+    if (!valid_tier(tier))
+      return invalid("put '" + std::string(key) + "': tier value " +
+                     std::to_string(static_cast<int>(tier)) + " is not a strata_tier_t");
     if ((flags & ~(STRATA_PUT_OVERWRITE | STRATA_PUT_PIN)) != 0)
-      return invalid("unknown put flags " + std::to_string(flags));
-    auto desc = make_desc(dtype, ndim, shape);
+      return invalid("put '" + std::string(key) + "': unknown put flags " + std::to_string(flags));
+    auto desc = make_desc(key, dtype, ndim, shape);
     if (!desc.ok()) return set_error(desc.status());
     if (src == nullptr && desc->nbytes() > 0) return invalid("src is NULL for key '" + std::string(key) + "'");
     PutOptions po;

@@ -91,6 +91,24 @@ static void test_store(const char* dir) {
   EXPECT(info.nbytes == 24);
   EXPECT(info.tier == STRATA_TIER_NVME && info.on_nvme == 1 && info.dirty == 0);
   EXPECT(strcmp(strata_tier_name(info.tier), "nvme") == 0);
+  /* Bad put arguments: the message names the key and the value at fault. */
+  {
+    int64_t neg[2] = {-3, 2};
+    EXPECT_RC(strata_store_put(store, "bad", src, (strata_dtype_t)42, 2, shape, STRATA_TIER_NVME,
+                               0),
+              STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT(strcmp(strata_last_error(),
+                  "InvalidArgument: put 'bad': dtype value 42 is not a strata_dtype_t") == 0);
+    EXPECT_RC(strata_store_put(store, "bad", src, STRATA_FLOAT32, 2, neg, STRATA_TIER_NVME, 0),
+              STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT(strcmp(strata_last_error(), "InvalidArgument: put 'bad': shape[0] = -3 is negative") ==
+           0);
+    EXPECT_RC(strata_store_put(store, "bad", src, STRATA_FLOAT32, 2, shape, (strata_tier_t)9, 0),
+              STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT(strcmp(strata_last_error(),
+                  "InvalidArgument: put 'bad': tier value 9 is not a strata_tier_t") == 0);
+    EXPECT_RC(strata_store_stat(store, "bad", &info), STRATA_ERR_NOT_FOUND);
+  }
 
   /* Async put into the host tier, poll, wait. */
   for (i = 0; i < 1000; ++i) ibuf[i] = i * 7 - 3;
@@ -329,6 +347,11 @@ static void test_optimizer_torch_arithmetic(strata_store_t* store) {
   EXPECT_RC(strata_optimizer_add_param(opt, "w", N, p, STRATA_PLACEMENT_NVME, &h), STRATA_OK);
   for (s = 1; s <= 4; ++s) {
     for (i = 0; i < N; ++i) g[i] = (float)(((i * 37 + s * 11) % 103) - 51) / 97.0f;
+    EXPECT_RC(strata_optimizer_set_grad(opt, h, g, (strata_dtype_t)STRATA_INT32),
+              STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(strata_last_error(), "set_grad of parameter ") != NULL &&
+           strstr(strata_last_error(), "is not STRATA_FLOAT32, STRATA_FLOAT16 or STRATA_BFLOAT16") !=
+               NULL);
     EXPECT_RC(strata_optimizer_set_grad(opt, h, g, STRATA_FLOAT32), STRATA_OK);
     EXPECT_RC(strata_optimizer_step(opt, 0.0, 1.0f, NULL), STRATA_OK);
     adamw_torch_ref(p, m, v, g, N, s, 0.01, 0.9, 0.999, 1e-8, 0.1);
