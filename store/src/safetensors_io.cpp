@@ -349,7 +349,9 @@ Result<StreamStats> write_file(const std::string& path, const std::vector<WriteS
                               "and given once");
     }
     STRATA_RETURN_IF_ERROR(check_conversion(s.src_dtype, s.dtype, what));
-    if (!s.memory && !store) return invalid_argument(what + ": a store source without a store");
+    bool empty = false;
+    for (uint64_t d : s.shape) empty = empty || d == 0;
+    if (!s.memory && !store && !empty) return invalid_argument(what + ": a store source without a store");
     if (!s.memory && s.src_dtype != s.dtype) {
       ratio = std::max<uint64_t>(ratio, (dtype_size(s.src_dtype) + dtype_size(s.dtype) - 1) /
                                             dtype_size(s.dtype));

@@ -19,9 +19,11 @@ using namespace pybind11::literals;
 
 DType dtype_arg(const std::string& name) { return check(parse_dtype(name)); }
 
+/// A strata.Store (its _Store) or a _Store; None: no store.
 Store* store_arg(const py::object& store) {
   if (store.is_none()) return nullptr;
-  return &store.cast<PyStore&>().s();
+  if (py::isinstance<PyStore>(store)) return &store.cast<PyStore&>().s();
+  return &store.attr("_s").cast<PyStore&>().s();
 }
 
 st::StreamOptions stream_options(const py::object& piece_bytes, const py::object& pieces,

@@ -1,7 +1,7 @@
 # Types of the extension module strata._strata (bindings/python/src/*.cpp, pybind11): what
 # the package re-exports is typed here; the private classes that the Python modules wrap
 # (strata._store, strata._offloaded_optimizer, strata.distributed) carry their types there.
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import Error
 
@@ -27,5 +27,20 @@ class _Store:
 
 class _OffloadedOptimizer:
     def __getattr__(self, name: str) -> Any: ...
+
+class _SafetensorsReader:  # py_safetensors.cpp; strata.torch.checkpoints wraps it
+    path: str
+    header_nbytes: int
+    data_start: int
+    file_nbytes: int
+    metadata: Dict[str, str]
+    tensors: List[Tuple[str, str, Tuple[int, ...], int, int]]
+    def __init__(self, path: str) -> None: ...
+    def copy(self, targets: List[tuple], store: Any = ..., piece_bytes: Any = ...,
+             pieces: Optional[int] = ...) -> Dict[str, Any]: ...
+
+def safetensors_write(path: str, sources: List[tuple], metadata: Dict[str, str],
+                      store: Any = ..., piece_bytes: Any = ..., pieces: Optional[int] = ...,
+                      durable: bool = ...) -> Dict[str, Any]: ...
 
 def __getattr__(name: str) -> Any: ...  # the rest (collectives, partitioned objects)

@@ -33,10 +33,11 @@ from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, reco
 from ._record import IN_MEMORY, ParamRecord, shaped
 from ._tiled import plan_tile
 from ._tiled_grads import TiledAccess, TiledGrads, put_zeros
+from ._value_objects import ValueObjects
 from ._working_set import WorkingSet
 
 
-class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
+class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
     """What :func:`offload_parameters` returns: the offloaded parameters of one model.
 
     Attributes: ``store`` (the strata.Store), ``working_set_bytes`` (the budget, bytes),
@@ -51,7 +52,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess):
     :meth:`grad_info`, :meth:`read_grad`, :meth:`collect_grads`, :meth:`release_all`,
     :meth:`zero_grad`, and for the update inside backward :meth:`link_master`,
     :meth:`unlink_master`, :meth:`linked`, :meth:`master_view`, :meth:`stage`,
-    :meth:`unstage`, :meth:`committed`.
+    :meth:`unstage`, :meth:`committed`. Checkpoint import/export (strata.torch.checkpoints)
+    streams values through :meth:`value_object` / :meth:`overwrite_object`.
     """
 
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
