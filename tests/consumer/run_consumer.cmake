@@ -1,6 +1,31 @@
 # cmake -P script: install strata, build the consumer project against it, run it.
 include(${CMAKE_CURRENT_LIST_DIR}/../common/consumer_build.cmake)
 strata_install_fresh()
+# Every installed public header compiles on its own with plain -I (not CMake's -isystem)
+# under strict warnings: a client building with -Werror includes any of them.
+file(GLOB_RECURSE _headers RELATIVE ${PREFIX}/include ${PREFIX}/include/strata/*.hpp)
+list(LENGTH _headers _n)
+if(_n LESS 20)
+  message(FATAL_ERROR "only ${_n} public C++ headers installed under ${PREFIX}/include/strata")
+endif()
+foreach(h IN LISTS _headers)
+  file(WRITE ${BIN}-headers/one.cpp "#include <${h}>\n")
+  execute_process(COMMAND ${CXX} -std=c++20 -Wall -Wextra -Wpedantic -Wshadow -Werror
+                          -fsyntax-only -I${PREFIX}/include ${BIN}-headers/one.cpp
+                  RESULT_VARIABLE rc ERROR_VARIABLE err)
+  if(rc)
+    message(FATAL_ERROR "public header ${h} does not compile alone with -Wall -Wextra "
+                        "-Wpedantic -Wshadow -Werror -I${PREFIX}/include:\n${err}")
+  endif()
+endforeach()
+file(WRITE ${BIN}-headers/one.c "#include <strata/strata.h>\nint main(void) { return 0; }\n")
+execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Wpedantic -Wshadow -Werror -fsyntax-only
+                        -I${PREFIX}/include ${BIN}-headers/one.c
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "strata/strata.h does not compile alone as C99 with strict warnings:\n${err}")
+endif()
+message(STATUS "${_n} public C++ headers and strata.h compile alone with strict warnings")
 strata_build_against_prefix("the consumer")
 foreach(exe IN ITEMS strata_consumer strata_store_consumer)
   execute_process(COMMAND ${BIN}/${exe} OUTPUT_VARIABLE out RESULT_VARIABLE rc)

@@ -80,7 +80,7 @@ struct StepInfo {
   /// of spans.param[0] within the tensor. The offloaded optimizer sets them for every
   /// call; other callers may leave them (0, "", 0). `param_name` is valid during the call.
   uint32_t param = 0;
-  std::string_view param_name;
+  std::string_view param_name{};
   uint64_t offset = 0;
 };
 
@@ -96,7 +96,7 @@ class UpdateRule {
   /// Name of state stream i (torch's state-dict key, e.g. "exp_avg"). 0 <= i < num_states().
   virtual std::string_view state_name(int i) const = 0;
   /// Value every element of state stream i starts from (Adagrad: initial_accumulator_value).
-  virtual float state_init_value(int i) const { return 0.0f; }
+  virtual float state_init_value(int /*i*/) const { return 0.0f; }
   /// Updates elements [0, spans.numel) of `spans` for step `info.step`. The spans have been
   /// validated by the caller (apply_update); numel may be any value including 0.
   virtual void update(const UpdateSpans& spans, const StepInfo& info) const = 0;

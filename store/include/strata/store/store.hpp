@@ -68,10 +68,10 @@ enum class Durability {
 struct StoreOptions {
   /// Root directory: catalog (catalog.db) and lock file (LOCK). Created when absent and
   /// `create` is set. Required.
-  std::string path;
+  std::string path{};
   /// NVMe directories (one per device) over which chunks are striped. Default: {path}.
   /// When reopening, must be empty or equal to the set recorded at creation.
-  std::vector<std::string> nvme_dirs;
+  std::vector<std::string> nvme_dirs{};
   /// Bytes of pinned DRAM for host-tier objects. Default 1 GiB (STRATA_HOST_BUDGET).
   uint64_t host_budget_bytes = 1ull << 30;
   /// Bytes of data in the NVMe tier (sum of chunk extents). 0 = unlimited (bounded by the
@@ -117,9 +117,9 @@ struct StoreOptions {
   /// With a shared `engine`, only the memory is placed.
   int numa_node = -1;
   /// Options of the I/O engine the store creates (when `engine` is null).
-  IoEngineOptions engine_options;
+  IoEngineOptions engine_options{};
   /// An engine to share (e.g. with the optimizer); null = the store creates its own.
-  std::shared_ptr<IoEngine> engine;
+  std::shared_ptr<IoEngine> engine{};
   /// > 0: every interval, one line of the counters' deltas (Store::stats(),
   /// format_stats_line()) to stderr, "strata [stats] ROOT interval=...", from a thread of
   /// the store's, until close(). Default 0 = off (STRATA_STATS_INTERVAL, in seconds, e.g.
@@ -129,7 +129,7 @@ struct StoreOptions {
   /// The configuration file these options were read from (from_env(), from_config()), ""
   /// when none: what the optimizer bindings read their "optimizer" section from. Only
   /// informational for the store.
-  std::string config_file;
+  std::string config_file{};
 
   /// Defaults overridden by the configuration file's "store" and "io" sections
   /// ($STRATA_CONFIG; see config.hpp), then by the STRATA_* variables above (and
