@@ -210,3 +210,22 @@ def test_a_raising_rule_fails_the_step_and_rolls_it_back(tier, tmp_path):
     _assert_same(m_ref, ref, m_off, off)
     off.checkpoint()
     off.close()
+
+
+def test_optimizer_state_reads_the_store(tmp_path):
+    m_off, m_ref = _model(), _model()
+    cls, g0, g1 = CLASSES[8]  # ASGD: scalars (step, eta, mu) and a state tensor (ax)
+    off = _offload(cls, m_off, g0, g1, tmp_path)
+    ref = cls(_groups(m_ref, g1), **g0)
+    p0 = next(m_off.parameters())
+    assert off.state[p0] == {} and len(off.state) == 0 and p0 not in off.state
+    _train(m_off, off, 2)
+    _train(m_ref, ref, 2)
+    assert len(off.state) == 4 and p0 in off.state
+    for p, q in zip(m_off.parameters(), m_ref.parameters()):
+        mine, theirs = off.state[p], ref.state[q]
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    with pytest.raises(KeyError, match="not one of its parameters"):
+        off.state[torch.zeros(3)]
+    off.close()

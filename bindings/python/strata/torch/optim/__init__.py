@@ -46,6 +46,7 @@ only through its package's public names):
 
 - _any.py: OffloadOptimizer (any element-wise torch.optim class or UpdateRule; its own
   members, beside the chain below); _slice_step.py: a class's step on one slice;
+  _any_state.py: its ``optimizer.state``;
   _rule.py: UpdateRule, update_rule, RuleOptimizer (custom rules)
 - _adam.py: OffloadAdam, OffloadAdamW (the constructor: arguments, settings, checks)
 - _optimizer.py: OffloadedTorchOptimizer (members, step()'s order of work, checkpoints,

@@ -29,17 +29,16 @@ import strata
 from ..._data_dir import make_temp_dir
 from . import _slice_step as ss
 from ._exchange import bump_version
+from ._any_state import AnyStateView
 from ._rule import UpdateRule
 
 _RECORD = "torch-record-"
 
 
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return float(v.item())
     if isinstance(v, (tuple, list)):
         return [_jsonable(x) for x in v]
-    return v
+    return float(v.item()) if isinstance(v, torch.Tensor) else v
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -60,7 +59,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     once (as every supported class does). Parameters must be contiguous fp32 CPU tensors;
     parameters changed outside the optimizer (``model.load_state_dict``, ``p.copy_()``)
     are stepped from their new value (``p.data`` edits in place are not seen).
-    ``self.state`` is empty: the state lives in the store (``state_dict()`` reads it).
+    ``optimizer.state[p]`` reads p's state from the store (copies, optim/_any_state.py).
 
     :param optimizer_class: a torch.optim class, or an UpdateRule.
     :param params: as torch.optim (tensors or param-group dicts).
@@ -135,6 +134,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.close()
             raise
+        #: torch's per-parameter state, read from the store (optim/_any_state.py)
+        self.state = AnyStateView(_weak(self, "_entry"), _weak(self, "_with_state"))  # type: ignore
         strata._lifetime.register(self.store, self)
 
     # ---- setup ---------------------------------------------------------------------------
@@ -334,17 +335,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     # ---- state dicts, checkpoints --------------------------------------------------------
 
-    def _materialized(self) -> Dict[torch.Tensor, Dict[str, Any]]:
-        out: Dict[torch.Tensor, Dict[str, Any]] = {}
-        for h, p in self._by_handle.items():
-            if h not in self._scalars:
-                continue
-            entry = ss.clone_scalars(self._scalars[h])
-            for n in self._group_streams(self.param_groups[self._group_of[h]]):
-                arr = self._core.read_state(h, self._streams.index(n))
-                entry[n] = torch.from_numpy(arr).view(p.shape)
-            out[p] = entry
-        return out
+    def _entry(self, p: torch.Tensor) -> Optional[Dict[str, Any]]:
+        """p's state as the class keeps it (read from the store), None: none yet."""
+        self._check_open()
+        h = self._handle.get(id(p))
+        if h is None or self._by_handle[h] is not p:
+            raise KeyError("OffloadOptimizer.state: the tensor is not one of its parameters")
+        if h not in self._scalars:
+            return None
+        entry = ss.clone_scalars(self._scalars[h])
+        for n in self._group_streams(self.param_groups[self._group_of[h]]):
+            arr = self._core.read_state(h, self._streams.index(n))
+            entry[n] = torch.from_numpy(arr).view(p.shape)
+        return entry
+
+    def _with_state(self) -> List[torch.Tensor]:
+        return [p for h, p in self._by_handle.items() if h in self._scalars]
 
     def state_dict(self) -> Dict[str, Any]:
         """The class's state_dict format (``state[i]``: its scalars and its state tensors,
@@ -353,7 +359,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._check_open()
         self._take_changed()
         saved = self.state
-        self.state = defaultdict(dict, self._materialized())
+        self.state = defaultdict(dict, {p: self._entry(p) for p in self._with_state()})
         try:
             return super().state_dict()
         finally:
@@ -473,6 +479,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _weak(opt: OffloadOptimizer, method: str):
+    ref = weakref.ref(opt)
+    return lambda *a: getattr(ref(), method)(*a)
 
 
 def _callback(opt: OffloadOptimizer):
