@@ -35,6 +35,19 @@ std::string hexdouble(double v) {
   return buf;
 }
 
+/// The built-in factory of `rule`, the rule recorded in checkpoint record `key`, for an
+/// open() given no factory.
+/// \error InvalidArgument naming the record and the rule when `rule` is not built in: the
+///     checkpoint was written with a custom rule, whose factory open() must be given.
+Result<RuleFactory> recorded_rule_factory(const std::string& rule, const std::string& key) {
+  auto f = builtin_rule_factory(rule);
+  if (f.ok()) return f;
+  return invalid_argument("checkpoint '" + key + "' was written with the custom rule '" + rule +
+                          "': pass its RuleFactory to OffloadedOptimizer::open() (the built-in "
+                          "rules, which open() finds by name, are adam, adamw, adagrad, sgd, "
+                          "lion)");
+}
+
 /// The record under `key` in `store`; an empty `factory` becomes the builtin one of the
 /// recorded rule.
 Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& factory) {
@@ -43,7 +56,7 @@ Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& 
   STRATA_RETURN_IF_ERROR(store.get_bytes(key, text.data(), text.size()));
   STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
   if (!factory) {
-    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+    STRATA_ASSIGN_OR_RETURN(factory, recorded_rule_factory(m.rule, key));
   }
   return m;
 }
@@ -267,7 +280,7 @@ Status OffloadedOptimizer::Impl::restore() {
   STRATA_RETURN_IF_ERROR(store->get_bytes(key, text.data(), text.size()));
   STRATA_ASSIGN_OR_RETURN(MetaRecord m, parse_meta(text, key));
   if (!factory) {
-    STRATA_ASSIGN_OR_RETURN(factory, builtin_rule_factory(m.rule));
+    STRATA_ASSIGN_OR_RETURN(factory, recorded_rule_factory(m.rule, key));
   }
   for (size_t g = 0; g < m.groups.size(); ++g) {
     auto built = build_rule(m.groups[g]);

@@ -52,6 +52,11 @@ Status StoreImpl::acquire_lock(const std::string& root) {
     ::close(lock_fd_);
     lock_fd_ = -1;
     if (e == EWOULDBLOCK) {
+      if (holder == std::to_string(::getpid())) {
+        return failed_precondition("store " + root + " is already open in this process (pid " +
+                                   holder + "): one Store per directory; share that Store "
+                                   "object or close it first");
+      }
       return failed_precondition("store " + root + " is locked by pid " + holder);
     }
     return errno_status(e, "flock " + lock_path);

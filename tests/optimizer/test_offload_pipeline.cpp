@@ -181,6 +181,18 @@ TEST(OffloadPipeline, CustomElementwiseRuleThroughThePipeline) {
   EXPECT_EQ(b[0], 0.25f);
   EXPECT_EQ(b[kSizes[0] - 1], 0.25f);
   expect_parity(*run, factory, hp, 3);
+  // Resuming its checkpoint without the factory names the custom rule and what to pass.
+  OFFLOAD_ASSERT_OK(run->opt->checkpoint());
+  run->opt.reset();
+  auto again = OffloadedOptimizer::open(run->store, nullptr, oo);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(again.status().message(),
+            "checkpoint 'optim/meta' was written with the custom rule 'my_rule': pass its "
+            "RuleFactory to OffloadedOptimizer::open() (the built-in rules, which open() finds "
+            "by name, are adam, adamw, adagrad, sgd, lion)");
+  auto resumed = OffloadedOptimizer::open(run->store, factory, oo);
+  EXPECT_TRUE(resumed.ok()) << resumed.status().to_string();
 }
 
 TEST(OffloadPipeline, MixedPlacementAndHostBudget) {
