@@ -3,6 +3,7 @@ streamed slice with views of strata's buffers, the step binding's GIL release (n
 deadlock, also from another thread and with step_async), errors chained and rolled back,
 resume by rule name."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ import strata
 SUB = 1024
 
 
-def _sgd_rule(calls=None, fail=None):
+def _sgd_rule(calls=None, fail=None, delay=0.0):
     def update(param, grad, states, step, hp, ctx):
+        time.sleep(delay)
         if calls is not None:
             calls.append((ctx["name"], ctx["offset"], param.size, step, ctx["grad_dtype"],
                           grad.dtype.name, threading.get_ident()))
@@ -69,7 +71,7 @@ def test_one_call_per_slice_with_views_and_hyperparameters(store):
 
 def test_step_from_another_thread_and_step_async_do_not_deadlock(store):
     calls = []
-    opt, hs = _make(store, _sgd_rule(calls))
+    opt, hs = _make(store, _sgd_rule(calls, delay=0.02))
     for h, n in zip(hs, (3 * SUB + 100, 50)):
         opt.set_grad(h, np.ones(n, np.float32))
     errors = []
@@ -87,6 +89,15 @@ def test_step_from_another_thread_and_step_async_do_not_deadlock(store):
     fut = opt.step_async()
     assert fut.result(timeout=60)["tensors_updated"] == 2
     assert opt.step_count(hs[0]) == 2
+    # members called while a step_async is in flight wait for it with the GIL released
+    # (the step's rule takes the GIL): no deadlock
+    calls.clear()
+    fut = opt.step_async()
+    assert not fut.done()  # 5 calls of 20 ms each
+    assert opt.step_count(hs[0]) == 3 and len(calls) == 5
+    assert opt.param_info(hs[1])["step"] == 3 and opt.hyperparams(0) == {}
+    opt.read_param(hs[0])
+    fut.result(timeout=60)
     opt.close()
 
 

@@ -223,6 +223,22 @@ class PyOptimizer {
     }
   }
 
+  /// fn(optimizer), with the GIL released when the rule is Python: a step in flight
+  /// (step_async, an overlapped step's early batches) holds the optimizer's baton, which
+  /// most members wait for, and takes the GIL for each call of its rule.
+  /// \error FailedPrecondition once closed.
+  template <class F>
+  auto core(F&& fn) {
+    auto& opt = o();
+    if (!spec_) return fn(opt);
+    py::gil_scoped_release nogil;
+    return fn(opt);
+  }
+
+  Result<optimizer::ParamInfo> info_of(uint32_t h) {
+    return core([h](optimizer::OffloadedOptimizer& c) { return c.param_info(h); });
+  }
+
   /// \error FailedPrecondition once closed.
   optimizer::OffloadedOptimizer& o() {
     if (!opt_) throw StatusError(failed_precondition("the optimizer is closed"));
@@ -276,7 +292,9 @@ class PyOptimizer {
   /// referenced until replaced.
   void set_grad(uint32_t h, py::object grad) {
     attach(h, grad, false, "gradient", DType::kFloat32, grads_,
-           [this](uint32_t p, void* data, DType t) { return o().set_grad(p, data, t); });
+           [this](uint32_t p, void* data, DType t) {
+             return core([&](optimizer::OffloadedOptimizer& c) { return c.set_grad(p, data, t); });
+           });
   }
 
   /// OffloadedOptimizer::set_grad_object (GIL released: it stats the object): the gradient
@@ -295,11 +313,13 @@ class PyOptimizer {
   /// detaches (None). Kept referenced until replaced.
   void set_param_copy(uint32_t h, py::object dst) {
     attach(h, dst, true, "parameter copy", DType::kBFloat16, copies_,
-           [this](uint32_t p, void* data, DType t) { return o().set_param_copy(p, data, t); });
+           [this](uint32_t p, void* data, DType t) {
+             return core([&](optimizer::OffloadedOptimizer& c) { return c.set_param_copy(p, data, t); });
+           });
   }
 
   void clear_grads() {
-    o().clear_grads();
+    core([](optimizer::OffloadedOptimizer& c) { c.clear_grads(); });
     grads_.clear();
   }
 
@@ -399,7 +419,7 @@ class PyOptimizer {
     check(st);
   }
 
-  bool step_open() { return o().step_open(); }
+  bool step_open() { return core([](optimizer::OffloadedOptimizer& c) { return c.step_open(); }); }
 
   void wait_started() {
     auto& opt = o();
@@ -409,7 +429,7 @@ class PyOptimizer {
 
   /// Reads (stream < 0: the master) into `out` (fp32, count elements) or a new array.
   py::object read(uint32_t h, int stream, py::object out, uint64_t offset, uint64_t count) {
-    const uint64_t numel = check(o().param_info(h)).numel;
+    const uint64_t numel = check(info_of(h)).numel;
     if (count == optimizer::kToEnd) count = offset <= numel ? numel - offset : 0;
     if (out.is_none()) out = numpy().attr("empty")(py::int_(count), "dtype"_a = "float32");
     TensorRef r = view_tensor(out, true, std::nullopt);
@@ -444,7 +464,7 @@ class PyOptimizer {
   }
 
   py::dict param_info(uint32_t h) {
-    auto i = check(o().param_info(h));
+    auto i = check(info_of(h));
     return py::dict(
         "name"_a = i.name, "numel"_a = i.numel,
         "placement"_a = std::string(optimizer::placement_name(i.placement)),
@@ -468,7 +488,7 @@ class PyOptimizer {
       return;
     }
     TensorRef r = view_tensor(arr, writable, std::nullopt);
-    auto info = check(o().param_info(h));
+    auto info = check(info_of(h));
     const std::string of = std::string(what) + " of '" + info.name + "'";
     if (r.device) throw StatusError(invalid_argument(of + " must be in host memory"));
     if (r.numel != info.numel)
@@ -505,7 +525,7 @@ class PyOptimizer {
   const std::pair<std::string, uint64_t>& entry_info(uint32_t h) {
     auto it = entry_info_.find(h);
     if (it == entry_info_.end()) {
-      auto i = check(o().param_info(h));
+      auto i = check(info_of(h));
       it = entry_info_.emplace(h, std::make_pair(i.name, i.numel)).first;
     }
     return it->second;
@@ -540,24 +560,30 @@ void register_optimizer(py::module_& m) {
       }, "store"_a, "key_prefix"_a = "optim/")
       .def("close", &PyOptimizer::close, "checkpoint"_a = true)
       .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
-        return check(o.o().add_param_group(to_hyperparams(hp)));
+        const auto h = to_hyperparams(hp);
+        return check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.add_param_group(h); }));
       })
-      .def("num_param_groups", [](PyOptimizer& o) { return o.o().num_param_groups(); })
+      .def("num_param_groups", [](PyOptimizer& o) {
+        return o.core([](optimizer::OffloadedOptimizer& c) { return c.num_param_groups(); });
+      })
       .def("hyperparams", [](PyOptimizer& o, int g) {
-        return from_hyperparams(check(o.o().hyperparams(g)));
+        return from_hyperparams(check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.hyperparams(g); })));
       })
       .def("set_hyperparams", [](PyOptimizer& o, int g, const py::dict& hp) {
-        check(o.o().set_hyperparams(g, to_hyperparams(hp)));
+        const auto h = to_hyperparams(hp);
+        check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.set_hyperparams(g, h); }));
       })
       .def("add_param", [](PyOptimizer& o, py::handle name, py::handle numel, py::object init,
                            int group, const std::string& placement) {
         return o.add_param(to_text(name, "name"), to_u64(numel, "numel"), std::move(init), group,
                            placement);
       }, "name"_a, "numel"_a, "init"_a = py::none(), "group"_a = 0, "placement"_a = "auto")
-      .def("num_params", [](PyOptimizer& o) { return o.o().num_params(); })
+      .def("num_params", [](PyOptimizer& o) {
+        return o.core([](optimizer::OffloadedOptimizer& c) { return c.num_params(); });
+      })
       .def("param_info", &PyOptimizer::param_info)
       .def("find_param", [](PyOptimizer& o, const std::string& n) {
-        return check(o.o().find_param(n));
+        return check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.find_param(n); }));
       })
       .def("set_grad", &PyOptimizer::set_grad, "param"_a, "grad"_a)
       .def("set_grad_object", &PyOptimizer::set_grad_object, "param"_a, "key"_a, "dtype"_a)
@@ -592,13 +618,15 @@ void register_optimizer(py::module_& m) {
                              py::handle off) {
         o.write(h, state_stream(stream), src, to_u64(off, "offset"));
       }, "param"_a, "stream"_a, "src"_a, "offset"_a = 0)
-      .def("step_count", [](PyOptimizer& o, uint32_t h) { return check(o.o().step_count(h)); })
+      .def("step_count", [](PyOptimizer& o, uint32_t h) {
+        return check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.step_count(h); }));
+      })
       .def("set_step_count", [](PyOptimizer& o, uint32_t h, int64_t s) {
-        check(o.o().set_step_count(h, s));
+        check(o.core([&](optimizer::OffloadedOptimizer& c) { return c.set_step_count(h, s); }));
       })
       .def("checkpoint", &PyOptimizer::checkpoint)
       .def("stats", [](PyOptimizer& o) {
-        const optimizer::OptimizerStats t = o.o().stats();
+        const optimizer::OptimizerStats t = o.core([](optimizer::OffloadedOptimizer& c) { return c.stats(); });
         return py::dict("steps"_a = t.steps, "steps_skipped"_a = t.steps_skipped,
                         "steps_rolled_back"_a = t.steps_rolled_back, "sub_groups"_a = t.sub_groups,
                         "tensors_updated"_a = t.tensors_updated, "numel_updated"_a = t.numel_updated,
@@ -607,13 +635,15 @@ void register_optimizer(py::module_& m) {
                         "io_wait_seconds"_a = t.io_wait_seconds, "early_seconds"_a = t.early_seconds,
                         "overlap"_a = t.overlap());
       })
-      .def("reset_stats", [](PyOptimizer& o) { o.o().reset_stats(); })
+      .def("reset_stats", [](PyOptimizer& o) { o.core([](optimizer::OffloadedOptimizer& c) { c.reset_stats(); }); })
       .def("num_states", [](PyOptimizer& o) { return o.o().num_states(); })
       .def("state_name", [](PyOptimizer& o, int i) { return o.o().state_name(i); })
       .def("rule_name", [](PyOptimizer& o) { return o.o().rule_name(); })
       .def("sub_group_numel", [](PyOptimizer& o) { return o.o().sub_group_numel(); })
       .def("pinned_bytes", [](PyOptimizer& o) { return o.o().pinned_bytes(); })
-      .def("host_bytes", [](PyOptimizer& o) { return o.o().host_bytes(); })
+      .def("host_bytes", [](PyOptimizer& o) {
+        return o.core([](optimizer::OffloadedOptimizer& c) { return c.host_bytes(); });
+      })
       .def("disk_space", [](PyOptimizer& o, const std::vector<uint64_t>& more) {
         auto& opt = o.o();
         auto n = check(release_gil([&] { return opt.disk_space(more); }));
