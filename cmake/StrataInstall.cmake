@@ -19,3 +19,14 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/strataConfig.cmake ${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
   ${CMAKE_CURRENT_LIST_DIR}/StrataDependencies.cmake
   DESTINATION ${STRATA_CMAKE_DIR})
+# pkg-config: strata_c.pc for the C API (a shared library whose dependencies are inside it).
+# The prefix is the one given at install time (cmake --install --prefix), so the file is
+# written by an install(CODE) step rather than at configure time.
+install(CODE "
+  set(CMAKE_INSTALL_LIBDIR \"${CMAKE_INSTALL_LIBDIR}\")
+  set(CMAKE_INSTALL_INCLUDEDIR \"${CMAKE_INSTALL_INCLUDEDIR}\")
+  set(PROJECT_VERSION \"${PROJECT_VERSION}\")
+  configure_file(\"${CMAKE_CURRENT_LIST_DIR}/strata_c.pc.in\"
+                 \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig/strata_c.pc\" @ONLY)
+  message(STATUS \"Installing: \$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig/strata_c.pc\")
+")

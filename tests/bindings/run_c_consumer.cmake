@@ -35,7 +35,23 @@ execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic -I${PREFI
 if(rc)
   message(FATAL_ERROR "cc -std=c99 -Wall -Werror against ${PREFIX} failed: ${err}")
 endif()
-foreach(exe strata_c_consumer strata_c_consumer_cc)
+# The same program built from the installed pkg-config file's flags.
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${PREFIX}/${LIBDIR}/pkgconfig
+                        pkg-config --cflags --libs strata_c
+                OUTPUT_VARIABLE pc_flags ERROR_VARIABLE err RESULT_VARIABLE rc
+                OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(rc)
+  message(FATAL_ERROR "pkg-config --cflags --libs strata_c (PKG_CONFIG_PATH="
+                      "${PREFIX}/${LIBDIR}/pkgconfig) failed: ${err}")
+endif()
+separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
+execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic ${SRC}/main.c
+                        -o ${BIN}/strata_c_consumer_pc ${pc_list} -lm
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "cc with pkg-config's flags (${pc_flags}) failed: ${err}")
+endif()
+foreach(exe strata_c_consumer strata_c_consumer_cc strata_c_consumer_pc)
   execute_process(COMMAND ${BIN}/${exe} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   message(STATUS "${exe} printed: ${out}${err}")
   if(rc OR NOT out MATCHES "c consumer ok")
