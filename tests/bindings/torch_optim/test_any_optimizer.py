@@ -229,3 +229,20 @@ def test_optimizer_state_reads_the_store(tmp_path):
     with pytest.raises(KeyError, match="not one of its parameters"):
         off.state[torch.zeros(3)]
     off.close()
+
+
+def test_zero_size_parameters_step_as_in_memory(tmp_path):
+    cls, g0, _ = CLASSES[6]  # NAdam: step and mu_product scalars
+    w_off, w_ref = torch.nn.Parameter(torch.zeros(0)), torch.nn.Parameter(torch.zeros(0))
+    m_off, m_ref = _model(), _model()
+    off = OffloadOptimizer(cls, [w_off, *m_off.parameters()], path=str(tmp_path / "s"), **g0)
+    ref = cls([w_ref, *m_ref.parameters()], **g0)
+    for _ in range(2):
+        for w in (w_off, w_ref):
+            w.grad = torch.zeros(0)
+    _train(m_off, off, 2)
+    _train(m_ref, ref, 2)
+    mine, theirs = off.state[w_off], ref.state[w_ref]
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    off.close()

@@ -15,7 +15,6 @@ Thread-safety: like torch optimizers, one thread at a time.
 
 from __future__ import annotations
 
-import json
 import shutil
 import weakref
 from collections import defaultdict
@@ -29,16 +28,12 @@ import strata
 from ..._data_dir import make_temp_dir
 from . import _slice_step as ss
 from ._exchange import bump_version
-from ._any_state import AnyStateView
+from ._any_state import AnyStateView, as_floats, decode_record, encode_record
 from ._rule import UpdateRule
 
 _RECORD = "torch-record-"
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(x) for x in v]
-    return float(v.item()) if isinstance(v, torch.Tensor) else v
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -197,8 +192,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._bind(i, p, h)
         if records:
             self._record_handle = by_name[records[-1]]
-            raw = core.read_param(self._record_handle).tobytes()
-            rec = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")].decode())
+            rec = decode_record(core.read_param(self._record_handle))
             if len(rec["groups"]) != len(self.param_groups):
                 raise ValueError(f"OffloadOptimizer resume: the checkpoint has "
                                  f"{len(rec['groups'])} param groups, the model "
@@ -257,14 +251,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
             gv = gv * ctx["grad_scale"]
         names = self._group_streams(group)
         streams = {n: torch.from_numpy(states[self._streams.index(n)]) for n in names}
-        if self._rule is not None:
-            self._rule.update(pv, gv, streams, step, group)
-            after: Dict[str, Any] = {"step": step}
-        else:
-            after = ss.step_slice(self._cls, group, pv, gv, streams, self._scalars.get(h, {}),
-                                  h not in self._scalars)
+        after = self._step_slice(h, group, pv, gv, streams, step)
         if ctx["offset"] == 0:
             self._pending[h] = after
+
+    def _step_slice(self, h, group, pv, gv, streams, step) -> Dict[str, Any]:
+        """The class's (or rule's) step on one slice; returns the scalar state after it."""
+        if self._rule is not None:
+            self._rule.update(pv, gv, streams, step, group)
+            return {"step": step}
+        return ss.step_slice(self._cls, group, pv, gv, streams, self._scalars.get(h, {}),
+                             h not in self._scalars)
 
     # ---- stepping ------------------------------------------------------------------------
 
@@ -327,6 +324,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for h, _ in stepped:
                 core.set_grad(h, None)
         for h, p in stepped:
+            if p.numel() == 0:  # no slice was streamed: the class's step on empty tensors
+                group = self.param_groups[self._group_of[h]]
+                self._pending[h] = self._step_slice(h, group, torch.empty(0), torch.empty(0), {
+                    n: torch.empty(0) for n in self._group_streams(group)}, core.step_count(h))
             self._scalars[h] = self._pending.get(h, {})
             bump_version(p)
             self._seen[h] = self._signature(p)
@@ -414,22 +415,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._seen[h] = self._signature(p)
 
     def _write_record(self) -> None:
-        groups = [{k: _jsonable(v) for k, v in g.items() if k != "params"}
-                  for g in self.param_groups]
-        rec = dict(version=1, kind=self._kind, groups=groups,
-                   scalars={str(h): ss.scalars_to_record(s) for h, s in self._scalars.items()})
-        body = json.dumps(rec).encode()
-        raw = len(body).to_bytes(8, "little") + body
-        raw += b"\0" * (-len(raw) % 4)
+        raw = encode_record(self._kind, self.param_groups, self._scalars)
         core = self._core
         h = self._record_handle
         if h is None or core.param_info(h)["numel"] * 4 < len(raw):
             numel = max(1024, len(raw) // 2)  # twice the bytes, in floats
             h = core.add_param(f"{_RECORD}{core.num_params()}", numel)
             self._record_handle = h
-        buf = np.zeros(core.param_info(h)["numel"], dtype=np.float32)
-        buf.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        core.write_param(h, buf)
+        core.write_param(h, as_floats(raw, core.param_info(h)["numel"]))
 
     def checkpoint(self) -> None:
         """Makes the state after the last step durable (one commit: every tensor's state,

@@ -1,15 +1,53 @@
-"""``optimizer.state`` of OffloadOptimizer (optim/_any.py): a read-only mapping parameter ->
-its state as the torch.optim class keeps it, read from the store at each access.
+"""What OffloadOptimizer (optim/_any.py) keeps of a torch optimizer's state outside strata's
+state streams: ``optimizer.state`` (a read-only mapping parameter -> its state as the
+torch.optim class keeps it, read from the store at each access), and the record of the
+param groups' hyperparameters and per-tensor scalars that checkpoints commit (JSON bytes,
+length-prefixed, in an internal fp32 tensor).
 
 Thread-safety: like torch optimizers, one thread at a time.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+import numpy as np
 import torch
+
+from . import _slice_step as ss
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    return float(v.item()) if isinstance(v, torch.Tensor) else v
+
+
+def encode_record(kind: str, groups: List[Dict[str, Any]],
+                  scalars: Dict[int, Dict[str, Any]]) -> bytes:
+    """The record's bytes: 8-byte little-endian length, the JSON of (version, kind, each
+    group's hyperparameters, each handle's scalar state), zero-padded to a multiple of 4."""
+    rec = dict(version=1, kind=kind,
+               groups=[{k: _jsonable(v) for k, v in g.items() if k != "params"} for g in groups],
+               scalars={str(h): ss.scalars_to_record(s) for h, s in scalars.items()})
+    body = json.dumps(rec).encode()
+    raw = len(body).to_bytes(8, "little") + body
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def as_floats(raw: bytes, numel: int) -> np.ndarray:
+    """``raw`` in an fp32 array of ``numel`` elements (the rest zeros), bit for bit."""
+    buf = np.zeros(numel, dtype=np.float32)
+    buf.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return buf
+
+
+def decode_record(values: np.ndarray) -> Dict[str, Any]:
+    """The record (a dict: version, kind, groups, scalars) from its fp32 tensor."""
+    raw = values.tobytes()
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")].decode())
 
 
 class AnyStateView(Mapping):
