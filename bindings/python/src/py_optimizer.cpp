@@ -327,6 +327,7 @@ class PyOptimizer {
                 const py::object& grad_summary) {
     const auto so = step_options(max_grad_norm, grad_scale, skip_if_nonfinite, grad_summary);
     auto& opt = o();
+    if (spec_) spec_->take_error();  // one of an earlier step_async: not this step's cause
     return stats_dict(checked(release_gil([&] { return opt.step(so); })));
   }
 

@@ -85,6 +85,9 @@ class PyRule final : public optimizer::UpdateRule {
                                 std::to_string(info.offset) + ", " +
                                 std::to_string(info.offset + s.numel) + "), step " +
                                 std::to_string(info.step) + "): " + what);
+      } catch (const std::exception& e) {  // a conversion of pybind11: never escapes the step
+        return internal_error("python update rule '" + spec_->name + "' on parameter '" +
+                              std::string(info.param_name) + "': " + e.what());
       }
     }
     if (s.param_copy != nullptr) {  // fp16/bf16 (apply_update copies an fp32 one itself)
