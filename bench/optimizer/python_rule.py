@@ -14,7 +14,8 @@ gradients:
   3 streams with nothing to compute -- the limit both steps meet.
 
 Their steps alternate (builtin, python, io) for --iters rounds after --warmup untimed ones, so
-machine noise hits all three. Reported (medians, seconds): python_rule_step_seconds,
+machine noise hits all three. The rule's torch ops run on --torch-threads intra-op threads
+(default: one per CPU, as strata's kernel pool for the built-in rule). Reported (medians, seconds): python_rule_step_seconds,
 builtin_adam_step_seconds, io_bound_seconds, and python_over_builtin (the issue's goal: at
 most 1.5), with the parameters, sub-group size, calls per step and the thread counts.
 
@@ -76,8 +77,12 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--path", default=None, help="directory of the stores (default: a temp dir)")
+    ap.add_argument("--torch-threads", type=int, default=os.cpu_count(),
+                    help="torch intra-op threads of the Python rule (default: one per CPU, as "
+                         "strata's kernel pool)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.torch_threads)
     root = a.path or tempfile.mkdtemp(prefix="python-rule-bench-")
     os.makedirs(root, exist_ok=True)
     calls = [0]
