@@ -52,6 +52,8 @@
 // back and the copies put back: every master, state and step counter is as before the
 // step, the optimizer stays usable (checkpoint() and close() work), and the error says
 // "rolled back". Only when the rollback itself fails is the optimizer broken as above.
+// Parameter copies (set_param_copy) are not restored: those of tensors updated before the
+// failure hold the failed step's values (read the masters back, as strata.torch does).
 // Cost: the savepoint keeps the chunks this step replaces on disk until the step ends, so
 // the store may need room for one more copy of the rewritten state (3 * T instead of
 // 2 * T below, for a step between checkpoints). Overlapped steps (begin_step) keep their
@@ -431,6 +433,10 @@ class OffloadedOptimizer {
   /// the introspection members still answer. `checkpoint` false releases without a
   /// checkpoint, as if the process were killed now: a resume restores the previous
   /// checkpoint (for an optimizer abandoned half-built, or a store about to be deleted).
+  /// A close that saves nothing (`checkpoint` false after changes, a failed step, a failed
+  /// checkpoint) rolls the optimizer's objects back to the last checkpoint (a Store
+  /// savepoint taken at each checkpoint and at open(): no extra disk, it holds the chunks
+  /// the commit keeps anyway), so open() on the same Store object resumes there at once.
   /// \error what checkpoint() returns (FailedPrecondition after a failed step or for a
   ///     closed store, ResourceExhausted, IoError), the message saying the state since the
   ///     last checkpoint is not saved; the last checkpoint stays the resume point.
