@@ -19,6 +19,7 @@
 
 #include "offload_impl.hpp"
 #include "offload_record.hpp"
+#include "strata/base/logging.hpp"
 
 namespace strata::optimizer {
 
@@ -214,9 +215,55 @@ Status OffloadedOptimizer::Impl::checkpoint() {
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
       "offload checkpoint: writing host-tier tensors"));
   STRATA_RETURN_IF_ERROR(put_meta());
+  // The savepoint of what is about to be committed replaces the last checkpoint's before
+  // the commit, so the commit frees (and gives back) the chunks it replaces; a failed
+  // commit then leaves no savepoint (a close keeps the holds).
+  auto next = save_committed();
+  committed = Savepoint();
+  committed_keys.clear();
   STRATA_RETURN_IF_ERROR(
       store->commit(all_keys()).with_context("offload checkpoint: Store::commit"));
   changed = false;
+  if (next.ok()) set_committed(std::move(next).value());
+  return Status::OK();
+}
+
+void OffloadedOptimizer::Impl::set_committed(Savepoint sp) {
+  committed = std::move(sp);
+  committed_meta = serialize_meta();
+  committed_keys = all_keys();
+}
+
+Result<Savepoint> OffloadedOptimizer::Impl::save_committed() {
+  // Every tensor's objects (host-tier tensors' backing objects too: a failed checkpoint may
+  // have rewritten part of them); the record is put again from its text.
+  std::vector<std::string> keys;
+  for (const auto& t : tensors) keys.insert(keys.end(), t.keys.begin(), t.keys.end());
+  if (keys.empty()) return Savepoint();
+  auto sp = store->savepoint(keys);
+  if (!sp.ok()) {
+    log_warn("offload: no savepoint of the checkpoint (" + sp.status().to_string() +
+             "): a close() without a checkpoint leaves the optimizer's keys held until the "
+             "store closes");
+  }
+  return sp;
+}
+
+Status OffloadedOptimizer::Impl::drop_uncommitted() {
+  if (committed_keys.empty()) {
+    return failed_precondition("no savepoint of the last checkpoint");
+  }
+  if (!committed.empty()) STRATA_RETURN_IF_ERROR(store->rollback(committed));
+  PutOptions po;
+  po.tier = Tier::kHost;
+  po.overwrite = true;
+  po.pin = true;
+  STRATA_RETURN_IF_ERROR(store->put(meta_key(), committed_meta.data(),
+                                    TensorDesc::bytes(committed_meta.size()), po));
+  STRATA_RETURN_IF_ERROR(store->commit(committed_keys));
+  store->release(committed_keys);
+  committed = Savepoint();
+  committed_keys.clear();
   return Status::OK();
 }
 
@@ -224,9 +271,16 @@ Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
   if (closed) return Status::OK();
   Status st;
   if (want_checkpoint && (changed || !broken.ok())) st = checkpoint();
-  // Without a checkpoint of the last changes the holds stay: no later flush of the store
-  // may commit part of them (its close drops them).
-  if (st.ok() && (want_checkpoint || !changed)) store->release(all_keys());
+  // Without a checkpoint of the last changes, the NVMe objects go back to the last
+  // checkpoint's version (committed again) and only then are released; when that cannot be
+  // done the holds stay: no later flush of the store may commit part of the changes (its
+  // close drops them).
+  if (st.ok() && (want_checkpoint || !changed)) {
+    store->release(all_keys());
+  } else if (Status dropped = drop_uncommitted(); !dropped.ok()) {
+    log_warn("offload close: the changes since the last checkpoint stay held until the store "
+             "closes (" + dropped.to_string() + ")");
+  }
   closed = true;
   claim = offload_detail::PrefixClaim();  // the key prefix is free for another optimizer
   for (auto& t : tensors) {

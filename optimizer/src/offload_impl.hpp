@@ -134,6 +134,14 @@ struct OffloadedOptimizer::Impl {
   bool changed = false;
   Status broken;
   bool closed = false;
+  // Every tensor's objects as the last checkpoint (or open()) committed them, and every
+  // key that checkpoint covered: a close() that saves nothing (close(false), a broken step,
+  // a failed checkpoint) rolls the objects back to it, commits that version again and ends
+  // the holds, so the store can be reopened by an optimizer at once. `committed_keys`
+  // empty = no such savepoint (none taken yet, or it could not be taken): the holds stay.
+  Savepoint committed;
+  std::vector<std::string> committed_keys;
+  std::string committed_meta;  // the record's text of that checkpoint
 
   std::unique_ptr<ThreadPool> pool;  // the kernel threads (make_kernel_pool)
   std::shared_ptr<PinnedPool> pinned;
@@ -320,6 +328,16 @@ struct OffloadedOptimizer::Impl {
   /// Store::hold(), committed by checkpoint()'s Store::commit() with the tensors' chunks.
   Status put_meta();
   Status checkpoint();
+  /// A savepoint of every tensor's objects as they are now (about to be, or just,
+  /// committed: checkpoint(), open()), for `committed`.
+  /// \error what Store::savepoint() returns (logged).
+  Result<Savepoint> save_committed();
+  /// Makes `sp` (from save_committed(), of the state now committed) the resume point a
+  /// close without a checkpoint rolls back to.
+  void set_committed(Savepoint sp);
+  /// close() without a saved state: rolls back to `committed` (see there).
+  /// \error the store's rollback/commit errors (the holds then stay).
+  Status drop_uncommitted();
   /// close(): a checkpoint when anything changed (and `checkpoint`), then the holds and
   /// the resources go.
   Status close(bool checkpoint);

@@ -293,6 +293,9 @@ Result<std::unique_ptr<OffloadedOptimizer>> OffloadedOptimizer::open(
     }
   }
   STRATA_RETURN_IF_ERROR(impl->restore());
+  if (auto sp = impl->save_committed(); sp.ok()) {  // what open() resumed is committed
+    impl->set_committed(std::move(sp).value());
+  }
   return std::unique_ptr<OffloadedOptimizer>(new OffloadedOptimizer(std::move(impl)));
 }
 

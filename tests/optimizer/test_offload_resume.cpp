@@ -170,6 +170,64 @@ TEST(OffloadResume, StoreFlushBetweenStepsDoesNotMoveTheResumePoint) {
   }
 }
 
+TEST(OffloadResume, CloseWithoutCheckpointThenOpenOnTheSameStoreResumesTheLastCheckpoint) {
+  // close(false) after an un-checkpointed step: the NVMe objects go back to the last
+  // checkpoint's version, so an optimizer opened on the same (still open) store resumes
+  // there at once -- no store reopen -- and a flush of the store commits nothing of the
+  // dropped step. Then the same step again gives the same values as the first time.
+  TempDir dir;
+  auto factory = *builtin_rule_factory("adam");
+  std::vector<float> g1 = grad_for(0, 1, 30000), g2 = grad_for(0, 2, 30000);
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  std::vector<std::vector<float>> a_at1, b_at1, a_at2, b_at2;
+  {
+    auto opt = must(OffloadedOptimizer::create(store, factory, {}, {}));
+    auto a = *opt->add_param("a", 30000, nullptr, 0, Placement::kNvme);
+    auto b = *opt->add_param("b", 30000, nullptr, 0, Placement::kHost);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, g1.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(b, g1.data(), DType::kFloat32));
+    ASSERT_TRUE(opt->step().ok());
+    OFFLOAD_ASSERT_OK(opt->checkpoint());
+    a_at1 = dump(*opt, a);
+    b_at1 = dump(*opt, b);
+    OFFLOAD_ASSERT_OK(opt->set_grad(a, g2.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(opt->set_grad(b, g2.data(), DType::kFloat32));
+    ASSERT_TRUE(opt->step().ok());
+    a_at2 = dump(*opt, a);
+    b_at2 = dump(*opt, b);
+    ASSERT_FALSE(bit_equal(a_at2[0], a_at1[0]));
+    OFFLOAD_ASSERT_OK(opt->close(/*checkpoint=*/false));
+  }
+  OFFLOAD_ASSERT_OK(store->flush());
+  auto opt = OffloadedOptimizer::open(store, nullptr, {});
+  ASSERT_TRUE(opt.ok()) << opt.status().to_string();
+  EXPECT_EQ(*(*opt)->step_count(0), 1);
+  EXPECT_EQ(*(*opt)->step_count(1), 1);
+  auto a = dump(**opt, 0), b = dump(**opt, 1);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_TRUE(bit_equal(a[s], a_at1[s])) << s;
+    EXPECT_TRUE(bit_equal(b[s], b_at1[s])) << s;
+  }
+  OFFLOAD_ASSERT_OK((*opt)->set_grad(0, g2.data(), DType::kFloat32));
+  OFFLOAD_ASSERT_OK((*opt)->set_grad(1, g2.data(), DType::kFloat32));
+  ASSERT_TRUE((*opt)->step().ok());
+  a = dump(**opt, 0);
+  b = dump(**opt, 1);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_TRUE(bit_equal(a[s], a_at2[s])) << s;
+    EXPECT_TRUE(bit_equal(b[s], b_at2[s])) << s;
+  }
+  OFFLOAD_ASSERT_OK((*opt)->close());
+  opt->reset();
+  OFFLOAD_ASSERT_OK(store->close());
+  // Reopened from disk: the close above checkpointed step 2.
+  store = must(Store::open(small_store_options(dir.path())));
+  auto again = must(OffloadedOptimizer::open(store, nullptr, {}));
+  EXPECT_EQ(*again->step_count(0), 2);
+  a = dump(*again, 0);
+  for (size_t s = 0; s < 3; ++s) EXPECT_TRUE(bit_equal(a[s], a_at2[s])) << s;
+}
+
 TEST(OffloadResume, ZeroSizeParametersAreHeldAndRestoredFromTheOneCheckpoint) {
   // torch.optim accepts zero-size parameters and counts their steps: the optimizer holds
   // them (empty objects) and keeps their counters in its record, so one checkpoint() (one
