@@ -282,6 +282,8 @@ Status OffloadedOptimizer::Impl::close(bool want_checkpoint) {
              "closes (" + dropped.to_string() + ")");
   }
   closed = true;
+  committed = Savepoint();  // its chunk layouts are not needed once closed
+  committed_keys.clear();
   claim = offload_detail::PrefixClaim();  // the key prefix is free for another optimizer
   for (auto& t : tensors) {
     t.host.clear();
