@@ -257,18 +257,19 @@ class Child:
 
 
 def fio_gbps(path: str, rw: str, size: int, seconds: float) -> float:
-    """Sequential O_DIRECT bandwidth of ``rw`` ("read" or "write") on the file ``path``
-    (1 MiB blocks, queue depth 32, io_uring), GB/s (1e9 bytes)."""
+    """Sequential O_DIRECT bandwidth of ``rw`` ("read" or "write"; "rw": reads and writes
+    mixed 50/50, their sum) on the file ``path`` (1 MiB blocks, queue depth 32, io_uring),
+    GB/s (1e9 bytes)."""
     cmd = ["fio", "--name=strata-bench", f"--filename={path}", f"--rw={rw}", "--bs=1M",
            "--iodepth=32", "--direct=1", "--ioengine=io_uring", f"--size={size}",
            "--time_based", f"--runtime={seconds}s", "--ramp_time=0", "--numjobs=1",
-           "--output-format=json"]
+           "--output-format=json"] + (["--rwmixread=50"] if rw == "rw" else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300)
     if p.returncode != 0:
         raise RuntimeError(f"fio {rw} on {path} failed (exit status {p.returncode}): "
                            f"{p.stderr.strip()}")
     job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
-    bw = job[rw]["bw_bytes"]
+    bw = sum(job[d]["bw_bytes"] for d in ("read", "write")) if rw == "rw" else job[rw]["bw_bytes"]
     if bw <= 0:
         raise RuntimeError(f"fio {rw} on {path} measured no bandwidth")
     return bw / 1e9

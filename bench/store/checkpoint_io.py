@@ -20,9 +20,12 @@ in the same run, optionally under a memory cgroup smaller than the checkpoint.
    write) (the goal: >= 0.8), peak_rss_bytes (the child's VmHWM), the cgroup's peak charge
    and the limit.
 
-Import writes every byte twice (read from the file, written into the store), export too
-(read from the store, written to the file): each direction is bounded by the slower of the
-drive's read and write on one disk, hence the min().
+Import moves every byte twice (read from the file, written into the store), export too
+(read from the store, written to the file). With the file and the store on one drive, reads
+and writes share it: fio_mixed_bytes_per_s (fio reading and writing 50/50 at once, half
+their sum: the rate bytes can go through the drive in and out together) is then the limit,
+below min(fio read, fio write) on drives that cannot do both at full speed at once (this
+VM's disk: ~0.6 GB/s each way mixed, ~1.0 GB/s read and ~1.5 GB/s write alone).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/store/checkpoint_io.py --json
     ... --size 1GiB --memory-limit 256MiB --json       # 4x the limit
@@ -243,11 +246,12 @@ def run(args, base: str) -> int:
     os.makedirs(os.path.join(base, "ckpt"))
     write_checkpoint(os.path.join(base, "ckpt", "model.safetensors"), tensors, args.dtype)
     nbytes = sum(rows * COLS * ST_NAME[args.dtype][1] for _, rows in tensors)
-    fio_r = fio_w = 0.0
+    fio_r = fio_w = fio_m = 0.0
     if not args.no_fio:
         fio_file = os.path.join(base, "fio.bin")
         fio_w = fio_gbps(fio_file, "write", args.fio_size, args.fio_seconds) * 1e9
         fio_r = fio_gbps(fio_file, "read", args.fio_size, args.fio_seconds) * 1e9
+        fio_m = fio_gbps(fio_file, "rw", args.fio_size, args.fio_seconds) * 1e9 / 2
         os.unlink(fio_file)
     argv = [sys.executable, os.path.abspath(__file__), "--child", "--path", base,
             "--size", str(args.size), "--layers", str(args.layers), "--dtype", args.dtype,
@@ -280,8 +284,11 @@ def run(args, base: str) -> int:
            "export_bytes_per_s": nbytes / fig["export_seconds"],
            "import_seconds": fig["import_seconds"], "export_seconds": fig["export_seconds"],
            "fio_read_bytes_per_s": fio_r, "fio_write_bytes_per_s": fio_w,
+           "fio_mixed_bytes_per_s": fio_m,
            "import_over_min_fio": nbytes / fig["import_seconds"] / lo if lo else 0.0,
            "export_over_min_fio": nbytes / fig["export_seconds"] / lo if lo else 0.0,
+           "import_over_fio_mixed": nbytes / fig["import_seconds"] / fio_m if fio_m else 0.0,
+           "export_over_fio_mixed": nbytes / fig["export_seconds"] / fio_m if fio_m else 0.0,
            "peak_rss_bytes": fig["peak_rss_bytes"], "memory_limit_bytes": args.memory_limit or 0,
            "cgroup_peak_bytes": cg_peak, "bit_identical": identical}
     if args.json:

@@ -1,7 +1,7 @@
 """A checkpoint 4x a memory cgroup's limit imports into offloaded parameters and exports
 again under that limit, bit-identical (bench/store/checkpoint_io.py: a 768 MiB safetensors
-file, a 192 MiB limit on the child that imports torch, loads and saves it). Skipped where no memory cgroup can be made. STRATA_LONG_TESTS=1: 2 GiB
-under 512 MiB, sharded export."""
+file, a 192 MiB limit on the child that imports torch, loads and saves it). Skipped where
+no memory cgroup can be made. STRATA_LONG_TESTS=1: 2 GiB under 512 MiB, sharded export."""
 import json
 import os
 import subprocess
