@@ -162,6 +162,43 @@ Result<std::shared_ptr<Reader>> Reader::open(const std::string& path,
   return r;
 }
 
+Result<std::shared_ptr<Reader>> Reader::open_ranges(const std::string& path,
+                                                    std::vector<TensorEntry> tensors,
+                                                    std::shared_ptr<IoEngine> engine) {
+  std::shared_ptr<Reader> r(new Reader());
+  r->path_ = path;
+  STRATA_ASSIGN_OR_RETURN(r->engine_, engine_or_default(std::move(engine)));
+  STRATA_ASSIGN_OR_RETURN(r->file_, r->engine_->open(path, OpenMode::kRead));
+  r->align_ = std::max<uint64_t>(r->file_->offset_alignment(), 1);
+  STRATA_ASSIGN_OR_RETURN(uint64_t size, r->file_->size());
+  Header& h = r->header_;
+  h.raw = true;
+  h.file_nbytes = size;
+  std::set<std::string> names;
+  for (const TensorEntry& e : tensors) {
+    const std::string t = "file " + q(path) + ", tensor " + q(e.name);
+    uint64_t n = dtype_size(e.dtype);
+    bool overflow = false;
+    for (uint64_t d : e.shape) overflow = overflow || __builtin_mul_overflow(n, d, &n);
+    if (!names.insert(e.name).second) return invalid_argument(t + ": named twice");
+    if (e.begin > e.end || e.end > size) {
+      return invalid_argument(t + ": bytes [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                              ") are not inside the file's " + std::to_string(size));
+    }
+    if (overflow || n != e.end - e.begin) {
+      return invalid_argument(t + ": " + std::to_string(e.end - e.begin) + " bytes for " +
+                              (overflow ? std::string("more than 2^64") : std::to_string(n)) +
+                              " of its shape and dtype");
+    }
+  }
+  h.tensors = std::move(tensors);
+  h.by_name.resize(h.tensors.size());
+  for (size_t i = 0; i < h.by_name.size(); ++i) h.by_name[i] = i;
+  std::sort(h.by_name.begin(), h.by_name.end(),
+            [&](size_t a, size_t b) { return h.tensors[a].name < h.tensors[b].name; });
+  return r;
+}
+
 uint64_t Reader::superset_nbytes(uint64_t file_offset, uint64_t nbytes) const {
   const uint64_t a = align_down(file_offset, align_);
   const uint64_t b = align_up(file_offset + nbytes, align_);

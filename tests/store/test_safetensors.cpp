@@ -300,5 +300,36 @@ TEST(Safetensors, WriteFileStreamsMemoryAndStoreObjectsAndReadsBack) {
   EXPECT_FALSE(std::filesystem::exists(d.sub("miss.safetensors.tmp")));
 }
 
+TEST(Safetensors, OpenRangesReadsCallerGivenRangesOfAnyFile) {
+  TempDir d;
+  const std::string path = d.sub("blob.bin");
+  std::vector<float> v(1000);
+  for (int i = 0; i < 1000; ++i) v[i] = static_cast<float>(i) - 500.0f;
+  write_file_bytes(path, "zip-like prefix!" + bytes_of(v.data(), 4000));  // 16-byte prefix
+  // two views of one storage, overlapping, at odd offsets
+  std::vector<st::TensorEntry> es(2);
+  es[0] = {"a", st::StDType::kF32, {10, 3}, 16 + 4 * 7, 16 + 4 * 37};
+  es[1] = {"b", st::StDType::kF32, {40}, 16 + 4 * 20, 16 + 4 * 60};
+  auto r = st::Reader::open_ranges(path, es);
+  ASSERT_OK(r.status());
+  EXPECT_TRUE((*r)->header().raw);
+  EXPECT_EQ((*r)->header().tensors[0].name, "a");
+  std::vector<double> a(30), b(40);
+  std::vector<st::CopyTarget> ts = {{0, 0, UINT64_MAX, DType::kFloat64, a.data(), "", 0},
+                                    {1, 0, UINT64_MAX, DType::kFloat64, b.data(), "", 0}};
+  ASSERT_OK(st::copy_tensors(**r, ts, nullptr).status());
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(a[i], v[7 + i]);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(b[i], v[20 + i]);
+  es[1].end += 4;
+  Status s = st::Reader::open_ranges(path, es).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor 'b': 164 bytes for 160 of its shape and dtype"), std::string::npos)
+      << s.message();
+  es[1] = {"b", st::StDType::kF32, {1000}, 16, 4016 + 4};
+  s = st::Reader::open_ranges(path, es).status();
+  EXPECT_NE(s.message().find("bytes [16, 4020) are not inside the file's 4016"), std::string::npos)
+      << s.message();
+}
+
 }  // namespace
 }  // namespace strata

@@ -51,6 +51,26 @@ void register_safetensors(py::module_& m) {
              return check(release_gil([&] { return st::Reader::open(path); }));
            }),
            "path"_a)
+      // A header given by the caller: [(name, dtype, shape, begin, end)], file offsets.
+      .def_static("ranges",
+                  [](const std::string& path, const py::list& entries) {
+                    std::vector<st::TensorEntry> es;
+                    for (const auto& t : entries) {
+                      auto tup = t.cast<py::tuple>();
+                      st::TensorEntry e;
+                      e.name = tup[0].cast<std::string>();
+                      auto d = st::parse_dtype(tup[1].cast<std::string>());
+                      if (!d) throw StatusError(invalid_argument("unknown safetensors dtype '" +
+                                                                 tup[1].cast<std::string>() + "'"));
+                      e.dtype = *d;
+                      e.shape = tup[2].cast<std::vector<uint64_t>>();
+                      e.begin = tup[3].cast<uint64_t>();
+                      e.end = tup[4].cast<uint64_t>();
+                      es.push_back(std::move(e));
+                    }
+                    return check(release_gil([&] { return st::Reader::open_ranges(path, std::move(es)); }));
+                  },
+                  "path"_a, "entries"_a)
       .def_property_readonly("path", &st::Reader::path)
       .def_property_readonly("header_nbytes", [](const st::Reader& r) { return r.header().header_nbytes; })
       .def_property_readonly("data_start", [](const st::Reader& r) { return r.header().data_start(); })

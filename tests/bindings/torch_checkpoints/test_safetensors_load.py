@@ -227,3 +227,17 @@ def test_no_checkpoint_and_bad_arguments(tmp_path):
         st.load_safetensors(object(), str(tmp_path))
     with pytest.raises(TypeError, match="strict: expected a bool"):
         st.load_safetensors(Net(), str(tmp_path), strict=1)
+
+
+def test_batchnorm_counter_absent_is_filled_as_torch_fills_it(tmp_path):
+    vals = values(8)
+    del vals["bn.num_batches_tracked"]
+    spec_files.write(tmp_path / "m.safetensors", vals)
+    model = Net()
+    with torch.no_grad():
+        model.bn.num_batches_tracked.fill_(4)
+    twin = copy.deepcopy(model)
+    want = twin.load_state_dict(dict(vals), strict=False)  # a plain dict: no module versions
+    got = st.load_safetensors(model, str(tmp_path / "m.safetensors"))  # strict: nothing missing
+    assert got.missing_keys == [k for k in want.missing_keys if k != "head.weight"] == []
+    assert model.bn.num_batches_tracked.item() == twin.bn.num_batches_tracked.item()

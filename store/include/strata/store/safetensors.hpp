@@ -68,7 +68,10 @@ struct Header {
   uint64_t file_nbytes = 0;    ///< size of the file the header was parsed against
   std::vector<TensorEntry> tensors;
   std::vector<std::pair<std::string, std::string>> metadata;  ///< "__metadata__", by key
-  uint64_t data_start() const { return 8 + header_nbytes; }  ///< file offset of the data
+  /// A header the caller gave (Reader::open_ranges): `tensors` offsets are file offsets
+  /// and may overlap or leave gaps (views of one storage, other entries of a zip archive).
+  bool raw = false;
+  uint64_t data_start() const { return raw ? 0 : 8 + header_nbytes; }  ///< file offset of the data
   /// The entry named `name`; nullptr when absent. O(log n).
   const TensorEntry* find(std::string_view name) const;
   std::vector<size_t> by_name;  ///< indices of `tensors` sorted by name (find()'s index)
@@ -124,6 +127,15 @@ class Reader {
   /// \error NotFound / PermissionDenied / IoError naming the path; DataLoss from parse().
   static Result<std::shared_ptr<Reader>> open(const std::string& path,
                                               std::shared_ptr<IoEngine> engine = nullptr);
+  /// Opens `path` (any file) with a header the caller gives: `tensors` name byte ranges
+  /// [begin, end) of the file itself (e.g. the uncompressed storages of a torch.save zip
+  /// archive), kept in the given order, names unique; copy_tensors then reads them as it
+  /// reads a safetensors file's tensors.
+  /// \error InvalidArgument naming the file and the tensor: a name twice, a range past the
+  ///     end of the file, end - begin != numel x dtype size; the engine's open errors.
+  static Result<std::shared_ptr<Reader>> open_ranges(const std::string& path,
+                                                     std::vector<TensorEntry> tensors,
+                                                     std::shared_ptr<IoEngine> engine = nullptr);
   ~Reader();
 
   const std::string& path() const { return path_; }

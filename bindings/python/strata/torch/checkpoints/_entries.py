@@ -9,7 +9,7 @@ Thread-safety: plain functions; the model must not change meanwhile.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -121,3 +121,45 @@ def bump_version(t: torch.Tensor) -> None:
     (O(1); the view shares the counter)."""
     with torch.no_grad():
         t.detach().view(-1)[:0].zero_()
+
+
+def filled_by_torch(model: torch.nn.Module, missing: List[str],
+                    metadata: Optional[Dict[str, Any]]) -> List[str]:
+    """The missing keys torch's load_state_dict fills itself instead of reporting them: a
+    BatchNorm's ``num_batches_tracked`` when the state dict's ``_metadata`` gives its
+    module no version >= 2 (``_NormBase._load_from_state_dict``; a safetensors file has no
+    metadata: always). See :func:`fill_like_torch` for the value."""
+    norm = getattr(torch.nn.modules.batchnorm, "_NormBase", None)
+    out = []
+    for prefix, m in model.named_modules():
+        if norm is None or not isinstance(m, norm) or not m.track_running_stats \
+                or getattr(m, "num_batches_tracked", None) is None:
+            continue
+        key = (prefix + "." if prefix else "") + "num_batches_tracked"
+        version = ((metadata or {}).get(prefix) or {}).get("version")
+        if key in missing and (version is None or version < 2):
+            out.append(key)
+    return out
+
+
+_ZEROES: List[bool] = []
+
+
+def fill_like_torch(model: torch.nn.Module, keys: List[str]) -> None:
+    """Gives the ``num_batches_tracked`` buffers of ``keys`` the value the running torch's
+    load_state_dict gives them (0 in torch 1.13; newer ones keep the module's value):
+    found out once by loading a state dict without it into a BatchNorm1d."""
+    if not keys:
+        return
+    if not _ZEROES:
+        bn = torch.nn.BatchNorm1d(1)
+        with torch.no_grad():
+            bn.num_batches_tracked.fill_(5)
+        bn.load_state_dict(OrderedDict((k, v) for k, v in bn.state_dict().items()
+                                       if k != "num_batches_tracked"))
+        _ZEROES.append(bn.num_batches_tracked.item() == 0)
+    if _ZEROES[0]:
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for k in keys:
+                buffers[k].zero_()

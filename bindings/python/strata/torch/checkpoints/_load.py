@@ -1,5 +1,5 @@
-"""load_safetensors: a safetensors checkpoint (one file or shards with their index) into a
-model's tensors -- offloaded parameters' store objects, or the tensors in memory -- as
+"""load_safetensors / load_torch_state_dict: a safetensors checkpoint (one file or shards
+with their index), or a torch.save state dict, into a model's tensors -- offloaded parameters' store objects, or the tensors in memory -- as
 ``model.load_state_dict`` would load the same state dict, streamed through strata's I/O
 engine (C++: strata/store/safetensors.hpp, copy_tensors).
 
@@ -14,10 +14,12 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ._entries import (TORCH_OF_ST, compatible_shape, convertible, incompatible_keys,
-                       model_of, report, state_entries, strata_dtype, tied_groups, where,
-                       bump_version)
+from ._entries import (TORCH_OF_ST, bump_version, compatible_shape, convertible,
+                       fill_like_torch, filled_by_torch, incompatible_keys, model_of, report,
+                       state_entries, strata_dtype, tied_groups, where)
+from ... import _strata
 from ._files import open_shards, resolve
+from ._torch_zip import read_archive
 
 #: what the last load_safetensors in this process moved (bytes, seconds), for benchmarks
 LAST_LOAD: Dict[str, float] = {}
@@ -46,7 +48,10 @@ def load_safetensors(module: Any, path: Union[str, "os.PathLike[str]"], *, stric
         Tied weights (one tensor under several names, e.g. an embedding and the output
         head): one name in the file loads it and the others are not missing (what
         ``safetensors.torch.load_model`` does); several in the file: the last in
-        state_dict order wins, as load_state_dict's successive copies would.
+        state_dict order wins, as load_state_dict's successive copies would. A BatchNorm's
+        ``num_batches_tracked`` absent from a file without module versions (every
+        safetensors file) is not missing and gets the value torch's own load gives it
+        (0 in torch 1.13), as ``_NormBase._load_from_state_dict`` does.
     :param prefix: only the file's tensors whose names start with it are considered, the
         prefix removed ("model." for a checkpoint of a wrapper); the others are ignored.
     :param piece_bytes: bytes per piece (int or "8MiB"); default $STRATA_CHECKPOINT_PIECE_BYTES
@@ -69,20 +74,63 @@ def load_safetensors(module: Any, path: Union[str, "os.PathLike[str]"], *, stric
         entry its shard lacks, an offloaded parameter linked to an optimizer's master.
     :raises NotImplementedError: ZeRO-3 partitioned parameters (``comm=``).
     """
+    model = _check(module, strict, prefix)
+    t0 = time.perf_counter()
+    shards, weight_map, where_ = resolve(path)
+    readers, found = open_shards(shards, weight_map, where_)
+    return _load(model, readers, found, strict, prefix, piece_bytes, pieces, t0, None)
+
+
+def load_torch_state_dict(module: Any, path: Union[str, "os.PathLike[str]"], *,
+                          strict: bool = True, prefix: str = "", key: Optional[str] = None,
+                          piece_bytes: Optional[Union[int, str]] = None,
+                          pieces: Optional[int] = None) -> Any:
+    """Loads a state dict saved with ``torch.save`` (the zip format of torch >= 1.6) into
+    ``module`` as :func:`load_safetensors` loads a safetensors file -- the same name
+    matching, errors, conversions and streaming -- without ``torch.load``: the archive's
+    ``data.pkl`` is read by a restricted unpickler that records each tensor's storage
+    entry and view (no other code runs, no storage is loaded), then each tensor's bytes are
+    read in place from its uncompressed entry (O_DIRECT, aligned supersets).
+
+    :param key: the state dict is ``obj[key]`` of the dict saved (a training checkpoint's
+        ``"model"``, ``"state_dict"``); default None: the object saved is the state dict.
+    :raises ValueError: not a zip archive (the legacy format), a compressed or missing
+        storage entry, a non-contiguous tensor, no state dict (naming the file and entry).
+    :raises pickle.UnpicklingError: data.pkl needs a global other than a state dict's
+        (OrderedDict, torch's tensor/parameter rebuild functions, storage types).
+    Other arguments, returns and errors: as :func:`load_safetensors`.
+    """
+    model = _check(module, strict, prefix)
+    t0 = time.perf_counter()
+    path = os.fspath(path)
+    entries, _refs, metadata = read_archive(path, key)
+    reader = _strata._SafetensorsReader.ranges(path, entries)
+    found = {n: (reader, i, dt, tuple(shape)) for i, (n, dt, shape, _b, _e) in enumerate(entries)}
+    return _load(model, [reader], found, strict, prefix, piece_bytes, pieces, t0, metadata)
+
+
+def _check(module: Any, strict: Any, prefix: Any) -> torch.nn.Module:
     model = model_of(module)
     if not isinstance(strict, bool):
         raise TypeError(f"strict: expected a bool, got {type(strict).__name__}")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
-    t0 = time.perf_counter()
-    shards, weight_map, where_ = resolve(path)
-    readers, found = open_shards(shards, weight_map, where_)
+    return model
+
+
+def _load(model: torch.nn.Module, readers: List[Any], found: Dict[str, Any], strict: bool,
+          prefix: str, piece_bytes: Any, pieces: Any, t0: float,
+          metadata: Optional[Dict[str, Any]]) -> Any:
+    """The load of the tensors ``found`` ({file name: (reader, index, dtype, shape)});
+    ``metadata``: the state dict's ``_metadata`` (module versions), if it has one."""
     file_keys = [(n[len(prefix):], n) for r in readers for n, *_ in r.tensors if n.startswith(prefix)]
     entries = state_entries(model)
     groups = tied_groups(entries)
     in_file = {k: n for k, n in file_keys}
     missing = [k for k, v in entries.items()
                if k not in in_file and not any(a in in_file for a in groups[id(v)])]
+    filled = filled_by_torch(model, missing, metadata)
+    missing = [k for k in missing if k not in filled]
     unexpected = [k for k, _ in file_keys if k not in entries]
     mismatched = []
     for k, v in entries.items():
@@ -105,6 +153,7 @@ def load_safetensors(module: Any, path: Union[str, "os.PathLike[str]"], *, stric
                             f"loaded into a {v.dtype} tensor (only the same dtype, or between "
                             "float32, float16, bfloat16 and float64)")
     moved = _copy(readers, found, in_file, list(chosen.values()), piece_bytes, pieces)
+    fill_like_torch(model, filled)
     LAST_LOAD.clear()
     LAST_LOAD.update(bytes=moved, seconds=time.perf_counter() - t0)
     return incompatible_keys(missing, unexpected)
