@@ -8,10 +8,8 @@
 // An existing --output file is read first (an error in it fails the command) and only the
 // keys the DeepSpeed file sets change, as `strata tune` does. Nothing is written on error
 // or with --dry-run.
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +17,7 @@
 
 #include "command.hpp"
 #include "deepspeed_config.hpp"
+#include "strata/base/file_text.hpp"
 #include "strata/store/config.hpp"
 
 namespace strata::cli {
@@ -31,36 +30,10 @@ struct FromDeepSpeedArgs {
   bool json = false;
 };
 
-/// The text of `path` (at most 16 MiB).
-/// \error errno_status naming the file; InvalidArgument when larger than 16 MiB.
-Result<std::string> read_text(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open deepspeed config '" + path + "'");
-  std::string text;
-  char buf[1 << 14];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return errno_status(e, "cannot read deepspeed config '" + path + "'");
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (16u << 20)) {
-      ::close(fd);
-      return invalid_argument("deepspeed config '" + path + "': larger than 16 MiB");
-    }
-  }
-  ::close(fd);
-  return text;
-}
-
 bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
 int run_from_deepspeed(const FromDeepSpeedArgs& a) {
-  auto text = read_text(a.input);
+  auto text = read_text_file(a.input, "deepspeed config '" + a.input + "'", 16u << 20);
   if (!text.ok()) return report_error(text.status());
   nlohmann::ordered_json ds;
   try {

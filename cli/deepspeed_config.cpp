@@ -1,8 +1,8 @@
 // DeepSpeed configuration -> strata configuration file (see deepspeed_config.hpp).
 #include "deepspeed_config.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <set>
 #include <utility>
 
 #include "strata/base/units.hpp"
@@ -173,12 +173,15 @@ Status convert_aio(Converter& c, const std::string& where, const Json& aio) {
   return Status::OK();
 }
 
-/// The distinct nvme_path values, in the order met.
-void add_nvme_dir(std::vector<std::string>& dirs, const std::string& path) {
-  for (const auto& d : dirs) {
-    if (d == path) return;
-  }
-  dirs.push_back(path);
+/// offload_optimizer.nvme_path / offload_param.nvme_path: the store's data directory;
+/// `dirs` collects the distinct paths in the order met.
+Status convert_nvme_path(Converter& c, const std::string& key, const Json& v,
+                         std::vector<std::string>& dirs) {
+  STRATA_ASSIGN_OR_RETURN(std::string p, read_string(c, key, v));
+  if (p.empty()) return c.error(key, "empty path");
+  if (std::find(dirs.begin(), dirs.end(), p) == dirs.end()) dirs.push_back(p);
+  c.add(key, v, Outcome::kSet, "the store's data directory", "store.nvme_dirs", p);
+  return Status::OK();
 }
 
 Status convert_offload_optimizer(Converter& c, const std::string& where, const Json& o,
@@ -203,10 +206,7 @@ Status convert_offload_optimizer(Converter& c, const std::string& where, const J
         return c.error(key, "expected \"cpu\", \"nvme\" or \"none\", got " + v.dump());
       }
     } else if (name == "nvme_path") {
-      STRATA_ASSIGN_OR_RETURN(std::string p, read_string(c, key, v));
-      if (p.empty()) return c.error(key, "empty path");
-      add_nvme_dir(dirs, p);
-      c.add(key, v, Outcome::kSet, "the store's data directory", "store.nvme_dirs", p);
+      STRATA_RETURN_IF_ERROR(convert_nvme_path(c, key, v, dirs));
     } else if (name == "pin_memory") {
       STRATA_ASSIGN_OR_RETURN(bool b, read_bool(c, key, v));
       c.add(key, v, b ? Outcome::kKept : Outcome::kNotHonoured,
@@ -263,10 +263,7 @@ Status convert_offload_param(Converter& c, const std::string& where, const Json&
         return c.error(key, "expected \"cpu\", \"nvme\" or \"none\", got " + v.dump());
       }
     } else if (name == "nvme_path") {
-      STRATA_ASSIGN_OR_RETURN(std::string p, read_string(c, key, v));
-      if (p.empty()) return c.error(key, "empty path");
-      add_nvme_dir(dirs, p);
-      c.add(key, v, Outcome::kSet, "the store's data directory", "store.nvme_dirs", p);
+      STRATA_RETURN_IF_ERROR(convert_nvme_path(c, key, v, dirs));
     } else if (name == "buffer_count" || name == "buffer_size") {
       STRATA_ASSIGN_OR_RETURN(uint64_t n, read_count(c, key, v));
       (name == "buffer_count" ? buffer_count : buffer_size) = n;

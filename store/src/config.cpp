@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/base/env.hpp"
+#include "strata/base/file_text.hpp"
 #include "strata/base/text.hpp"
 #include "strata/base/units.hpp"
 
@@ -350,26 +351,7 @@ Result<Config> Config::parse(std::string_view text, const std::string& file) {
 
 Result<Config> Config::load(const std::string& file) {
   if (file.empty()) return invalid_argument("config file: empty path");
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open " + file_label(file));
-  std::string text;
-  char buf[1 << 14];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      return errno_status(e, "cannot read " + file_label(file));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (16u << 20)) {
-      ::close(fd);
-      return invalid_argument(file_label(file) + ": larger than 16 MiB");
-    }
-  }
-  ::close(fd);
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(file, file_label(file), 16u << 20));
   return parse(text, file);
 }
 
