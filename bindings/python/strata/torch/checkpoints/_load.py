@@ -72,7 +72,9 @@ def load_safetensors(module: Any, path: Union[str, "os.PathLike[str]"], *, stric
     :raises FileNotFoundError: no checkpoint at ``path``, a shard missing from the index's
         directory. :raises ValueError: a malformed index, a tensor in two shards, an index
         entry its shard lacks, an offloaded parameter linked to an optimizer's master.
-    :raises NotImplementedError: ZeRO-3 partitioned parameters (``comm=``).
+    With ZeRO-3 (``offload_parameters(comm=...)``) every rank calls this with the same
+    file and reads only its own slice of each parameter (no collective, no gather, no
+    rank-0 copy); buffers, which every rank holds, are read whole on each.
     """
     model = _check(module, strict, prefix)
     t0 = time.perf_counter()
@@ -162,7 +164,7 @@ def _load(model: torch.nn.Module, readers: List[Any], found: Dict[str, Any], str
 def _copy(readers: List[Any], found: Dict[str, Any], in_file: Dict[str, str],
           chosen: List[Tuple[str, torch.Tensor]], piece_bytes: Any, pieces: Any) -> int:
     """Copies each chosen (key, tensor) from its file, one copy_tensors call per (reader,
-    store). Returns the file bytes of the tensors loaded."""
+    store). Returns the file bytes read (aligned supersets included)."""
     jobs: Dict[Tuple[int, int], Tuple[Any, Any, List[tuple]]] = {}
     keep: List[torch.Tensor] = []  # memory the targets point into, alive until copied
     after: List[Tuple[torch.Tensor, torch.Tensor]] = []  # (temporary, destination)
@@ -176,9 +178,11 @@ def _copy(readers: List[Any], found: Dict[str, Any], in_file: Dict[str, str],
             if id(handle) not in handles:
                 handles.add(id(handle))
                 handle.release_all()  # edits stored, fetches in flight finished
-            key = handle.overwrite_object(v)
+            key, begin, end = handle.overwrite_object(v)  # ZeRO-3: this rank's slice
+            if key is None:
+                continue
             store = handle.store
-            target = (index, 0, None, dtype, None, key, 0)
+            target = (index, begin, end, dtype, None, key, 0)
         else:
             store = None
             if v.device.type == "cpu" and v.is_contiguous() and not v.is_meta:
@@ -195,9 +199,7 @@ def _copy(readers: List[Any], found: Dict[str, Any], in_file: Dict[str, str],
     # Memory targets join the first job of their reader (one pass over the file).
     moved = 0
     for reader, store, targets in _merge(jobs):
-        stats = reader.copy(targets, store, piece_bytes, pieces)
-        moved += sum(reader.tensors[t[0]][4] - reader.tensors[t[0]][3] for t in targets)
-        del stats
+        moved += reader.copy(targets, store, piece_bytes, pieces)["bytes_read"]
     with torch.no_grad():
         for tmp, dst in after:
             dst.copy_(tmp)

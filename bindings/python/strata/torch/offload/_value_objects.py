@@ -17,7 +17,9 @@ from ._record import ParamRecord
 
 
 class ValueObjects:
-    """Mixin of ParameterOffload (needs its ``_record``, ``ws``, ``_stats``, ``_model``)."""
+    """Mixin of ParameterOffload (needs its ``_record``, ``ws``, ``_stats``, ``_model``).
+    Partitioned parameters (ZeRO-3): import writes this rank's slice; export is one
+    process only."""
 
     @property
     def model(self) -> Optional[torch.nn.Module]:
@@ -46,19 +48,21 @@ class ValueObjects:
         self.ws.touch(s)
         return s.value_key, (torch.float32 if s.link is not None else s.dtype)
 
-    def overwrite_object(self, p: torch.Tensor) -> str:
-        """The store object to overwrite with ``p``'s new value (``numel(p)`` elements of
-        ``p.dtype``, row-major, e.g. by ``Store.write_range`` in pieces): ``p`` is released
+    def overwrite_object(self, p: torch.Tensor) -> Tuple[Optional[str], int, int]:
+        """Where to write ``p``'s new value: ``(key, begin, end)`` -- the store object to
+        overwrite with elements [begin, end) of ``p``'s new value (``p.dtype``, row-major
+        order, e.g. by ``Store.write_range`` in pieces): in one process the whole value
+        (``begin`` 0, ``end`` numel), with a communicator (ZeRO-3) this rank's slice, the
+        only part it reads and writes (key None when the slice is empty). ``p`` is released
         from memory first without storing its data (a fetch in flight is finished and
         dropped), and counts as changed (its version). The caller must write the whole
-        object before ``p`` is used again.
+        range before ``p`` is used again; no collective, but with a communicator every rank
+        must load the same values before the next fetch.
 
         :raises KeyError: ``p`` is not a parameter of this offload.
         :raises ValueError: ``p`` is linked to a strata optimizer's master
-            (``overlap_backward``): load checkpoints before creating the optimizer.
-        :raises NotImplementedError: a ZeRO-3 (partitioned) parameter."""
+            (``overlap_backward``): load checkpoints before creating the optimizer."""
         s = self._record(p)
-        self._one_process(s, "import")
         if s.link is not None:
             raise ValueError(f"offloaded parameter {s.name!r} is linked to a strata optimizer's "
                              "master (overlap_backward): load the checkpoint before creating "
@@ -66,5 +70,8 @@ class ValueObjects:
         self.ws.drain()
         self.ws.release(s, write_back=False)
         s.version += 1
-        self._stats["param_bytes_written"] += s.nbytes
-        return s.key
+        b, e = (0, s.numel) if s.owned is None else s.owned
+        self._stats["param_bytes_written"] += (e - b) * s.param.element_size()
+        if s.owned is None:
+            return s.key, b, e
+        return (s.key + "#part" if e > b else None), b, e
