@@ -117,3 +117,36 @@ def test_what_is_not_read_is_named(tmp_path):
             zout.writestr(i.filename, zin.read(i))
     with pytest.raises(ValueError, match=r"entry 'ok/data/0' is compressed"):
         st.load_torch_state_dict(Net(), str(tmp_path / "z.pt"), strict=False)
+
+
+def test_damaged_archives_raise_named_errors_only(tmp_path):
+    """300 seeded mutations of a real torch.save file (bytes flipped, truncations, both):
+    each loads or raises a ValueError / UnpicklingError / strata error / torch's
+    RuntimeError or TypeError naming what is wrong -- nothing else, and no code runs."""
+    import pickle
+    import random
+
+    import strata
+    Evil.marker = str(tmp_path / "ran")
+    torch.save(filled_net(5).state_dict(), tmp_path / "ok.pt")
+    good = (tmp_path / "ok.pt").read_bytes()
+    rng = random.Random(27)
+    allowed = (ValueError, pickle.UnpicklingError, strata.Error, RuntimeError, TypeError)
+    outcomes = {}
+    for i in range(300):
+        data = bytearray(good)
+        if i % 3 != 1:
+            for _ in range(rng.randint(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        if i % 3 != 0:
+            del data[rng.randrange(len(data)):]
+        path = tmp_path / "m.pt"
+        path.write_bytes(bytes(data))
+        try:
+            st.load_torch_state_dict(Net(), str(path), strict=False)
+            outcomes["loaded"] = outcomes.get("loaded", 0) + 1
+        except allowed as e:
+            assert "m.pt" in str(e) or isinstance(e, (RuntimeError, TypeError)), repr(e)
+            outcomes[type(e).__name__] = outcomes.get(type(e).__name__, 0) + 1
+    assert not os.path.exists(Evil.marker)
+    assert len(outcomes) >= 2, outcomes

@@ -51,6 +51,10 @@ class TensorRef:
         return all(d == 1 or s == w for d, s, w in zip(self.shape, self.stride, reversed(want)))
 
 
+class ForbiddenGlobal(pickle.UnpicklingError):
+    """data.pkl names a global a state dict does not need (nothing of it is run)."""
+
+
 class _StorageType:
     def __init__(self, name: str):
         self.name = name
@@ -89,7 +93,7 @@ class _Unpickler(pickle.Unpickler):
             return object  # _rebuild_from_type_v2's type argument (not used)
         fn = _GLOBALS.get((module, name))
         if fn is None:
-            raise pickle.UnpicklingError(
+            raise ForbiddenGlobal(
                 f"torch.save file {self.path!r}: data.pkl needs {module}.{name}, which a "
                 "state dict does not (only tensors, parameters and OrderedDicts are read)")
         return fn
@@ -129,10 +133,13 @@ def read_archive(path: str, key: Optional[str] = None
     :raises ValueError: not a zip archive (torch's legacy format), a compressed storage, a
         storage entry missing or shorter than a tensor on it, a non-contiguous tensor, no
         state dict (naming the file, the entry and the byte offset where one applies).
-    :raises pickle.UnpicklingError: data.pkl needs a global a state dict does not."""
+        A damaged archive or pickle is a ValueError naming the file (whatever zipfile or
+        pickle raised is its ``__cause__``).
+    :raises ForbiddenGlobal: (pickle.UnpicklingError) data.pkl needs a global a state dict
+        does not."""
     try:
         z = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, ValueError, EOFError) as e:
         raise ValueError(f"torch.save file {path!r} is not a zip archive ({e}): torch's legacy "
                          "(pre-1.6) format is not read") from None
     with z, open(path, "rb") as f:
@@ -143,8 +150,14 @@ def read_archive(path: str, key: Optional[str] = None
         if prefix + "byteorder" in z.namelist() and z.read(prefix + "byteorder").strip() != b"little":
             raise ValueError(f"torch.save file {path!r}: written on a big-endian machine "
                              "(its byteorder entry); only little-endian files are read")
-        up = _Unpickler(z.read(pkl[0]), path)
-        obj = up.load()
+        try:
+            up = _Unpickler(z.read(pkl[0]), path)
+            obj = up.load()
+        except ForbiddenGlobal:
+            raise
+        except Exception as e:  # a damaged archive or pickle: whatever the parsers raise
+            raise ValueError(f"torch.save file {path!r}: {pkl[0].filename!r} cannot be read "
+                             f"({type(e).__name__}: {e})") from e
         if key is not None:
             if not isinstance(obj, dict) or key not in obj:
                 raise ValueError(f"torch.save file {path!r}: the object saved has no key {key!r}")
