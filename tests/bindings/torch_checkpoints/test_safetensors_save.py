@@ -132,3 +132,23 @@ def test_the_safetensors_package_reads_the_export(tmp_path):
     got = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
     for k, v in unique_state(m).items():
         assert torch.equal(got[k], v), k
+
+
+def test_parameters_linked_to_an_optimizer_export_their_masters(tmp_path, store):
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    h = st.offload_parameters(m, store, working_set="16KiB")
+    opt = st.OffloadAdamW(m.parameters(), lr=1e-2, store=store, overlap_backward=True)
+    for _ in range(2):
+        opt.zero_grad()
+        m(torch.randn(4, 64)).sum().backward()
+        opt.step()
+    assert all(h.linked(p) for p in m.parameters())
+    st.save_safetensors(m, str(tmp_path))
+    _, tensors, _ = spec_files.read(str(tmp_path / "model.safetensors"))
+    for k, v in m.state_dict().items():
+        assert torch.equal(tensors[k], v), k
+    with pytest.raises(ValueError, match="linked to a strata optimizer's master"):
+        st.load_safetensors(m, str(tmp_path))
+    opt.close()
+    h.close()
