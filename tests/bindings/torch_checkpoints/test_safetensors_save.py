@@ -152,3 +152,12 @@ def test_parameters_linked_to_an_optimizer_export_their_masters(tmp_path, store)
         st.load_safetensors(m, str(tmp_path))
     opt.close()
     h.close()
+
+
+def test_non_contiguous_tensors_are_saved_row_major(tmp_path):
+    m = trained_net(6)
+    m.fc.weight.data = m.fc.weight.data.t().contiguous().t()  # same values, transposed layout
+    assert not m.fc.weight.is_contiguous()
+    st.save_safetensors(m, str(tmp_path))
+    _, tensors, _ = spec_files.read(str(tmp_path / "model.safetensors"))
+    assert torch.equal(tensors["fc.weight"], m.fc.weight)

@@ -38,8 +38,8 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
     filled from offloaded parameters' store objects (read with ``Store.read_range``) and
     from tensors in memory, into ``<name>.tmp``, fdatasync'd, renamed into place, the
     directory fsync'd (``durable``). Host memory: about 2 x ``pieces`` x ``piece_bytes``
-    of pinned buffers, plus a temporary copy of a tensor in memory that is not a contiguous
-    CPU tensor.
+    of pinned buffers, plus, while their shard is written, temporary copies of the tensors
+    in memory that are not contiguous CPU tensors (a CUDA model's: up to a shard).
 
     Files: one ``model.safetensors`` when everything fits in ``max_shard_size``, else
     ``model-00001-of-0000n.safetensors``... and ``model.safetensors.index.json``
@@ -92,18 +92,20 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
              [shard_name(k + 1, len(shards)) for k in range(len(shards))])
     written, weight_map, total = [], {}, 0
     for name, shard in zip(names, shards):
-        stores = {id(t[2]): t[2] for t in shard if t[2] is not None}
+        stores = {id(t[3]): t[3] for t in shard if t[3] is not None}
         if len(stores) > 1:
             raise ValueError(f"{name}: its offloaded tensors are in {len(stores)} stores; "
                              "save models offloaded to one store")
         store = next(iter(stores.values()), None)
         path = os.path.join(directory, name)
-        _strata.safetensors_write(path, [t[1] for t in shard], metadata, store, piece_bytes,
+        made = [_source(t) for t in shard]
+        _strata.safetensors_write(path, [m[1] for m in made], metadata, store, piece_bytes,
                                   pieces, durable)
+        del made
         written.append(path)
         for t in shard:
-            weight_map[t[1][0]] = name
-            total += t[3]
+            weight_map[t[0]] = name
+            total += t[4]
     if len(shards) > 1:
         written.append(write_index(directory, weight_map, total, durable))
     keep = set(names) | ({INDEX} if len(shards) > 1 else set())
@@ -117,29 +119,36 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
 
 
 def _sources(model: torch.nn.Module, dtype: Optional[torch.dtype]) -> List[Tuple[Any, ...]]:
-    """(tensor kept alive, the write_file source tuple, its store or None, file bytes) per
-    tensor to write, tied names dropped after the first."""
+    """(name, tensor, file dtype, its store or None, file bytes) per tensor to write, tied
+    names dropped after the first; nothing is read or copied yet (see _source)."""
     out, seen = [], set()
     for k, v in state_entries(model).items():
         if id(v) in seen:
             continue
         seen.add(id(v))
         file_dtype = dtype if dtype is not None and v.dtype in FLOATING else v.dtype
-        fd = strata_dtype(file_dtype, k)
-        shape = list(v.shape)
+        strata_dtype(file_dtype, k)  # (a TypeError naming k before anything is written)
         nbytes = v.numel() * torch.empty((), dtype=file_dtype).element_size()
         kind, handle = where(v)
-        if kind == "offloaded":
-            key, src_dtype = handle.value_object(v)
-            out.append((v, (k, fd, shape, strata_dtype(src_dtype, k), None, key, 0),
-                        handle.store, nbytes))
-            continue
-        src = v.detach()
-        if src.device.type != "cpu" or not src.is_contiguous():
-            src = src.contiguous().cpu()
-        out.append((src, (k, fd, shape, strata_dtype(src.dtype, k),
-                          src.data_ptr() if src.numel() else None, None, 0), None, nbytes))
+        out.append((k, v, file_dtype, handle.store if kind == "offloaded" else None, nbytes))
     return out
+
+
+def _source(entry: Tuple[Any, ...]) -> Tuple[Any, tuple]:
+    """(memory to keep alive or None, write_file's source tuple) of one entry: an offloaded
+    parameter's value object, or the tensor's memory (a temporary contiguous CPU copy of a
+    CUDA or non-contiguous one, alive only while its shard is written)."""
+    k, v, file_dtype, _store, _n = entry
+    fd, shape = strata_dtype(file_dtype, k), list(v.shape)
+    kind, handle = where(v)
+    if kind == "offloaded":
+        key, src_dtype = handle.value_object(v)
+        return None, (k, fd, shape, strata_dtype(src_dtype, k), None, key, 0)
+    src = v.detach()
+    if src.device.type != "cpu" or not src.is_contiguous():
+        src = src.contiguous().cpu()
+    return src, (k, fd, shape, strata_dtype(src.dtype, k),
+                 src.data_ptr() if src.numel() else None, None, 0)
 
 
 def _split(tensors: List[Tuple[Any, ...]], limit: int) -> List[List[Tuple[Any, ...]]]:
@@ -149,14 +158,14 @@ def _split(tensors: List[Tuple[Any, ...]], limit: int) -> List[List[Tuple[Any, .
     cur: List[Tuple[Any, ...]] = []
     size = 0
     for t in tensors:
-        if t[3] > limit:
+        if t[4] > limit:
             shards.append([t])
             continue
-        if size + t[3] > limit:
+        if size + t[4] > limit:
             shards.append(cur)
             cur, size = [], 0
         cur.append(t)
-        size += t[3]
+        size += t[4]
     if cur or not shards:
         shards.append(cur)
     return shards
