@@ -8,7 +8,7 @@
 - ``strata.torch.activations``: activation offload, ``offload_activations`` (what autograd
   saves for backward in a host pool and the store's nvme tier);
 - ``strata.torch.checkpoints``: ``load_safetensors`` / ``save_safetensors`` /
-  ``load_torch_state_dict`` (checkpoint files into and out of a model's tensors, offloaded
+  ``load_torch_state_dict`` / ``save_torch_state_dict`` (checkpoint files into and out of a model's tensors, offloaded
   or not, streamed).
 
 The optimizer wing reaches offloaded parameters only through the offload wing's public
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from ._trace import spans as trace_spans, start_trace, stop_trace, trace
 from .activations import ActivationOffload, offload_activations
-from .checkpoints import load_safetensors, load_torch_state_dict, save_safetensors
+from .checkpoints import (load_safetensors, load_torch_state_dict, save_safetensors,
+                          save_torch_state_dict)
 from .offload import OffloadedParameter, ParameterOffload, offload_init, offload_parameters
 from .optim import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
            "OffloadedParameter", "offload_activations", "ActivationOffload", "load_safetensors",
-           "save_safetensors", "load_torch_state_dict", "trace", "start_trace", "stop_trace", "trace_spans"]
+           "save_safetensors", "load_torch_state_dict", "save_torch_state_dict", "trace", "start_trace", "stop_trace", "trace_spans"]

@@ -9,7 +9,8 @@ included, without materializing the model or the file (docs/checkpoints.md).
 - :func:`save_safetensors`: ``save_pretrained``'s files (``max_shard_size``), streamed
   from the store objects and memory, durable and renamed into place;
 - :func:`load_torch_state_dict`: a ``torch.save`` state dict (zip archive) loaded the same
-  way, its pickle read by a restricted unpickler, its storages in place.
+  way, its pickle read by a restricted unpickler, its storages in place;
+  :func:`save_torch_state_dict`: one written for ``torch.load``, streamed in pieces.
 
 The bytes move in C++ (strata/store/safetensors.hpp: O_DIRECT aligned superset reads and
 writes through the IoEngine, pinned pieces in flight); this package maps a model's names
@@ -20,10 +21,13 @@ wing's public names (``is_offloaded``, ``offload_of``, ``ParameterOffload.value_
 Modules: _files.py (the files: index, shard names, size strings), _entries.py (a model's
 state_dict entries, tied tensors, dtypes, torch's key report), _load.py
 (load_safetensors, load_torch_state_dict), _save.py (save_safetensors), _torch_zip.py
-(torch.save archives: central directory, restricted unpickler).
+(torch.save archives: central directory, restricted unpickler), _torch_save.py
+(save_torch_state_dict).
 """
 
 from ._load import load_safetensors, load_torch_state_dict
 from ._save import save_safetensors
+from ._torch_save import save_torch_state_dict
 
-__all__ = ["load_safetensors", "save_safetensors", "load_torch_state_dict"]
+__all__ = ["load_safetensors", "save_safetensors", "load_torch_state_dict",
+           "save_torch_state_dict"]

@@ -72,7 +72,7 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     return func(*args)
 
 
-_GLOBALS = {("collections", "OrderedDict"): OrderedDict,
+_GLOBALS = {("collections", "OrderedDict"): OrderedDict, ("torch", "Size"): tuple,
             ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
             ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
             ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
