@@ -131,13 +131,19 @@ Result<StreamOptions> StreamOptions::from_env() {
 
 Reader::~Reader() = default;
 
-Result<std::shared_ptr<Reader>> Reader::open(const std::string& path,
-                                             std::shared_ptr<IoEngine> engine) {
+Result<std::shared_ptr<Reader>> Reader::open_file(const std::string& path,
+                                                  std::shared_ptr<IoEngine> engine) {
   std::shared_ptr<Reader> r(new Reader());
   r->path_ = path;
   STRATA_ASSIGN_OR_RETURN(r->engine_, engine_or_default(std::move(engine)));
   STRATA_ASSIGN_OR_RETURN(r->file_, r->engine_->open(path, OpenMode::kRead));
   r->align_ = std::max<uint64_t>(r->file_->offset_alignment(), 1);
+  return r;
+}
+
+Result<std::shared_ptr<Reader>> Reader::open(const std::string& path,
+                                             std::shared_ptr<IoEngine> engine) {
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Reader> r, open_file(path, std::move(engine)));
   STRATA_ASSIGN_OR_RETURN(uint64_t size, r->file_->size());
   // The length, then the JSON: two aligned reads (the second only when it is longer than
   // the first read's 64 KiB).
@@ -165,11 +171,7 @@ Result<std::shared_ptr<Reader>> Reader::open(const std::string& path,
 Result<std::shared_ptr<Reader>> Reader::open_ranges(const std::string& path,
                                                     std::vector<TensorEntry> tensors,
                                                     std::shared_ptr<IoEngine> engine) {
-  std::shared_ptr<Reader> r(new Reader());
-  r->path_ = path;
-  STRATA_ASSIGN_OR_RETURN(r->engine_, engine_or_default(std::move(engine)));
-  STRATA_ASSIGN_OR_RETURN(r->file_, r->engine_->open(path, OpenMode::kRead));
-  r->align_ = std::max<uint64_t>(r->file_->offset_alignment(), 1);
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Reader> r, open_file(path, std::move(engine)));
   STRATA_ASSIGN_OR_RETURN(uint64_t size, r->file_->size());
   Header& h = r->header_;
   h.raw = true;

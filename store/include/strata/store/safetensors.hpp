@@ -157,6 +157,9 @@ class Reader {
 
  private:
   Reader() = default;
+  /// A reader of `path` opened through `engine` (or a default one), its header empty.
+  static Result<std::shared_ptr<Reader>> open_file(const std::string& path,
+                                                   std::shared_ptr<IoEngine> engine);
   std::string path_;
   Header header_;
   std::shared_ptr<IoEngine> engine_;
