@@ -246,3 +246,49 @@ def test_zero_size_parameters_step_as_in_memory(tmp_path):
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     off.close()
+
+
+def test_adagrad_state_before_the_first_step_is_torchs_and_interchangeable(tmp_path):
+    # torch's Adagrad makes {step: 0, sum: initial_accumulator_value} at construction; a
+    # parameter that has not stepped shows it too, and the state dict loads into torch.
+    m_ref, m_off = _model(), _model()
+    hp = dict(lr=0.05, initial_accumulator_value=0.25)
+    ref = torch.optim.Adagrad(m_ref.parameters(), **hp)
+    off = OffloadOptimizer(torch.optim.Adagrad, m_off.parameters(), path=str(tmp_path / "s"),
+                           sub_group_numel=256, chunk_size="64KiB", **hp)
+    p0 = next(m_off.parameters())
+    assert off.state[p0].keys() == {"step", "sum"}
+    assert torch.equal(off.state[p0]["sum"], torch.full(p0.shape, 0.25))
+    _assert_same(m_ref, ref, m_off, off)
+    into = torch.optim.Adagrad(m_ref.parameters(), **hp)
+    into.load_state_dict(off.state_dict())
+    _train(m_ref, into, 2)
+    _train(m_off, off, 2)
+    _assert_same(m_ref, into, m_off, off)
+    off.close()
+
+
+def test_a_parameter_listed_twice_and_add_param_group_after_close_are_refused(tmp_path):
+    m = _model()
+    w = m[0].weight
+    with pytest.raises(ValueError, match=r"^OffloadOptimizer: parameter 1 is parameter 0 "
+                                         r"again; torch.optim would step it twice"):
+        OffloadOptimizer(torch.optim.SGD, [w, w], lr=0.1, path=str(tmp_path / "s"))
+    off = OffloadOptimizer(torch.optim.SGD, [w], lr=0.1, path=str(tmp_path / "t"))
+    off.close()
+    with pytest.raises(strata.FailedPreconditionError, match="OffloadOptimizer is closed$"):
+        off.add_param_group({"params": [m[2].weight]})
+
+
+def test_a_resume_without_the_state_deciding_hyperparameters_says_what_to_pass(tmp_path):
+    m = _model()
+    off = OffloadOptimizer(torch.optim.SGD, m.parameters(), lr=0.1, momentum=0.9,
+                           path=str(tmp_path / "s"), sub_group_numel=256, chunk_size="64KiB")
+    _train(m, off, 1)
+    off.close()
+    with pytest.raises(strata.FailedPreconditionError,
+                       match=r"^FailedPrecondition: OffloadOptimizer resume: the hyperparameters given make the "
+                             r"state tensors \[\], not the checkpoint's: pass the ones that "
+                             r"decide which state a parameter has \(e\.g\. SGD momentum"):
+        OffloadOptimizer(torch.optim.SGD, _model().parameters(), lr=0.1,
+                         path=str(tmp_path / "s"), resume=True)

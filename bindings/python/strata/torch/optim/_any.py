@@ -16,7 +16,6 @@ Thread-safety: like torch optimizers, one thread at a time.
 from __future__ import annotations
 
 import shutil
-import weakref
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -28,7 +27,8 @@ import strata
 from ..._data_dir import make_temp_dir
 from . import _slice_step as ss
 from ._exchange import bump_version
-from ._any_state import AnyStateView, as_floats, decode_record, encode_record
+from ._any_state import (AnyStateView, as_floats, decode_record, encode_record,
+                         weak_callback as _callback, weak_method as _weak)
 from ._rule import UpdateRule
 
 _RECORD = "torch-record-"
@@ -83,6 +83,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  num_threads: int = 0, chunk_size: Any = None, **hyperparams: Any):
         self._core: Optional[strata.OffloadedOptimizer] = None
         self._closed = False
+        self._initial: Dict[int, Dict[str, Any]] = {}
         self._owned_dir: Optional[str] = None
         self._owns_store = False
         self.store: Optional[strata.Store] = None
@@ -103,11 +104,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
             reference = optimizer_class(params, **hyperparams)  # the class's own checks
             groups = [{k: v for k, v in g.items()} for g in reference.param_groups]
             defaults = dict(reference.defaults)
+            # State a class makes at construction (Adagrad: step 0, sum filled with
+            # initial_accumulator_value): what state[p] / state_dict() show before p's
+            # first step, kept small (a filled tensor as its value).
+            self._initial = {id(p): ss.compact_state(st) for p, st in reference.state.items()
+                             if st}
             del reference
             super().__init__(groups, defaults)
             kind = f"torch.optim.{optimizer_class.__name__}"
         self._kind = kind
         self._params: List[torch.Tensor] = [p for g in self.param_groups for p in g["params"]]
+        seen_ids: Dict[int, int] = {}
+        for i, p in enumerate(self._params):
+            if id(p) in seen_ids:
+                raise ValueError(f"OffloadOptimizer: parameter {i} is parameter "
+                                 f"{seen_ids[id(p)]} again; torch.optim would step it twice "
+                                 "per step (deprecated): list each parameter once")
+            seen_ids[id(p)] = i
         for i, p in enumerate(self._params):
             if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
                 raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
@@ -151,8 +164,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
             except strata.NotFoundError:
                 pass
         if resume:
-            self._core = strata.OffloadedOptimizer.resume(store, key_prefix=key_prefix,
-                                                          rule=rule, **pipeline)
+            try:
+                self._core = strata.OffloadedOptimizer.resume(store, key_prefix=key_prefix,
+                                                              rule=rule, **pipeline)
+            except strata.FailedPreconditionError as e:
+                if "state streams" not in str(e):
+                    raise
+                raise ss.resume_streams_error(e, self._streams) from e
         else:
             self._core = strata.OffloadedOptimizer.create(
                 store, key_prefix=key_prefix, default_placement=tier, rule=rule, **pipeline)
@@ -237,6 +255,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """Only during construction: afterwards ValueError (the offloaded layout is fixed)."""
+        if getattr(self, "_closed", False):
+            self._check_open()
         if getattr(self, "_core", None) is not None:
             raise ValueError("OffloadOptimizer: parameters cannot be added after construction")
         super().add_param_group(param_group)
@@ -343,7 +363,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if h is None or self._by_handle[h] is not p:
             raise KeyError("OffloadOptimizer.state: the tensor is not one of its parameters")
         if h not in self._scalars:
-            return None
+            initial = self._initial.get(id(p))
+            return None if initial is None else ss.expand_state(initial, p)
         entry = ss.clone_scalars(self._scalars[h])
         for n in self._group_streams(self.param_groups[self._group_of[h]]):
             arr = self._core.read_state(h, self._streams.index(n))
@@ -351,7 +372,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return entry
 
     def _with_state(self) -> List[torch.Tensor]:
-        return [p for h, p in self._by_handle.items() if h in self._scalars]
+        return [p for h, p in self._by_handle.items()
+                if h in self._scalars or id(p) in self._initial]
 
     def state_dict(self) -> Dict[str, Any]:
         """The class's state_dict format (``state[i]``: its scalars and its state tensors,
@@ -473,20 +495,3 @@ class OffloadOptimizer(torch.optim.Optimizer):
         except Exception:  # noqa: BLE001
             pass
 
-
-def _weak(opt: OffloadOptimizer, method: str):
-    ref = weakref.ref(opt)
-    return lambda *a: getattr(ref(), method)(*a)
-
-
-def _callback(opt: OffloadOptimizer):
-    """The Python rule's callable: ``opt._update_slice`` through a weak reference (the C++
-    optimizer holds the callable; ``del opt`` still closes it)."""
-    ref = weakref.ref(opt)
-
-    def update(param, grad, states, step, hp, ctx):
-        o = ref()
-        if o is None:
-            raise RuntimeError("the OffloadOptimizer is gone")
-        o._update_slice(param, grad, states, step, hp, ctx)
-    return update

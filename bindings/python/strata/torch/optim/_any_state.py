@@ -2,7 +2,8 @@
 state streams: ``optimizer.state`` (a read-only mapping parameter -> its state as the
 torch.optim class keeps it, read from the store at each access), and the record of the
 param groups' hyperparameters and per-tensor scalars that checkpoints commit (JSON bytes,
-length-prefixed, in an internal fp32 tensor).
+length-prefixed, in an internal fp32 tensor); and the optimizer's callables held by others
+(the Python rule's update, ``optimizer.state``'s reads) through weak references.
 
 Thread-safety: like torch optimizers, one thread at a time.
 """
@@ -10,6 +11,7 @@ Thread-safety: like torch optimizers, one thread at a time.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -77,3 +79,22 @@ class AnyStateView(Mapping):
 
     def __contains__(self, p: object) -> bool:
         return any(q is p for q in self._with_state())
+
+
+def weak_method(opt: Any, method: str) -> Callable[..., Any]:
+    """``opt.<method>`` through a weak reference (``optimizer.state`` holds it)."""
+    ref = weakref.ref(opt)
+    return lambda *a: getattr(ref(), method)(*a)
+
+
+def weak_callback(opt: Any) -> Callable[..., None]:
+    """The Python rule's callable: ``opt._update_slice`` through a weak reference (the C++
+    optimizer holds the callable; ``del opt`` still closes it)."""
+    ref = weakref.ref(opt)
+
+    def update(param, grad, states, step, hp, ctx):
+        o = ref()
+        if o is None:
+            raise RuntimeError("the OffloadOptimizer is gone")
+        o._update_slice(param, grad, states, step, hp, ctx)
+    return update

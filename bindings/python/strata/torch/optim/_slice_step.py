@@ -121,6 +121,41 @@ def step_slice(cls: Any, group: Dict[str, Any], param: torch.Tensor, grad: torch
     return after
 
 
+def compact_state(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A construction-time state entry kept small: a tensor filled with one value becomes
+    ("filled", value, dtype); other tensors are cloned, other values copied."""
+    out: Dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.numel() > 0 and \
+                bool((v == v.reshape(-1)[0]).all()):
+            out[k] = ("filled", v.reshape(-1)[0].item(), v.dtype)
+        else:
+            out[k] = v.clone() if isinstance(v, torch.Tensor) else copy.copy(v)
+    return out
+
+
+def expand_state(compact: Dict[str, Any], param: torch.Tensor) -> Dict[str, Any]:
+    """The state entry compact_state() kept, with its filled tensors made again, shaped
+    like ``param``."""
+    out: Dict[str, Any] = {}
+    for k, v in compact.items():
+        if isinstance(v, tuple) and len(v) == 3 and v[0] == "filled":
+            out[k] = torch.full(param.shape, v[1], dtype=v[2])
+        else:
+            out[k] = v.clone() if isinstance(v, torch.Tensor) else copy.copy(v)
+    return out
+
+
+def resume_streams_error(e: Exception, streams: Sequence[str]) -> Exception:
+    """The error of a resume whose hyperparameters make other state streams than the
+    checkpoint's (strata's FailedPreconditionError `e`), saying what to pass."""
+    return type(e)(
+        f"OffloadOptimizer resume: the hyperparameters given make the state tensors "
+        f"{list(streams)}, not the checkpoint's: pass the ones that decide which state a "
+        "parameter has (e.g. SGD momentum, RMSprop centered/momentum, Adam amsgrad) as at "
+        f"creation ({e})")
+
+
 def scalars_to_record(scalars: Dict[str, Any]) -> Dict[str, Any]:
     """Per-tensor scalar state as JSON values: a tensor as [value, dtype name], None, ints,
     floats."""
