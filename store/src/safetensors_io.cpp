@@ -38,11 +38,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// dst[i] = f(src[i]) for n elements. safetensors data is only 8-byte aligned within the
+/// file and a piece may start anywhere in it, so elements are loaded and stored with memcpy
+/// (any alignment; compiled to plain moves).
 template <class D, class S, class F>
 void convert_loop(const void* src, void* dst, uint64_t n, F f) {
-  const S* s = static_cast<const S*>(src);
-  D* d = static_cast<D*>(dst);
-  for (uint64_t i = 0; i < n; ++i) d[i] = f(s[i]);
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (uint64_t i = 0; i < n; ++i) {
+    S v;
+    std::memcpy(&v, s + i * sizeof(S), sizeof(S));
+    const D r = f(v);
+    std::memcpy(d + i * sizeof(D), &r, sizeof(D));
+  }
 }
 
 /// One element as fp32 (fp64 rounded to fp32 first, as torch's conversions to fp16/bf16 do:
