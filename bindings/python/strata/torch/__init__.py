@@ -9,7 +9,8 @@
   saves for backward in a host pool and the store's nvme tier);
 - ``strata.torch.checkpoints``: ``load_safetensors`` / ``save_safetensors`` /
   ``load_torch_state_dict`` / ``save_torch_state_dict`` (checkpoint files into and out of a model's tensors, offloaded
-  or not, streamed).
+  or not, streamed); the optimizer wing's ``save_universal_checkpoint`` /
+  ``load_universal_checkpoint`` (optimizer state in DeepSpeed's universal layout, any world size).
 
 The optimizer wing reaches offloaded parameters only through the offload wing's public
 names (``is_offloaded``, ``offload_of``, ``ParameterOffload``'s methods); ``_common.py``
@@ -26,7 +27,9 @@ from .checkpoints import (load_safetensors, load_torch_state_dict, save_safetens
                           save_torch_state_dict)
 from .offload import OffloadedParameter, ParameterOffload, offload_init, offload_parameters
 from .optim import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (in the stubs)
+from .optim import load_universal_checkpoint, save_universal_checkpoint
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "offload_parameters", "offload_init", "ParameterOffload",
            "OffloadedParameter", "offload_activations", "ActivationOffload", "load_safetensors",
-           "save_safetensors", "load_torch_state_dict", "save_torch_state_dict", "trace", "start_trace", "stop_trace", "trace_spans"]
+           "save_safetensors", "load_torch_state_dict", "save_torch_state_dict", "save_universal_checkpoint",
+           "load_universal_checkpoint", "trace", "start_trace", "stop_trace", "trace_spans"]

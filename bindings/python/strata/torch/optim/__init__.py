@@ -59,11 +59,14 @@ only through its package's public names):
 - _checkpoints.py: create/resume, checkpoint layout, state dicts; _state_view.py:
   ``optimizer.state``; _exchange.py: gradients in, weights out
 - _hyperparams.py, _torch_kwargs.py, _names.py, _settings.py: torch's names and checks
+- _universal.py: save_universal_checkpoint / load_universal_checkpoint (DeepSpeed's
+  universal checkpoint layout, written and read by every rank at any world size)
 """
 
 from ._adam import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (strata.torch)
 from ._any import OffloadOptimizer
 from ._rule import RuleOptimizer, UpdateRule, update_rule
+from ._universal import load_universal_checkpoint, save_universal_checkpoint
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "OffloadOptimizer", "UpdateRule", "update_rule",
-           "RuleOptimizer"]
+           "RuleOptimizer", "save_universal_checkpoint", "load_universal_checkpoint"]
