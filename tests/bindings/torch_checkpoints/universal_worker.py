@@ -21,7 +21,6 @@ uninterrupted run at size N, to the bit.
 import os
 import sys
 
-import numpy as np
 import torch
 
 import strata
