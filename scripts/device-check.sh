@@ -18,7 +18,9 @@
 #   CUDA toolkit or from pip's nvidia-nccl); builds with all cores; runs the GPU-labelled
 #   tests (ctest -L gpu), the GPU benchmarks (strata bench device with fio and strata bench
 #   io on the same directory, bench/gpu/device_tier.py), the real client
-#   (examples/hf_gpu_train.py), then the rest of ctest with the time left; writes
+#   (examples/hf_gpu_train.py), strata's safetensors import/export against the real
+#   safetensors and transformers packages (tests/bindings/torch_checkpoints/
+#   hf_interop_check.py), then the rest of ctest with the time left; writes
 #   $OUT/summary.json and at most 8 files in all to $OUT, and prints a short table last.
 #   Without a GPU it does the same and the GPU steps skip (the summary says so).
 #
@@ -500,6 +502,7 @@ if dt:
     b["device_tier"] = dt
 s["benchmarks"] = b
 s["hf_gpu_train"] = load("hf_gpu_train.json")
+s["hf_interop"] = load("hf_interop.json")
 json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=1)
 
 # The table, last.
@@ -535,6 +538,15 @@ if hf:
         rows.append(("hf_gpu_train", f"loss strata {hf['final_loss_strata']:.5f} torch "
                      f"{hf['final_loss_torch']:.5f} (rel {hf['loss_rel_diff']:.1e}); samples/s "
                      f"strata {hf['samples_per_s_strata']:.1f} torch {hf['samples_per_s_torch']:.1f}"))
+hi = s["hf_interop"]
+if hi:
+    if hi.get("skipped"):
+        rows.append(("hf_interop", "skipped: " + hi["skipped"]))
+    else:
+        rows.append(("hf_interop", f"{'OK' if hi.get('ok') else 'MISMATCH'}: {hi.get('tensors')} "
+                     f"tensors, import {hi.get('import_seconds', 0):.2f} s, export "
+                     f"{hi.get('export_seconds', 0):.2f} s (safetensors.torch.load_file, "
+                     "from_pretrained)"))
 w = max(len(r[0]) for r in rows)
 print("\n==== strata device check: summary (" + os.path.join(out, "summary.json") + ")")
 for k, v in rows:
@@ -579,6 +591,9 @@ cmd_run() {
   fi
   tstep hf_gpu_train "$OUT/hf.log" 180 env PYTHONPATH="$BUILD/python" PYTHONUNBUFFERED=1 "$PY" \
     "$ROOT/examples/hf_gpu_train.py" --dir "$DATA/hf" --json "$WORK/hf_gpu_train.json"
+  tstep hf_interop "$OUT/hf.log" 150 env PYTHONPATH="$BUILD/python" PYTHONUNBUFFERED=1 "$PY" \
+    "$ROOT/tests/bindings/torch_checkpoints/hf_interop_check.py" --dir "$DATA/hf_interop" \
+    --json "$WORK/hf_interop.json"
   if [[ ${STRATA_DEVICE_REST:-1} == 1 && $(left) -gt 60 ]]; then
     step ctest_rest "$OUT/ctest-rest.log" ctest_run rest "$WORK/ctest-rest.xml" $(($(left) - 20)) \
       -LE gpu -j"$jobs" --timeout 300

@@ -22,7 +22,10 @@ Modules: _files.py (the files: index, shard names, size strings), _entries.py (a
 state_dict entries, tied tensors, dtypes, torch's key report), _load.py
 (load_safetensors, load_torch_state_dict), _save.py (save_safetensors), _torch_zip.py
 (torch.save archives: central directory, restricted unpickler), _torch_save.py
-(save_torch_state_dict).
+(save_torch_state_dict), _save_ranks.py (save_safetensors from every ZeRO-3 rank, each
+writing its own slices in place), _ranks.py (the protocol of files written by every rank
+at once, shared with the universal layout), _universal_zip.py (one tensor's torch.save
+zip laid out in advance).
 """
 
 from ._load import load_safetensors, load_torch_state_dict

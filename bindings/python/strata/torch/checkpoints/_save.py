@@ -19,8 +19,11 @@ import torch
 from ... import _strata
 from ._entries import FLOATING, model_of, state_entries, strata_dtype, where
 from ._files import INDEX, SINGLE, parse_shard_size, shard_name, write_index
+from ._save_ranks import write_from_ranks
 
-#: what the last save_safetensors in this process moved (bytes, seconds), for benchmarks
+#: what the last save_safetensors in this process moved, for benchmarks and tests: ``bytes``
+#: (tensor bytes of all files), ``rank_bytes`` (of them, written by this process; from
+#: ranks about 1/world_size), ``rank``, ``world_size``, ``seconds``
 LAST_SAVE: Dict[str, float] = {}
 
 _OURS = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
@@ -31,7 +34,7 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
                      metadata: Optional[Dict[str, str]] = None,
                      dtype: Optional[torch.dtype] = None, durable: bool = True,
                      piece_bytes: Optional[Union[int, str]] = None,
-                     pieces: Optional[int] = None) -> List[str]:
+                     pieces: Optional[int] = None, comm: Any = None) -> List[str]:
     """Writes ``module.state_dict()``'s tensors to ``save_directory`` as safetensors, the
     way ``transformers``' ``save_pretrained(safe_serialization=True)`` lays them out, without
     materializing the model: each file is written in pieces (O_DIRECT, several in flight)
@@ -62,13 +65,36 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
     :param durable: fsync files and directory before each rename (default True).
     :param piece_bytes: bytes per piece; default $STRATA_CHECKPOINT_PIECE_BYTES or 8 MiB.
     :param pieces: pieces in flight (x2 slots); default $STRATA_CHECKPOINT_PIECES or 4.
-    :returns: the paths written (shards in order, then the index when sharded).
+        (Not used when writing from ranks: one piece at a time.)
+    :param comm: write from every rank of this strata.distributed.Communicator at once.
+        Default: the communicator of the model's ZeRO-3 partitioned parameters
+        (``offload_parameters(comm=...)``), else None: this process writes everything.
+    :returns: the paths written (shards in order, then the index when sharded); on every
+        rank when writing from ranks.
     :raises TypeError: an unsupported dtype (naming the key), ``dtype`` not floating.
     :raises ValueError: a bad ``max_shard_size`` or ``metadata``; one shard's offloaded
         tensors in two stores.
-    :raises NotImplementedError: ZeRO-3 partitioned parameters.
     :raises strata.IoError: (OSError) a failed write (errno; the ``.tmp`` is removed, an
         earlier file of the name is left as it was).
+
+    **From ranks** (ZeRO-3, or ``comm`` given): collective -- every rank calls it with the
+    same arguments. The layout (shards, headers, offsets) is computed on every rank and
+    checked to agree (an all-gather of digests); rank 0 writes each file's header into
+    ``<name>.tmp``; every rank writes elements ``partition_layout(numel, size)[rank]`` of
+    each tensor in place (``pwrite`` in pieces of ``piece_bytes`` read from its ``#part``
+    store object or from memory, converted to the file's dtype; host memory one piece):
+    a partitioned parameter's own slice, a share of each tensor every rank holds whole
+    (buffers); no rank reads or receives another's slices. After fsync and an all-gather
+    of every rank's success, rank 0 renames the files into place, writes the index and
+    removes an earlier save's files; the files are byte-identical to a one-process export
+    of the same values. ``save_directory`` must be one directory every rank sees.
+    Further errors: ValueError "save_safetensors: rank R's <field> differs from rank 0's
+    (...)" on every rank when ranks disagree (save_directory, max_shard_size, metadata,
+    dtype, durable, the files or tensors); a rank's failure raises its own error there
+    and on the other ranks RuntimeError "save_safetensors: rank(s) [R] failed while
+    writing its slices; nothing was renamed into place (the .tmp files are removed)"
+    (an earlier file of each name is left as it was); ValueError: ``comm`` is not the
+    communicator the parameters are partitioned over.
 
     Tied weights (one tensor under several names) are written once, under the first name
     in state_dict order; load_safetensors fills the other names from it.
@@ -90,6 +116,12 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
     shards = _split(tensors, limit)
     names = ([SINGLE] if len(shards) == 1 else
              [shard_name(k + 1, len(shards)) for k in range(len(shards))])
+    comm = _comm_of(tensors, comm)
+    if comm is not None:
+        return _save_from_ranks(directory, names, shards, metadata, comm, piece_bytes, durable,
+                                dict(save_directory=os.path.abspath(directory),
+                                     max_shard_size=limit, metadata=sorted(metadata.items()),
+                                     dtype=str(dtype), durable=durable), t0)
     written, weight_map, total = [], {}, 0
     for name, shard in zip(names, shards):
         stores = {id(t[3]): t[3] for t in shard if t[3] is not None}
@@ -108,14 +140,54 @@ def save_safetensors(module: Any, save_directory: Union[str, "os.PathLike[str]"]
             total += t[4]
     if len(shards) > 1:
         written.append(write_index(directory, weight_map, total, durable))
-    keep = set(names) | ({INDEX} if len(shards) > 1 else set())
-    for f in os.listdir(directory):  # an earlier save's files
+    _remove_stale(directory, names, len(shards) > 1)
+    LAST_SAVE.clear()
+    LAST_SAVE.update(bytes=total, rank_bytes=total, rank=0,
+                     world_size=1, seconds=time.perf_counter() - t0)
+    return written
+
+
+def _remove_stale(directory: str, names: List[str], indexed: bool) -> None:
+    """Removes an earlier save's ``model*.safetensors`` and index not among ``names``."""
+    keep = set(names) | ({INDEX} if indexed else set())
+    for f in os.listdir(directory):
         if (f not in keep and (_OURS.fullmatch(f) or f == INDEX)
                 and os.path.isfile(os.path.join(directory, f))):
             os.remove(os.path.join(directory, f))
+
+
+def _comm_of(tensors: List[Tuple[Any, ...]], comm: Any) -> Any:
+    """The communicator to write from (``comm``, else the partitioned parameters'), or None.
+    :raises ValueError: ``comm``'s rank or size is not the partitions'."""
+    parts = {id(h.comm): h.comm for _k, v, *_ in tensors
+             for kind, h in [where(v)] if kind == "offloaded" and h.comm is not None}
+    for c in parts.values():
+        if comm is None:
+            comm = c
+        elif c.size != comm.size or c.rank != comm.rank:
+            raise ValueError("save_safetensors: comm is not the communicator the model's "
+                             "parameters are partitioned over (rank/size differ)")
+    return comm
+
+
+def _save_from_ranks(directory: str, names: List[str], shards: List[List[Tuple[Any, ...]]],
+                     metadata: Dict[str, str], comm: Any, piece_bytes: Any, durable: bool,
+                     fields: Dict[str, Any], t0: float) -> List[str]:
+    weight_map = {t[0]: name for name, shard in zip(names, shards) for t in shard}
+    total = sum(t[4] for shard in shards for t in shard)
+    indexed = len(shards) > 1
+
+    def finish() -> None:
+        if indexed:
+            write_index(directory, weight_map, total, durable)
+        _remove_stale(directory, names, indexed)
+    mine = write_from_ranks(directory, names, shards, metadata, comm, piece_bytes, durable,
+                            fields, finish)
     LAST_SAVE.clear()
-    LAST_SAVE.update(bytes=total, seconds=time.perf_counter() - t0)
-    return written
+    LAST_SAVE.update(bytes=total, rank_bytes=mine, rank=comm.rank, world_size=comm.size,
+                     seconds=time.perf_counter() - t0)
+    return [os.path.join(directory, n) for n in names] + \
+        ([os.path.join(directory, INDEX)] if indexed else [])
 
 
 def _sources(model: torch.nn.Module, dtype: Optional[torch.dtype]) -> List[Tuple[Any, ...]]:

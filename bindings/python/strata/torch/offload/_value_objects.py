@@ -18,8 +18,9 @@ from ._record import ParamRecord
 
 class ValueObjects:
     """Mixin of ParameterOffload (needs its ``_record``, ``ws``, ``_stats``, ``_model``).
-    Partitioned parameters (ZeRO-3): import writes this rank's slice; export is one
-    process only."""
+    Partitioned parameters (ZeRO-3): import writes this rank's slice, export from every rank
+    reads this rank's slice (:meth:`value_slice`); :meth:`value_object` is one process
+    only."""
 
     @property
     def model(self) -> Optional[torch.nn.Module]:
@@ -29,9 +30,9 @@ class ValueObjects:
     def _one_process(self, s: ParamRecord, what: str) -> None:
         if s.owned is not None:
             raise NotImplementedError(
-                f"{what} of offloaded parameter {s.name!r}: ZeRO-3 partitioned parameters "
-                "(offload_parameters(comm=...)) are not supported yet; load or save in one "
-                "process")
+                f"{what} of offloaded parameter {s.name!r}: a ZeRO-3 partitioned parameter "
+                "(offload_parameters(comm=...)) has no whole value object on one rank; "
+                "save_safetensors writes it from every rank (value_slice)")
 
     def value_object(self, p: torch.Tensor) -> Tuple[str, torch.dtype]:
         """The store object holding ``p``'s current value and its dtype, for reading it
@@ -47,6 +48,25 @@ class ValueObjects:
         self.ws.write_back(s)
         self.ws.touch(s)
         return s.value_key, (torch.float32 if s.link is not None else s.dtype)
+
+    def value_slice(self, p: torch.Tensor) -> Tuple[Optional[str], int, int, torch.dtype]:
+        """Where this rank reads ``p``'s current value: ``(key, begin, end, dtype)`` -- the
+        store object whose bytes from offset 0 hold elements [begin, end) of the value
+        (row-major, ``dtype``): in one process the whole value (as :meth:`value_object`:
+        begin 0, end numel), with a communicator (ZeRO-3) this rank's slice ``#part``
+        (key None when it is empty). An edit of the materialized parameter is stored first
+        (its slice, as every rank stores its own); fetches in flight are finished first
+        (every rank issued them; no new collective). Valid until ``p``'s value next changes.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        self.ws.drain()
+        self.ws.write_back(s)
+        self.ws.touch(s)
+        if s.owned is None:
+            return s.value_key, 0, s.numel, (torch.float32 if s.link is not None else s.dtype)
+        b, e = s.owned
+        return (s.key + "#part" if e > b else None), b, e, s.dtype
 
     def overwrite_object(self, p: torch.Tensor) -> Tuple[Optional[str], int, int]:
         """Where to write ``p``'s new value: ``(key, begin, end)`` -- the store object to

@@ -24,7 +24,6 @@ model not running meanwhile.
 from __future__ import annotations
 
 import os
-import zlib
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -33,7 +32,8 @@ import torch
 from ... import _strata, parse_size
 from ...distributed import partition_layout
 from ..checkpoints._torch_zip import TensorRef
-from ..checkpoints._universal_zip import TensorFileLayout, crc32_combine, pwrite_all, read_saved
+from ..checkpoints._ranks import fsync_dir, outcome, remove_all, write_elements
+from ..checkpoints._universal_zip import TensorFileLayout, crc32_combine, read_saved
 from ..offload import offload_of
 from ._exchange import copy_master_to_param
 
@@ -123,14 +123,6 @@ def _read_core(core: Any, h: int, stream: int, out: np.ndarray, offset: int) -> 
     return core.read_state(h, stream, out, offset, out.size)
 
 
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _save_small(obj: Any, final: str, durable: bool) -> None:
     tmp = final + ".tmp"
     with open(tmp, "wb") as f:
@@ -172,8 +164,9 @@ def save_universal_checkpoint(optimizer: Any, model: torch.nn.Module,
     :raises ValueError: a parameter of the optimizer that ``model`` does not name, or a
         name with "/"; ``comm`` other than the ZeRO-3 partitions'.
     :raises strata.FailedPreconditionError: the optimizer is closed.
-    :raises OSError: a file cannot be written (a rank's error leaves the others waiting
-        at the next collective, as any failed collective).
+    :raises OSError: a file cannot be written: raised on the rank that failed, and on the
+        others a RuntimeError "save_universal_checkpoint: rank(s) [R] failed while writing;
+        nothing was renamed into place (the .tmp files are removed)" (checkpoints/_ranks.py).
     """
     who = "save_universal_checkpoint"
     _check_optimizer(optimizer, who)
@@ -190,36 +183,41 @@ def save_universal_checkpoint(optimizer: Any, model: torch.nn.Module,
     for x in params:
         for stream, f in _files(path, x, states):
             jobs.append((x, stream, f, TensorFileLayout(torch.float32, x.p.shape, {"cat_dim": 0})))
+    tmps = [f + ".tmp" for _x, _s, f, _l in jobs]
+    error = None
     if rank == 0:
-        for x in params:
-            os.makedirs(os.path.join(path, "zero", x.name), exist_ok=True)
-        for _x, _s, f, layout in jobs:
-            fd = os.open(f + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                layout.write_skeleton(fd)
-            finally:
-                os.close(fd)
-    if comm is not None:
-        comm.barrier()
+        try:
+            for x in params:
+                os.makedirs(os.path.join(path, "zero", x.name), exist_ok=True)
+            for _x, _s, f, layout in jobs:
+                fd = os.open(f + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    layout.write_skeleton(fd)
+                finally:
+                    os.close(fd)
+        except OSError as err:
+            error = err
+    outcome(comm, "save_universal_checkpoint", error, lambda: remove_all(tmps),
+            "creating the files; nothing was renamed into place (the .tmp files are removed)")
     crcs = np.zeros(len(jobs), dtype=np.int64)
     buf = np.empty(min(piece, max([x.held[1] - x.held[0] for x in params] + [1])),
                    dtype=np.float32)
-    for j, (x, stream, f, layout) in enumerate(jobs):
-        b, e = partition_layout(x.numel, size)[rank] if not x.partitioned else x.held
-        crc = 0
-        fd = os.open(f + ".tmp", os.O_WRONLY)
-        try:
-            for at in range(b, e, piece):
-                n = min(piece, e - at)
-                data = _read_core(core, x.h, stream, buf[:n], at - x.held[0])
-                raw = memoryview(data).cast("B")
-                pwrite_all(fd, raw, layout.data_offset + at * 4)
-                crc = zlib.crc32(raw, crc)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        crcs[j] = crc
+    error = None
+    try:
+        for j, (x, stream, f, layout) in enumerate(jobs):
+            b, e = partition_layout(x.numel, size)[rank] if not x.partitioned else x.held
+            fd = os.open(f + ".tmp", os.O_WRONLY)
+            try:
+                _n, crcs[j] = write_elements(
+                    fd, layout.data_offset, 4, b, e, piece,
+                    lambda at, n, x=x, s=stream: _read_core(core, x.h, s, buf[:n], at - x.held[0]))
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+    except Exception as err:  # noqa: BLE001 -- reported to every rank, re-raised here
+        error = err
+    outcome(comm, "save_universal_checkpoint", error, lambda: remove_all(tmps))
     every = comm.all_gather(crcs) if comm is not None else crcs
     every = every.reshape(size, len(jobs))
     if rank == 0:
@@ -240,11 +238,11 @@ def save_universal_checkpoint(optimizer: Any, model: torch.nn.Module,
             _save_small(torch.tensor(float(core.step_count(x.h))), os.path.join(d, "step.pt"),
                         durable)
             if durable:
-                _fsync_dir(d)
+                fsync_dir(d)
         _save_small(_optimizer_state(optimizer, params),
                     os.path.join(path, "zero", "optimizer_state.pt"), durable)
         if durable:
-            _fsync_dir(os.path.join(path, "zero"))
+            fsync_dir(os.path.join(path, "zero"))
     if comm is not None:
         comm.barrier()
     return path
