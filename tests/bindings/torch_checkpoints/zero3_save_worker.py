@@ -7,7 +7,8 @@ parameters (offload_parameters(comm=...)), every rank writing its own slices in 
 Checks: the files (one file; shards with their index; converted to bf16) are byte-identical
 to the one-process export of the same values from memory, and read back through the
 independent reader (spec_files.py) with exactly the values; each rank wrote 45-55 % of the
-tensor bytes; ranks given other arguments all raise the same ValueError; a rank failing
+tensor bytes (also data-parallel replicas given comm=); ranks given other arguments all
+raise the same ValueError; a rank failing
 mid-way makes every rank raise and leaves the earlier files as they were, no .tmp behind.
 """
 import os
@@ -86,6 +87,13 @@ def main():
         print(f"rank {rank} {name}: wrote {last['rank_bytes']} of {last['bytes']} tensor "
               "bytes", flush=True)
         comm.barrier()
+    # data-parallel replicas (the whole model in memory on every rank) given comm: a share each
+    replicas = os.path.join(root, "replicas")
+    st.save_safetensors(plain, replicas, max_shard_size="40KB", comm=comm)
+    assert 0.45 <= _save.LAST_SAVE["rank_bytes"] / _save.LAST_SAVE["bytes"] <= 0.55
+    if rank == 0:
+        assert files(replicas) == files(os.path.join(root, "shards_ref"))
+    comm.barrier()
     # ranks given other arguments: every rank raises the same error, nothing written
     other = os.path.join(root, "other" if rank else "single")
     raises(ValueError, AGREE.format("save_directory"), st.save_safetensors, m, other)
