@@ -61,12 +61,16 @@ only through its package's public names):
 - _hyperparams.py, _torch_kwargs.py, _names.py, _settings.py: torch's names and checks
 - _universal.py: save_universal_checkpoint / load_universal_checkpoint (DeepSpeed's
   universal checkpoint layout, written and read by every rank at any world size)
+- _loss_scale.py: DynamicLossScaler (fp16 dynamic loss scaling, DeepSpeed's rule; the
+  unscale fused into the step as its grad_scale, overflowing steps skipped on every rank)
 """
 
 from ._adam import OffloadAdam, OffloadAdamW, _OffloadAdamBase  # noqa: F401 (strata.torch)
 from ._any import OffloadOptimizer
+from ._loss_scale import DynamicLossScaler
 from ._rule import RuleOptimizer, UpdateRule, update_rule
 from ._universal import load_universal_checkpoint, save_universal_checkpoint
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "OffloadOptimizer", "UpdateRule", "update_rule",
-           "RuleOptimizer", "save_universal_checkpoint", "load_universal_checkpoint"]
+           "RuleOptimizer", "save_universal_checkpoint", "load_universal_checkpoint",
+           "DynamicLossScaler"]

@@ -76,6 +76,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         neither resume nor overwrite was given).
     """
 
+    _grad_scale = None  #: 1/loss scale while a DynamicLossScaler steps (optim/_loss_scale.py)
+
     def __init__(self, optimizer_class: Any, params: Iterable[Any], *,
                  store: Optional[strata.Store] = None, path: Optional[str] = None,
                  tier: str = "nvme", key_prefix: str = "optim/", resume: bool = False,
@@ -288,14 +290,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One step of every parameter with a gradient (the class's step, slice by slice);
-        returns the closure's loss (evaluated once, first).
+        returns the closure's loss (evaluated once, first). Under a DynamicLossScaler
+        (optim/_loss_scale.py) the slices' gradients are unscaled and a step with an inf or
+        NaN gradient is skipped (``last_step["skipped"]``, nothing changed).
 
         :raises ValueError: sparse gradients; parameters added, removed or moved in
             param_groups; a hyperparameter change needing a state tensor the optimizer was
             not created with (e.g. SGD's momentum from 0).
         :raises strata.InvalidArgumentError: the class's step raised on a slice (its
-            exception the ``__cause__``); the step is rolled back: parameters and state are
-            as before it."""
+            exception the ``__cause__``); the step is rolled back (nothing changed)."""
         self._check_open()
         loss = None
         if closure is not None:
@@ -332,9 +335,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             grads.append(g)
             core.set_grad(h, g.numpy())
             stepped.append((h, p))
-        self._pending = {}
-        try:
-            self.last_step = core.step(0.0, 1.0, False)
+        self._pending, scale = {}, self._grad_scale  # scale: set by a DynamicLossScaler
+        try:  # under a loss scaler: 1/scale in the slices, skipped on inf/NaN (as Adam's)
+            self.last_step = core.step(0.0, 1.0 if scale is None else scale, scale is not None)
         except BaseException:
             self._pending = {}
             for h, p in stepped:  # the parameter copies written before the failure
@@ -343,6 +346,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         finally:
             for h, _ in stepped:
                 core.set_grad(h, None)
+        if self.last_step["skipped"]: return loss  # noqa: E701 (nothing changed)
         for h, p in stepped:
             if p.numel() == 0:  # no slice was streamed: the class's step on empty tensors
                 group = self.param_groups[self._group_of[h]]
@@ -449,8 +453,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def checkpoint(self) -> None:
         """Makes the state after the last step durable (one commit: every tensor's state,
         the step counts, the per-tensor scalars and the current param_groups'
-        hyperparameters). Reopen with ``resume=True``; a process killed without closing
-        resumes here."""
+        hyperparameters). Reopen with ``resume=True`` (also after a kill without close)."""
         self._check_open()
         self._take_changed()
         self._write_record()

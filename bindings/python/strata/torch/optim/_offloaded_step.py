@@ -65,7 +65,7 @@ def _norm(p: torch.Tensor) -> torch.Tensor:
     return n if n is not None else torch.norm(o.read_grad(p), 2.0)
 
 
-def _gate(table: ParamTable, max_grad_norm: float
+def _gate(table: ParamTable, max_grad_norm: float, grad_scale: float = 1.0
           ) -> Tuple[List[Tuple[torch.Tensor, int]], Dict[str, Any], Dict[str, Any]]:
     """The parameters with a gradient (param, handle) and the gate of the step over them
     (strata's ``decide_gate`` on the summary of optim/_gate.py), and the step statistics
@@ -96,8 +96,8 @@ def _gate(table: ParamTable, max_grad_norm: float
     clip = max_grad_norm > 0 and (bool(entries) or comm is not None)
     norms = [_norm(p) for p, _ in sorted(entries, key=_model_order)] if clip else []
     grad_norm, nonfinite, arithmetic = summarize(norms, finite, comm, need_norm=clip)
-    gate = _core.decide_gate(max_grad_norm if clip else 0.0, 1.0, True, grad_norm, nonfinite,
-                             arithmetic)
+    gate = _core.decide_gate(max_grad_norm if clip else 0.0, grad_scale, True, grad_norm,
+                             nonfinite, arithmetic)
     stats: Dict[str, Any] = dict(skipped=gate["skipped"], grad_norm=gate["grad_norm"],
                                  clip_coef=gate["clip_coef"])
     for k in _SUMMED:
@@ -107,9 +107,11 @@ def _gate(table: ParamTable, max_grad_norm: float
 
 
 def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: float,
-                   why: str = "") -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
+                   why: str = "", grad_scale: float = 1.0
+                   ) -> Tuple[Dict[str, Any], List[Tuple[torch.Tensor, int]]]:
     """One step of the optimizer whose ParamTable ``table`` holds offloaded parameters (its
     param_groups, hyperparameters and optimizer.state already synced by step()).
+    ``grad_scale``: every gradient's factor (1/loss scale), also the norm's (the gate).
 
     :returns: strata's step statistics summed over the batches (``skipped``, ``grad_norm``
         and ``clip_coef`` from the gate, as the ordinary step reports them), and the
@@ -121,7 +123,7 @@ def offloaded_step(table: ParamTable, exchange: TensorExchange, max_grad_norm: f
     :raises strata.Error: the store's errors; parameters stepped in earlier batches keep
         their new values (as a failed ordinary step, resume from the last checkpoint).
     """
-    entries, gate, stats = _gate(table, max_grad_norm)
+    entries, gate, stats = _gate(table, max_grad_norm, grad_scale)
     if gate["skipped"]:
         return stats, []
     for p, _ in entries:  # before anything is stepped

@@ -64,6 +64,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
     :param store, path, key_prefix, max_grad_norm, resume, overwrite: as OffloadAdam.
     """
 
+    _grad_scale = None  #: 1/loss scale while a DynamicLossScaler steps (optim/_loss_scale.py)
+
     def __init__(self, params: Iterable[Any], defaults: Dict[str, Any], *, rule: str,
                  flags: TorchFlags, settings: Dict[str, Any], counts: Dict[str, int],
                  chunk_size: Any, store: Optional[strata.Store], path: Optional[str],
@@ -270,18 +272,19 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
                     self._opt.step_count(table.handle[id(p)]) + 1
                     for p in group["params"] if self._has_grad(p)))
         stats, stepped, on_gpu = run_step(table, self._exchange, ov, self.max_grad_norm,
-                                          self.settings["arithmetic"] == "torch")
+                                          self.settings["arithmetic"] == "torch",
+                                          1.0 if self._grad_scale is None else self._grad_scale)
         if ov is not None:
             ov.after_step(stats)
         self.state.invalidate()
         self.last_step = stats
         self.bytes_moved["nvme_read"] += stats["bytes_read"]
         self.bytes_moved["nvme_written"] += stats["bytes_written"]
-        if stats["skipped"]:
-            warnings.warn(f"{type(self).__name__}.step(): skipped, a gradient holds inf or NaN "
-                          "(torch.optim would have stepped, writing NaN into the parameters); "
-                          "nothing changed (last_step['skipped'])", RuntimeWarning,
-                          stacklevel=2)
+        if stats["skipped"]:  # expected under a loss scaler: no warning then
+            if self._grad_scale is None: warnings.warn(  # noqa: E701
+                f"{type(self).__name__}.step(): skipped, a gradient holds inf or NaN (torch.optim"
+                " would have written NaN into the parameters); nothing changed (last_step"
+                "['skipped'])", RuntimeWarning, stacklevel=2)
             return loss
         for p, h in stepped:
             self._exchange.copy_back(p, h)
@@ -340,8 +343,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
 
     def _abort_overlap(self) -> None:
         """Rolls back an overlapped step in flight (before anything that needs the state
-        after the last completed step: checkpoint, state dicts, param-group changes,
-        close)."""
+        after the last completed step: checkpoint, state dicts, param-group edits, close)."""
         if getattr(self, "_overlap", None) is not None and not self._closed:
             self._overlap.abort(STATE_USED)
 
@@ -492,7 +494,6 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             self.close()
         except Exception as e:  # noqa: BLE001 (garbage collection cannot raise)
             try:
-                import warnings
                 warnings.warn(f"{type(self).__name__} closed by garbage collection: its last "
                               f"checkpoint failed: {e}", RuntimeWarning)
             except Exception:  # noqa: BLE001 (interpreter shutdown)

@@ -33,12 +33,15 @@ Stepped = List[Tuple[torch.nn.Parameter, int]]
 
 @traced("step", "optimizer")
 def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[BackwardOverlap],
-             max_grad_norm: float, torch_arithmetic: bool) -> Tuple[Dict[str, Any], Stepped,
-                                                                   bool]:
+             max_grad_norm: float, torch_arithmetic: bool, grad_scale: float = 1.0
+             ) -> Tuple[Dict[str, Any], Stepped, bool]:
     """Runs the step's path (see the module doc).
 
     :param overlap: the optimizer's BackwardOverlap (None without overlap_backward).
     :param torch_arithmetic: ``arithmetic="torch"``: the clipping norm is torch's.
+    :param grad_scale: every gradient's factor (1/loss scale: optim/_loss_scale.py), applied
+        in fp32 inside the update kernels and to the clipping norm (strata's gate); an
+        overlapped step is not open when it is not 1 (the loss scaler refuses overlap).
     :returns: strata's step statistics, the in-memory parameters stepped (whose weights
         the caller counts and copies back), and whether CUDA copies were queued (the caller
         synchronizes after its copy-back).
@@ -48,7 +51,7 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
             stats, stepped = finish_offloaded(table, exchange, overlap, max_grad_norm)
         else:
             stats, stepped = offloaded_step(table, exchange, max_grad_norm,
-                                            overlap.abort_reason if overlap else "")
+                                            overlap.abort_reason if overlap else "", grad_scale)
         return stats, stepped, False
     overlapped = overlap is not None and overlap.open
     core = table.core
@@ -72,5 +75,6 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
     if overlapped:
         stats = overlap.finish(max_grad_norm, summary)
     else:
-        stats = core.step(max_grad_norm=max_grad_norm, grad_summary=summary)
+        stats = core.step(max_grad_norm=max_grad_norm, grad_scale=grad_scale,
+                          grad_summary=summary)
     return stats, stepped, on_gpu
