@@ -1,6 +1,6 @@
 """The optimizers guide's example (docs/guide-optimizers.md): any torch.optim class with
 its state in a strata store, and a custom rule (Lion) written with torch ops, each trained
-bit-identically to the same optimizer in memory. Run:
+bit-identically to the same optimizer in memory; fp16 dynamic loss scaling. Run:
   PYTHONPATH=build/python /usr/bin/python3 examples/guide_optimizers.py DIR
 (DIR is created; the stores are left there). Exit status 0 when every check holds.
 """
@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from strata.torch.optim import OffloadOptimizer, RuleOptimizer, update_rule
+from strata.torch.optim import (DynamicLossScaler, OffloadAdamW, OffloadOptimizer,
+                                RuleOptimizer, update_rule)
 
 root = sys.argv[1]
 os.makedirs(root, exist_ok=True)
@@ -72,4 +73,23 @@ m4 = model()
 train(m4, RuleOptimizer(lion, m4.parameters(), lr=3e-4, weight_decay=0.1))
 assert all(torch.equal(a, b) for a, b in zip(m3.parameters(), m4.parameters()))
 # [lion-in-memory]
+
+m5, data = model(), torch.Generator().manual_seed(1)
+before = [p.detach().clone() for p in m5.parameters()]
+# [loss-scale]
+opt = OffloadAdamW(m5.parameters(), lr=1e-3, path=os.path.join(root, "adamw"),
+                   max_grad_norm=1.0)
+scaler = DynamicLossScaler()              # 2**16, window 1000, hysteresis 2, min 1
+for _ in range(4):
+    x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(m5(x), y)  # fp32: loss * 2**16 fits
+    scaler.scale(loss).backward()         # gradients times the scale
+    scaler.step(opt)                      # unscaled inside the step; skipped on inf/NaN
+    scaler.update()                       # DeepSpeed's rule
+saved = scaler.state_dict()               # save it with the checkpoint; load_state_dict
+opt.close()
+# [loss-scale]
+assert saved["scale"] == 2.0 ** 16 and saved["overflows"] == 0 and saved["iteration"] == 4
+assert not any(torch.equal(a, b) for a, b in zip(before, m5.parameters()))
 print("guide_optimizers: all checks passed")
