@@ -1,4 +1,4 @@
-# cmake -P script: installs strata into PREFIX, then builds tests/bindings/c_consumer/main.c
+# cmake -P script: installs strata into PREFIX, then builds tests/bindings/c_consumer/ (main.c, api_v6.c)
 # twice against the installed files — with find_package(strata) + strata::c, and with a
 # plain `cc -std=c99 -Wall -Werror ... -lstrata_c` — and runs both.
 include(${CMAKE_CURRENT_LIST_DIR}/../common/consumer_build.cmake)
@@ -27,9 +27,36 @@ endforeach()
 if(foreign OR api LESS 40)
   message(FATAL_ERROR "${_lib} exports ${api} strata_* symbols and these others: ${foreign}")
 endif()
+# ... and exactly the functions the installed strata.h declares (STRATA_C_API name(...)).
+file(READ ${PREFIX}/include/strata/strata.h header)
+string(REGEX MATCHALL "STRATA_C_API[^;(]*[ *](strata_[A-Za-z0-9_]+)\\(" decls "${header}")
+set(declared "")
+foreach(d IN LISTS decls)
+  string(REGEX REPLACE ".*[ *](strata_[A-Za-z0-9_]+)\\($" "\\1" name "${d}")
+  list(APPEND declared ${name})
+endforeach()
+set(exported "")
+foreach(l IN LISTS lines)
+  if(l MATCHES " (strata_[A-Za-z0-9_]+)$")
+    list(APPEND exported ${CMAKE_MATCH_1})
+  endif()
+endforeach()
+list(SORT declared)
+list(REMOVE_DUPLICATES declared)
+list(SORT exported)
+set(not_exported ${declared})
+list(REMOVE_ITEM not_exported ${exported})
+set(not_declared ${exported})
+list(REMOVE_ITEM not_declared ${declared})
+if(not_exported OR not_declared)
+  message(FATAL_ERROR "${_lib} and strata.h disagree: declared but not exported: "
+                      "${not_exported}; exported but not declared: ${not_declared}")
+endif()
+list(LENGTH declared n_declared)
+message(STATUS "libstrata_c exports the ${n_declared} functions strata.h declares")
 # The plain compiler line a C user would type.
 execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic -I${PREFIX}/include
-                        ${SRC}/main.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}
+                        ${SRC}/main.c ${SRC}/api_v6.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}
                         -Wl,-rpath,${PREFIX}/${LIBDIR} -lstrata_c -lm
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc)
@@ -45,7 +72,7 @@ if(rc)
                       "${PREFIX}/${LIBDIR}/pkgconfig) failed: ${err}")
 endif()
 separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
-execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic ${SRC}/main.c
+execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic ${SRC}/main.c ${SRC}/api_v6.c
                         -o ${BIN}/strata_c_consumer_pc ${pc_list} -lm
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc)

@@ -331,3 +331,29 @@ def test_plot_bench_rejects_an_unknown_chart_name():
     p = run_plot("io_sweeps")
     assert p.returncode == 2
     assert "unknown chart 'io_sweeps'" in p.stderr
+
+
+def test_c_api_version_and_functions_in_bindings_md_are_the_headers():
+    """docs/bindings.md states strata.h's STRATA_C_API_VERSION, and every function strata.h
+    declares is named in docs/bindings.md or docs/guide-c.md (the exported set is compared
+    with the declared one by bindings.c_api_consumer, with nm -D)."""
+    header = open(os.path.join(ROOT, "bindings", "c", "include", "strata", "strata.h"),
+                  encoding="utf-8").read()
+    version = re.search(r"#define STRATA_C_API_VERSION (\d+)", header).group(1)
+    doc = open(os.path.join(ROOT, "docs", "bindings.md"), encoding="utf-8").read()
+    said = re.search(r"`STRATA_C_API_VERSION` is (\d+)", doc)
+    assert said and said.group(1) == version, (said and said.group(1), version)
+    declared = set(re.findall(r"STRATA_C_API[^;(]*?[ *](strata_\w+)\(", header))
+    assert len(declared) >= 70, len(declared)
+    guide = open(os.path.join(ROOT, "docs", "guide-c.md"), encoding="utf-8").read()
+    # named in full, or without its "strata_<object>_" prefix in a list of one family
+    # ("`strata_store_read_range` / `write_range`"); an `_async` form with its blocking one
+    names = set(re.findall(r"\w+", doc + guide))
+
+    def named(f):
+        return f in names or f.split("_", 2)[-1] in names
+
+    undocumented = sorted(f for f in declared
+                          if not named(f) and not (f.endswith("_async") and named(f[:-6])))
+    assert not undocumented, "strata.h functions docs/bindings.md never names: " + \
+        ", ".join(undocumented)

@@ -1,5 +1,6 @@
 // Fuzz target: argument validation of the C API (bindings/c, strata.h) and the store's key
-// handling behind it: a sequence of calls with any dtype, ndim, shape, tier, flag and size
+// handling behind it: a sequence of calls (put/get/delete/move/stat/list, byte ranges,
+// evict/pin/unpin) with any dtype, ndim, shape, tier, flag, offset and size
 // values, NULL pointers, and keys of any bytes, on one real store (and opens of further
 // stores with any option values).
 // Properties: every call returns a strata_status_t; a failed call leaves a message in
@@ -131,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool null_key = false;
     const std::string key = key_bytes(in, &null_key);
     const char* k = null_key ? nullptr : key.c_str();
-    switch (in.ConsumeIntegralInRange<int>(0, 11)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 13)) {
       case 0: {  // put (then read back)
         const int dtype = in.ConsumeBool() ? in.ConsumeIntegralInRange<int>(0, 9) : in.ConsumeIntegral<int>();
         const int ndim = in.ConsumeIntegralInRange<int>(-2, STRATA_MAX_NDIM + 2);
@@ -228,6 +229,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 10: open_with_options(in, fx.root + "-open"); break;
+      case 11: {  // byte ranges (version 6): any offset and size, NULL buffers
+        const uint64_t off = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, kBufBytes) : in.ConsumeIntegral<uint64_t>();
+        const uint64_t n = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, kBufBytes) : in.ConsumeIntegral<uint64_t>();
+        const bool buf = n <= kBufBytes && in.ConsumeIntegralInRange<int>(0, 15) != 0;
+        if (in.ConsumeBool()) {
+          checked(strata_store_read_range(s, k, off, n, buf ? fx.dst.data() : nullptr), "strata_store_read_range");
+        } else {
+          checked(strata_store_write_range(s, k, off, n, buf ? fx.src.data() : nullptr), "strata_store_write_range");
+        }
+        break;
+      }
+      case 12: {  // evict / pin / unpin (version 6)
+        const int which = in.ConsumeIntegralInRange<int>(0, 2);
+        if (which == 0) checked(strata_store_evict(s, k), "strata_store_evict");
+        if (which == 1) checked(strata_store_pin(s, k), "strata_store_pin");
+        if (which == 2) checked(strata_store_unpin(s, k), "strata_store_unpin");
+        break;
+      }
       default: checked(strata_store_open(nullptr, nullptr), "strata_store_open(NULL)"); break;
     }
   }

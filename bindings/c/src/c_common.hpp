@@ -39,6 +39,18 @@ strata_status_t guard(F&& f) noexcept {
   }
 }
 
+/// InvalidArgument when `s` is NULL or closed.
+inline Status check_store(strata_store_t* s) {
+  if (s == nullptr || !s->store) return invalid_argument("store handle is NULL");
+  return Status::OK();
+}
+
+/// InvalidArgument for a NULL key.
+inline Status check_key(const char* key) {
+  if (key == nullptr) return invalid_argument("key is NULL");
+  return Status::OK();
+}
+
 /// A strata_future_t* for `f`, or nullptr on allocation failure.
 strata_future_t* wrap_future(Future<void> f);
 

@@ -8,13 +8,9 @@
 #include <optional>
 #include <string>
 
-#include "c_common.hpp"
+#include "c_optimizer.hpp"
 #include "strata/collectives/communicator.hpp"
 #include "strata/optimizer/offload.hpp"
-
-struct strata_optimizer {
-  std::unique_ptr<strata::optimizer::OffloadedOptimizer> opt;
-};
 
 struct strata_comm {
   std::unique_ptr<strata::Communicator> comm;
@@ -24,12 +20,12 @@ using namespace strata;
 using namespace strata::capi;
 namespace so = strata::optimizer;
 
-namespace {
-
-Status check_opt(strata_optimizer_t* o) {
+Status strata::capi::check_opt(strata_optimizer_t* o) {
   if (o == nullptr || !o->opt) return invalid_argument("optimizer handle is NULL");
   return Status::OK();
 }
+
+namespace {
 
 Status check_comm(const strata_comm_t* c) {
   if (c == nullptr || !c->comm) return invalid_argument("communicator handle is NULL");
@@ -70,7 +66,11 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
     if (o->struct_size < offsetof(strata_optimizer_options_t, num_threads) + sizeof(int) ||
         o->version < 1)
       return invalid("options not initialized with STRATA_OPTIMIZER_OPTIONS_INIT");
-    const std::string name = o->optimizer ? o->optimizer : "adamw";
+    const strata_rule_t* rule =
+        o->struct_size >= offsetof(strata_optimizer_options_t, rule) + sizeof(const strata_rule_t*)
+            ? o->rule
+            : nullptr;
+    const std::string name = rule ? (rule->name ? rule->name : "") : o->optimizer ? o->optimizer : "adamw";
     // defaults < the "optimizer" section of the store's configuration file < the options
     std::optional<Config> cfg;
     if (const std::string& f = store->store->options().config_file; !f.empty()) {
@@ -86,8 +86,13 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
                                                     : "simd";
     if (arithmetic != "simd" && arithmetic != "torch")
       return invalid("arithmetic must be \"simd\" or \"torch\", got \"" + arithmetic + "\"");
-    auto factory = arithmetic == "torch" ? so::torch_exact_rule_factory(name)
-                                         : so::builtin_rule_factory(name);
+    if (rule != nullptr && has_arithmetic && o->arithmetic != nullptr && arithmetic != "simd")
+      return invalid("arithmetic \"" + arithmetic + "\" is for the built-in adam and adamw; "
+                     "a custom rule's arithmetic is its own (leave arithmetic NULL)");
+    so::Hyperparams rule_defaults;
+    auto factory = rule != nullptr         ? c_rule_factory(rule, &rule_defaults)
+                   : arithmetic == "torch" ? so::torch_exact_rule_factory(name)
+                                           : so::builtin_rule_factory(name);
     if (!factory.ok()) return set_error(factory.status());
     so::Hyperparams hp;
     const std::pair<const char*, double> doubles[] = {{"lr", o->lr},
@@ -113,7 +118,13 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
           "' (strata_optimizer_create with resume = 1 reopens it)"));
     }
     if (!opt.ok()) return set_error(opt.status());
-    *out = new strata_optimizer{std::move(*opt)};
+    auto handle = std::make_unique<strata_optimizer>();
+    handle->opt = std::move(*opt);
+    handle->rule_name = handle->opt->rule_name();
+    for (int i = 0; i < handle->opt->num_states(); ++i)
+      handle->state_names.push_back(handle->opt->state_name(i));
+    handle->rule_defaults = std::move(rule_defaults);
+    *out = handle.release();
     return STRATA_OK;
   });
 }
@@ -160,7 +171,11 @@ strata_status_t strata_optimizer_hyperparam(strata_optimizer_t* o, int group, co
       *value = it->second;
       return STRATA_OK;
     }
-    // Keys never set take the built-in optimizer's default.
+    // Keys never set take the custom rule's or the built-in optimizer's default.
+    if (auto d = o->rule_defaults.find(key); d != o->rule_defaults.end()) {
+      *value = d->second;
+      return STRATA_OK;
+    }
     auto defaults = so::builtin_default_hyperparams(o->opt->rule_name());
     if (defaults.ok()) {
       auto d = defaults->find(key);

@@ -58,16 +58,6 @@ Result<TensorDesc> make_desc(const char* key, strata_dtype_t dtype, int ndim,
   return d;
 }
 
-Status check_store(strata_store_t* s) {
-  if (s == nullptr || !s->store) return invalid_argument("store handle is NULL");
-  return Status::OK();
-}
-
-Status check_key(const char* key) {
-  if (key == nullptr) return invalid_argument("key is NULL");
-  return Status::OK();
-}
-
 }  // namespace
 }  // namespace strata::capi
 

@@ -13,29 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "strata/strata.h"
 
-static int failures = 0;
-
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "%s:%d: expected %s (last error: %s)\n", __FILE__,      \
-              __LINE__, #cond, strata_last_error());                          \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-#define EXPECT_RC(expr, want)                                                 \
-  do {                                                                        \
-    strata_status_t rc_ = (expr);                                             \
-    if (rc_ != (want)) {                                                      \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (last error: %s)\n", \
-              __FILE__, __LINE__, #expr, strata_status_name(rc_),             \
-              strata_status_name(want), strata_last_error());                 \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
+int failures = 0;
 
 /* Sets `o` for the store at `dir`: `host_mib` MiB of host tier, `staging_mib` MiB of staging
  * buffers, 1 MiB chunks and `workers` pool threads (0: the default). */
@@ -731,6 +712,8 @@ int main(int argc, char** argv) {
   snprintf(sub, sizeof sub, "%s/config", tmpl);
   test_config(sub);
   test_resume_rule(argv[0], tmpl);
+  snprintf(sub, sizeof sub, "%s/v6", tmpl);
+  test_api_v6(sub);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

@@ -50,8 +50,13 @@ extern "C" {
  *  3: strata_optimizer_options_t.arithmetic.
  *  4: strata_optimizer_close() (free returning the final checkpoint's status),
  *     strata_optimizer_set_hyperparams() and strata_optimizer_hyperparam().
- *  5: strata_store_stats(), strata_store_reset_stats(), strata_optimizer_stats(). */
-#define STRATA_C_API_VERSION 5
+ *  5: strata_store_stats(), strata_store_reset_stats(), strata_optimizer_stats().
+ *  6: custom update rules (strata_rule_t, strata_optimizer_options_t.rule); param groups
+ *     (strata_optimizer_add_param_group() and friends); optimizer state access
+ *     (read/write of masters and states, step counters, param info); step options and
+ *     strata_optimizer_step_async(); strata_store_read_range(), write_range(), evict(),
+ *     pin() and unpin(). */
+#define STRATA_C_API_VERSION 6
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -256,6 +261,40 @@ STRATA_C_API strata_status_t strata_store_prefetch_async(strata_store_t* store, 
 /** Makes every object durable (write-back, fdatasync, one catalog commit). */
 STRATA_C_API strata_status_t strata_store_flush(strata_store_t* store);
 
+/** Reads bytes [offset, offset + nbytes) of object `key` (any dtype; byte offsets) into
+ *  `dst` from its fastest tier; whole chunks are read and verified. Since version 6.
+ *  \error NOT_FOUND; OUT_OF_RANGE (the range passes the object's end, naming both);
+ *      INVALID_ARGUMENT (NULL dst with nbytes > 0); DATA_LOSS; IO. */
+STRATA_C_API strata_status_t strata_store_read_range(strata_store_t* store, const char* key,
+                                                     uint64_t offset, uint64_t nbytes,
+                                                     void* dst);
+STRATA_C_API strata_status_t strata_store_read_range_async(strata_store_t* store,
+                                                           const char* key, uint64_t offset,
+                                                           uint64_t nbytes, void* dst,
+                                                           strata_future_t** future);
+/** Overwrites bytes [offset, offset + nbytes) of object `key` from `src` in whichever tier
+ *  holds it (the object keeps its size, dtype and shape). Durable at the next
+ *  strata_store_flush(); all or nothing: after an error the object reads as before.
+ *  Cheapest when the range covers whole chunks. Since version 6.
+ *  \error NOT_FOUND; OUT_OF_RANGE; INVALID_ARGUMENT (NULL src with nbytes > 0);
+ *      RESOURCE_EXHAUSTED; IO; DATA_LOSS (reading a partly overwritten chunk). */
+STRATA_C_API strata_status_t strata_store_write_range(strata_store_t* store, const char* key,
+                                                      uint64_t offset, uint64_t nbytes,
+                                                      const void* src);
+STRATA_C_API strata_status_t strata_store_write_range_async(strata_store_t* store,
+                                                            const char* key, uint64_t offset,
+                                                            uint64_t nbytes, const void* src,
+                                                            strata_future_t** future);
+/** Demotes `key` to NVMe (writing back a dirty copy) and frees its memory. Since version 6.
+ *  \error NOT_FOUND; FAILED_PRECONDITION (pinned); RESOURCE_EXHAUSTED; IO. */
+STRATA_C_API strata_status_t strata_store_evict(strata_store_t* store, const char* key);
+/** Pins `key` in its memory tier (never evicted by LRU; pins nest, counted); an NVMe-only
+ *  object is first promoted to host. Since version 6.
+ *  \error NOT_FOUND; RESOURCE_EXHAUSTED (no room in host memory). */
+STRATA_C_API strata_status_t strata_store_pin(strata_store_t* store, const char* key);
+/** Removes one pin of `key`. \error NOT_FOUND; FAILED_PRECONDITION (not pinned). */
+STRATA_C_API strata_status_t strata_store_unpin(strata_store_t* store, const char* key);
+
 /** Metadata of an object. Initialize with STRATA_OBJECT_INFO_INIT.
  *  Fields are only ever appended: the library fills the fields that `struct_size` covers,
  *  so a program compiled against an older header (a smaller struct_size) keeps working. */
@@ -346,6 +385,79 @@ STRATA_C_API strata_status_t strata_store_reset_stats(strata_store_t* store);
 
 typedef struct strata_optimizer strata_optimizer_t;
 
+/* ---- custom update rules (since STRATA_C_API_VERSION 6) ---- */
+
+/** Most state streams a rule may have (strata::optimizer::kMaxStateStreams). */
+#define STRATA_MAX_STATES 4
+
+/** The streams one call of a custom rule updates: `numel` consecutive elements of one
+ *  parameter tensor (a sub-group slice, or a tile of it), host memory, valid during the call
+ *  only. Element i of every stream belongs to the same parameter element. */
+typedef struct strata_update_spans {
+  float* param;       /**< fp32 master values: read, update in place */
+  const float* grad;  /**< fp32 gradient, already multiplied by info->grad_scale (converted
+                           from an fp16/bf16 gradient by the engine); read only */
+  float* states[STRATA_MAX_STATES]; /**< fp32 state streams 0..num_states-1, in place */
+  uint64_t numel;                   /**< elements in every stream (>= 1) */
+} strata_update_spans_t;
+
+/** What a custom rule's call is for, besides the streams. */
+typedef struct strata_update_info {
+  int64_t step;       /**< 1-based step number of the tensor after this step (torch's
+                           state["step"]): drives bias corrections */
+  float grad_scale;   /**< the factor the gradient was multiplied by (clip coefficient times
+                           the step's grad_scale) */
+  uint32_t param;     /**< the tensor's index in the optimizer */
+  const char* param_name; /**< its name */
+  uint64_t offset;    /**< element offset of spans->param[0] within the tensor */
+  /** The param group's hyperparameter values, in the order of strata_rule_t's
+   *  hyperparam_names (num_hyperparams values). */
+  const double* hyperparams;
+  /** A failing call may write a NUL-terminated reason here (error_size bytes, 256): the
+   *  step's error message quotes it. */
+  char* error;
+  size_t error_size;
+} strata_update_info_t;
+
+/** A custom rule's update: returns STRATA_OK, or another strata_status_t that the step then
+ *  returns (its message names the rule, the parameter, the elements and the step, and quotes
+ *  info->error). Must not call into the optimizer that runs it. */
+typedef strata_status_t (*strata_update_fn)(const strata_update_spans_t* spans,
+                                            const strata_update_info_t* info, void* user_data);
+
+/** An element-wise optimizer update written in C (strata::optimizer::UpdateRule): the new
+ *  value of element i may depend only on element i of the streams, the step and the
+ *  hyperparameters, so the engine can stream a tensor through it sub-group by sub-group,
+ *  in any split, with the same result. Initialize with STRATA_RULE_INIT. The library copies
+ *  the strings and arrays when the optimizer is created; `update` and `user_data` must stay
+ *  valid until the optimizer is closed. */
+typedef struct strata_rule {
+  size_t struct_size;                  /**< sizeof(strata_rule_t); set by the INIT macro */
+  /** Its name, recorded in checkpoints (a resume must pass a rule of the same name and
+   *  state count); printable ASCII, not a built-in optimizer's name. Required. */
+  const char* name;
+  int num_states;                      /**< 0..STRATA_MAX_STATES */
+  const char* const* state_names;      /**< num_states names (torch's state keys), unique */
+  const float* state_inits;            /**< num_states initial values, or NULL for zeros */
+  size_t num_hyperparams;
+  const char* const* hyperparam_names; /**< the hyperparameters the rule takes, unique */
+  const double* hyperparam_defaults;   /**< their defaults (num_hyperparams values) */
+  strata_update_fn update;             /**< required */
+  void* user_data;                     /**< passed to every call of update */
+  /** 0 (default): update is called on tiles of at most STRATA_RULE_TILE_NUMEL elements,
+   *  concurrently from the optimizer's kernel threads (it must be thread-safe); 1: once per
+   *  sub-group slice on the thread running the step (for a rule with its own parallelism). */
+  int whole_spans;
+  /** 1 (default): update may fail, and a step is then a transaction: a failed call leaves
+   *  every master, state and step counter as before the step. 0: the rule promises not to
+   *  fail (a step skips that bookkeeping); if it fails anyway the step has failed part-way
+   *  (FAILED_PRECONDITION until the optimizer is reopened from its last checkpoint). */
+  int may_fail;
+} strata_rule_t;
+
+#define STRATA_RULE_TILE_NUMEL 16384
+#define STRATA_RULE_INIT {sizeof(strata_rule_t), NULL, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, 1}
+
 /** Options of strata_optimizer_create(). Initialize with STRATA_OPTIMIZER_OPTIONS_INIT.
  *  Hyperparameters use torch.optim's names and defaults of the chosen optimizer. */
 typedef struct strata_optimizer_options {
@@ -375,6 +487,12 @@ typedef struct strata_optimizer_options {
    *  rounding, bit-identical to torch, slower. Either resumes the other's checkpoint. A
    *  struct from an older header (smaller struct_size) gets the default. */
   const char* arithmetic;
+  /* ---- STRATA_C_API_VERSION 6 ---- */
+  /** A custom rule instead of `optimizer` (which is then ignored), or NULL. Its
+   *  hyperparameters start from the rule's defaults; the fields above that are set (lr,
+   *  beta1, ...) are passed by those names, so the rule must take them. `arithmetic` must be
+   *  NULL or "simd". Pass the same rule again to resume its checkpoint. */
+  const strata_rule_t* rule;
 } strata_optimizer_options_t;
 
 #define STRATA_OPTIMIZER_OPTIONS_INIT                                                       \
@@ -382,7 +500,7 @@ typedef struct strata_optimizer_options {
     sizeof(strata_optimizer_options_t), STRATA_C_API_VERSION, NULL, NULL,                   \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_INT, STRATA_UNDEF_U64, STRATA_UNDEF_INT,          \
-        STRATA_UNDEF_U64, STRATA_UNDEF_INT, NULL                                            \
+        STRATA_UNDEF_U64, STRATA_UNDEF_INT, NULL, NULL                                      \
   }
 
 /** Creates an offloaded optimizer whose fp32 masters and states live in `store` (which must
@@ -503,6 +621,111 @@ STRATA_C_API strata_status_t strata_optimizer_step_count(strata_optimizer_t* opt
  *  RESOURCE_EXHAUSTED (the last checkpoint stays the resume point); FAILED_PRECONDITION
  *  after a step that failed part-way (resume from the last checkpoint). */
 STRATA_C_API strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* optimizer);
+
+/* ---- param groups, state access, step options (since STRATA_C_API_VERSION 6) ---- */
+
+/** Adds a param group (torch's add_param_group) with `n` hyperparameters keys[i] =
+ *  values[i]; keys absent take group 0's values. Its index (1, 2, ...) in *group.
+ *  \error INVALID_ARGUMENT (NULL arrays with n > 0, a key the rule does not take, a value out
+ *      of range); FAILED_PRECONDITION (closed). */
+STRATA_C_API strata_status_t strata_optimizer_add_param_group(strata_optimizer_t* optimizer,
+                                                              const char* const* keys,
+                                                              const double* values, size_t n,
+                                                              int* group);
+/** Number of param groups (>= 1) in *n (also after a resume). */
+STRATA_C_API strata_status_t strata_optimizer_num_param_groups(strata_optimizer_t* optimizer,
+                                                               int* n);
+/** strata_optimizer_add_param() into param group `group`.
+ *  \error as strata_optimizer_add_param(); INVALID_ARGUMENT for a bad group. */
+STRATA_C_API strata_status_t strata_optimizer_add_param_to_group(
+    strata_optimizer_t* optimizer, const char* name, uint64_t numel, const float* init,
+    int group, strata_placement_t placement, uint32_t* param);
+/** Number of parameter tensors in *n (indices 0..n-1). */
+STRATA_C_API strata_status_t strata_optimizer_num_params(strata_optimizer_t* optimizer,
+                                                         uint32_t* n);
+
+/** What strata_optimizer_param_info() reports. Initialize with STRATA_PARAM_INFO_INIT. */
+typedef struct strata_param_info {
+  size_t struct_size;            /**< sizeof(strata_param_info_t) */
+  const char* name;              /**< valid until the optimizer is closed */
+  uint64_t numel;                /**< fp32 elements */
+  strata_placement_t placement;  /**< HOST or NVME (never AUTO) */
+  int group;                     /**< param group index */
+  int64_t step;                  /**< step counter (torch's state["step"]) */
+  int has_grad;                  /**< 1 when a gradient is attached */
+  /** Store key of its fp32 master (NVME: numel * 4 bytes, readable with strata_store_get
+   *  while no step runs); valid until the optimizer is closed. */
+  const char* master_key;
+} strata_param_info_t;
+#define STRATA_PARAM_INFO_INIT {sizeof(strata_param_info_t), NULL, 0, STRATA_PLACEMENT_AUTO, 0, 0, 0, NULL}
+/** Fills *info for `param` (the fields up to info->struct_size).
+ *  \error OUT_OF_RANGE (bad index); INVALID_ARGUMENT (NULL or uninitialized info). */
+STRATA_C_API strata_status_t strata_optimizer_param_info(strata_optimizer_t* optimizer,
+                                                         uint32_t param,
+                                                         strata_param_info_t* info);
+/** Name of the update rule ("adamw", a custom rule's name); valid until the optimizer is
+ *  closed; "" for a NULL handle. */
+STRATA_C_API const char* strata_optimizer_rule_name(strata_optimizer_t* optimizer);
+/** Number of fp32 state streams of the rule (adamw: 2, amsgrad 3); -1 for a NULL handle. */
+STRATA_C_API int strata_optimizer_num_states(strata_optimizer_t* optimizer);
+/** Name of state stream `stream` (torch's state key: "exp_avg", "exp_avg_sq", ...), valid
+ *  until the optimizer is closed; NULL for a bad index or handle. */
+STRATA_C_API const char* strata_optimizer_state_name(strata_optimizer_t* optimizer, int stream);
+/** Overwrites elements [offset, offset + count) of the fp32 master of `param` from `src`
+ *  (load_state_dict, an edit of the weights); durable at the next checkpoint.
+ *  \error OUT_OF_RANGE (bad index or range); INVALID_ARGUMENT (NULL src); store errors. */
+STRATA_C_API strata_status_t strata_optimizer_write_param(strata_optimizer_t* optimizer,
+                                                          uint32_t param, const float* src,
+                                                          uint64_t offset, uint64_t count);
+/** As strata_optimizer_read_param() / write_param() for state stream `stream`.
+ *  \error OUT_OF_RANGE also for a bad stream index. */
+STRATA_C_API strata_status_t strata_optimizer_read_state(strata_optimizer_t* optimizer,
+                                                         uint32_t param, int stream,
+                                                         float* dst, uint64_t offset,
+                                                         uint64_t count);
+STRATA_C_API strata_status_t strata_optimizer_write_state(strata_optimizer_t* optimizer,
+                                                          uint32_t param, int stream,
+                                                          const float* src, uint64_t offset,
+                                                          uint64_t count);
+/** Restores the step counter of `param` (load_state_dict).
+ *  \error OUT_OF_RANGE (bad index); INVALID_ARGUMENT (step < 0). */
+STRATA_C_API strata_status_t strata_optimizer_set_step_count(strata_optimizer_t* optimizer,
+                                                             uint32_t param, int64_t step);
+/** Detaches every gradient (torch's zero_grad(set_to_none=True)). */
+STRATA_C_API strata_status_t strata_optimizer_clear_grads(strata_optimizer_t* optimizer);
+
+/** Options of strata_optimizer_step_with() / step_async() (strata::optimizer::StepOptions).
+ *  Initialize with STRATA_STEP_OPTIONS_INIT; fields are only ever appended. */
+typedef struct strata_step_options {
+  size_t struct_size;   /**< sizeof(strata_step_options_t) */
+  double max_grad_norm; /**< > 0: clip by global L2 norm (clip_grad_norm_). Default 0 */
+  float grad_scale;     /**< every gradient is multiplied by it (1/loss_scale). Default 1 */
+  int skip_if_nonfinite; /**< 1: skip the step when a gradient holds inf/NaN. Default 1 */
+  /** 1: the gate's inputs below were computed by the caller over all of the step's gradients
+   *  (gradients partitioned over ranks: all-reduce the squared norms and the overflow flag
+   *  first), and the step decides from them instead of scanning. Default 0. */
+  int has_grad_summary;
+  double summary_grad_norm; /**< the global L2 norm of the unscaled gradients */
+  int summary_nonfinite;    /**< 1: some gradient element is inf or NaN */
+} strata_step_options_t;
+#define STRATA_STEP_OPTIONS_INIT {sizeof(strata_step_options_t), 0.0, 1.0f, 1, 0, 0.0, 0}
+
+/** strata_optimizer_step() with every option. `options` NULL = the defaults.
+ *  \error INVALID_ARGUMENT (max_grad_norm < 0 or NaN, uninitialized options); store errors;
+ *      a custom rule's status. */
+STRATA_C_API strata_status_t strata_optimizer_step_with(strata_optimizer_t* optimizer,
+                                                        const strata_step_options_t* options,
+                                                        strata_step_stats_t* stats);
+/** The step on an internal thread: *future is ready when it is done (the step's status is
+ *  the future's); `stats`, if not NULL, is filled by then. Gradients and `stats` must stay
+ *  valid and unmodified until the future is ready; other calls on the optimizer meanwhile
+ *  wait for the step. `options` is read during this call.
+ *  \error INVALID_ARGUMENT (as step_with, NULL future); errors of the step arrive through the
+ *      future. */
+STRATA_C_API strata_status_t strata_optimizer_step_async(strata_optimizer_t* optimizer,
+                                                         const strata_step_options_t* options,
+                                                         strata_step_stats_t* stats,
+                                                         strata_future_t** future);
 
 /* ---- communicator ----------------------------------------------------------------------- */
 
