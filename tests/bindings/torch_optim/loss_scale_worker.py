@@ -4,7 +4,10 @@ tier) over its own copy of the model and its own data, and a DynamicLossScaler w
 ``comm=``. Only rank 1's gradient overflows at step 2 (an inf put into it): both ranks skip
 that step (parameters, state and step counts unchanged) and both lower the scale, as
 DeepSpeed's rule says (hysteresis 1 here). Beside it, in the same process, torch by hand
-(AdamW, gradients / scale) skipping the same step; every step bit-identical.
+(AdamW, gradients / scale) skipping the same step; every step bit-identical. Then the same
+under ZeRO-3 (offload_parameters(comm=...), a scaler without comm: the step's gate decides
+over the offload's communicator), rank 1's batch holding an inf at step 2, against torch
+with all-reduced averaged gradients / scale.
 
     python loss_scale_worker.py DIR     (under strata launch)
 """
@@ -14,6 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+import strata
 import strata.distributed as sd
 import strata.torch as st
 from strata.torch.optim import DynamicLossScaler
@@ -87,8 +91,42 @@ def main():
         assert "offload_parameters(comm=...)" in str(e), e
     oopt.close()
     h.close()
+    zero3(comm, root, data)
     comm.close()
     print(f"OK loss_scale rank {rank}", flush=True)
+
+
+def zero3(comm, root, data):
+    rank = comm.rank
+    store = strata.Store.open(os.path.join(root, f"z{rank}"), durability="flush",
+                              chunk_size="64KiB")
+    net, ref = model(), model()
+    h = st.offload_parameters(net, store, working_set=2048, comm=comm)
+    opt = st.OffloadAdamW(net.parameters(), lr=1e-2, store=store, arithmetic="torch")
+    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    scaler = DynamicLossScaler(init_scale=1024.0, scale_window=2, hysteresis=1)
+    for step, (x, y) in enumerate(data):
+        if step == 2 and rank == 1:
+            x = x.clone()
+            x[0, 3] = INF
+        opt.zero_grad()
+        scaler.scale(F.mse_loss(net(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert opt.last_step["skipped"] == (step == 2), step
+        assert scaler.get_scale() == AFTER[step], (step, scaler.get_scale())
+        if step != 2:
+            topt.zero_grad()
+            (F.mse_loss(ref(x), y) * USED[step]).backward()
+            for p in ref.parameters():
+                comm.all_reduce(p.grad)
+                p.grad.div_(comm.size).div_(USED[step])
+            topt.step()
+        for n, p in h.parameters:
+            assert torch.equal(h.read(p), dict(ref.named_parameters())[n].detach()), (step, n)
+    opt.close()
+    h.close()
+    store.close()
 
 
 if __name__ == "__main__":

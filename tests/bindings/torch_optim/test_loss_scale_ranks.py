@@ -1,7 +1,9 @@
 """DynamicLossScaler over 2 ranks under strata launch (tests/bindings/torch_optim/
 loss_scale_worker.py): only rank 1's gradient overflows; both ranks skip the step and lower
 the scale (the overflow flag all-reduced with MAX), every step bit-identical to torch AdamW
-by hand; comm= over parameters offloaded without a communicator refused on both ranks."""
+by hand; comm= over parameters offloaded without a communicator refused on both ranks;
+under ZeRO-3 (offload_parameters(comm=...)) the step's own gate decides for every rank, bit
+for bit against torch with all-reduced gradients."""
 import os
 import subprocess
 import sys
