@@ -1,9 +1,11 @@
 // The offloaded optimizer's checkpoint (see offload.hpp, CHECKPOINT CONTRACT): the text
 // record under key_prefix + "meta", checkpoint(), close(), and the restore of open().
 //
-// Record (version 1), one item per line, doubles in C99 hex (%a) so they round-trip:
-//   strata-offload-meta 1
+// Record (version 1; version 2 = version 1 with bf16 state objects, see
+// OffloadOptions::state_dtype), one item per line, doubles in C99 hex (%a) so they round-trip:
+//   strata-offload-meta 1|2
 //   rule <name> <num_states>
+//   state_dtype bf16      (version 2 only)
 //   groups <n>            then n lines: group <count> <key>=<value> ...
 //   params <n>            then n lines: param <name> <numel> host|nvme <group> <step>
 //                                       <durable_step>
@@ -66,8 +68,12 @@ Result<MetaRecord> read_meta(Store& store, const std::string& key, RuleFactory& 
 
 std::string offload_detail::format_meta(const MetaRecord& m) {
   std::ostringstream o;
-  o << kMetaMagic << ' ' << kMetaVersion << '\n';
+  // fp32 states: version 1, byte for byte as before; bf16 states: version 2, whose
+  // "state_dtype" line a version-1 reader refuses ("unsupported version 2").
+  const bool bf16 = m.state_dtype == DType::kBFloat16;
+  o << kMetaMagic << ' ' << (bf16 ? 2 : kMetaVersion) << '\n';
   o << "rule " << m.rule << ' ' << m.num_states << '\n';
+  if (bf16) o << "state_dtype bf16\n";
   o << "groups " << m.groups.size() << '\n';
   for (const auto& g : m.groups) {
     o << "group " << g.size();
@@ -104,8 +110,17 @@ Result<MetaRecord> offload_detail::parse_meta(const std::string& text, const std
   int version = 0;
   MetaRecord m;
   if (!(in >> word >> version) || word != kMetaMagic) return bad("bad magic");
-  if (version != kMetaVersion) return bad("unsupported version " + std::to_string(version));
+  if (version != kMetaVersion && version != 2) {
+    return bad("unsupported version " + std::to_string(version));
+  }
   if (!(in >> word >> m.rule >> m.num_states) || word != "rule") return bad("no rule line");
+  if (version == 2) {
+    std::string dt;
+    if (!(in >> word >> dt) || word != "state_dtype" || dt != "bf16") {
+      return bad("state_dtype line (expected 'state_dtype bf16')");
+    }
+    m.state_dtype = DType::kBFloat16;
+  }
   uint64_t ng = 0;
   if (!(in >> word) || word != "groups" || !read_count(in, &ng) || ng == 0 || ng > 1000000) {
     return bad("groups");
@@ -162,6 +177,7 @@ std::string OffloadedOptimizer::Impl::serialize_meta() const {
   MetaRecord m;
   m.rule = rule_name;
   m.num_states = num_states;
+  m.state_dtype = opts.state_dtype;
   for (const auto& g : groups) m.groups.push_back(g.hp);
   for (const auto& t : tensors) {
     const int64_t step = t.state.step();
@@ -209,7 +225,8 @@ Status OffloadedOptimizer::Impl::checkpoint() {
   for (const auto& t : tensors) {
     if (t.placement != Placement::kHost) continue;
     for (int s = 0; s < num_streams(); ++s) {
-      futs.push_back(store->write_range_async(t.keys[s], 0, t.numel * 4, t.host[s].data()));
+      futs.push_back(store->write_range_async(t.keys[s], 0, t.numel * elem_bytes(s),
+                                              t.host[s].data()));
     }
   }
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
@@ -338,6 +355,14 @@ Status OffloadedOptimizer::Impl::restore() {
   if (!factory) {
     STRATA_ASSIGN_OR_RETURN(factory, recorded_rule_factory(m.rule, key));
   }
+  if (m.state_dtype != opts.state_dtype) {
+    return failed_precondition(
+        "offload open: the checkpoint under '" + opts.key_prefix + "' of store " +
+        store->options().path + " holds " + std::string(dtype_name(m.state_dtype)) +
+        " optimizer states, but OffloadOptions.state_dtype is " +
+        std::string(dtype_name(opts.state_dtype)) + ": open it with state_dtype " +
+        std::string(dtype_name(m.state_dtype)) + " (states are not converted on open)");
+  }
   for (size_t g = 0; g < m.groups.size(); ++g) {
     auto built = build_rule(m.groups[g]);
     if (!built.ok()) {
@@ -373,19 +398,21 @@ Status OffloadedOptimizer::Impl::restore() {
       STRATA_ASSIGN_OR_RETURN(ObjectInfo oi, store->stat(t.keys[s]));
       STRATA_RETURN_IF_ERROR(check_clean(oi));
       t.chunks.push_back(oi.chunk_bytes);
-      if (oi.nbytes != p.numel * 4) {
+      if (oi.nbytes != p.numel * elem_bytes(s)) {
         return data_loss("offload open: object '" + t.keys[s] + "' holds " +
                          std::to_string(oi.nbytes) + " bytes, the record says " +
-                         std::to_string(p.numel) + " fp32 elements");
+                         std::to_string(p.numel) + " " + (elem_bytes(s) == 2 ? "bf16" : "fp32") +
+                         " elements");
       }
     }
     if (host) {
       for (int s = 0; s < num_streams(); ++s) {
-        STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(p.numel * 4));
-        STRATA_RETURN_IF_ERROR(store->read_range(t.keys[s], 0, p.numel * 4, a.data()));
+        const uint64_t nb = p.numel * elem_bytes(s);
+        STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(nb));
+        STRATA_RETURN_IF_ERROR(store->read_range(t.keys[s], 0, nb, a.data()));
         t.host.push_back(std::move(a));
       }
-      host_bytes += p.numel * 4 * static_cast<uint64_t>(num_streams());
+      host_bytes += p.numel * bytes_per_element();
     }
     if (by_name.count(t.name)) return data_loss("offload open: duplicate parameter '" + t.name + "'");
     by_name[t.name] = static_cast<ParamHandle>(tensors.size());

@@ -44,6 +44,15 @@ inline double seconds_since(Clock::time_point t0) {
 /// Non-empty printable ASCII without whitespace (parameter and state-stream names).
 bool valid_name(std::string_view name);
 
+/// Widens the `n` bf16 values stored at byte offset `src_offset` >= 2 * n of `data` to
+/// fp32 at data[0, n) (exact), in tiles through a stack buffer (the SIMD
+/// load_scaled_grad at scale 1), front to back: with src_offset >= 2 * n no tile's fp32
+/// output reaches bf16 input not yet converted.
+void widen_bf16_in_place(float* data, uint64_t src_offset, uint64_t n);
+/// Narrows data[0, n) fp32 to bf16 (round to nearest even, NaN -> 0x7FC0: store_converted)
+/// at bytes [0, 2 * n) of `data`, in tiles through a stack buffer, front to back.
+void narrow_bf16_in_place(float* data, uint64_t n);
+
 /// Anonymous private memory (transparent huge pages when allowed), zero-filled.
 class HostArray {
  public:
@@ -221,6 +230,37 @@ struct OffloadedOptimizer::Impl {
   /// FailedPrecondition "<what>: the optimizer is closed" once close() ran.
   Status check_open(const char* what) const;
   int num_streams() const { return 1 + num_states; }
+  /// OffloadOptions::state_dtype is kBFloat16: the state objects (and host-tier state
+  /// arrays) hold bf16, widened to fp32 before and narrowed (RNE) after each update.
+  bool bf16_states() const { return opts.state_dtype == DType::kBFloat16; }
+  /// Bytes per element of stream `stream` (0 master: 4; states: 4, or 2 when bf16).
+  uint64_t elem_bytes(int stream) const { return stream > 0 && bf16_states() ? 2 : 4; }
+  /// Bytes per element of a tensor's streams together (master + states): DRAM of a
+  /// host-tier tensor, store bytes of one element's update.
+  uint64_t bytes_per_element() const {
+    return 4 + static_cast<uint64_t>(num_states) * elem_bytes(1);
+  }
+  /// Store chunk bytes of the state objects add_param() creates: chunk_bytes scaled by
+  /// elem_bytes(1) / 4 (whole sub-groups per chunk), or chunk_bytes when that is not a
+  /// multiple of 4 KiB.
+  uint64_t state_chunk_bytes() const {
+    if (!bf16_states() || (chunk_bytes / 2) % offload_detail::kAlign != 0) return chunk_bytes;
+    return chunk_bytes / 2;
+  }
+  /// The update of a host-tier tensor with bf16 states: sub-groups of sg elements whose
+  /// states are widened into host_scratch, updated, and narrowed back.
+  Status update_host_bf16(const Tensor& t, const UpdateSpans& whole, const StepInfo& info);
+  std::vector<float> host_scratch;  // num_states * sg floats, allocated on first use
+  /// Byte offset, inside a state stream's region of a slot item of `count` elements,
+  /// where a bf16 read lands: at least 2 * count (so the forward widening of
+  /// widen_bf16_in_place never overwrites bytes still to be read) and 4 KiB-aligned when
+  /// the region leaves room (stream_stride >= 4 KiB-aligned offset + 2 * count), so the
+  /// store reads straight into it.
+  uint64_t bf16_read_offset(uint64_t count) const {
+    const uint64_t half = count * 2;
+    const uint64_t aligned = (stream_stride - half) / offload_detail::kAlign * offload_detail::kAlign;
+    return aligned >= half ? aligned : half;
+  }
   float* slot_stream(size_t slot, int stream) const {
     return reinterpret_cast<float*>(static_cast<char*>(slots[slot].data()) +
                                     static_cast<uint64_t>(stream) * stream_stride);

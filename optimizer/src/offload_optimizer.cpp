@@ -157,6 +157,11 @@ Status OffloadedOptimizer::Impl::setup_resources() {
     return invalid_argument("OffloadOptions.num_buffers " + std::to_string(opts.num_buffers) +
                             " is outside 1.." + std::to_string(kMaxBuffers));
   }
+  if (opts.state_dtype != DType::kFloat32 && opts.state_dtype != DType::kBFloat16) {
+    return invalid_argument(std::string("OffloadOptions.state_dtype ") +
+                            std::string(dtype_name(opts.state_dtype)) +
+                            " is not supported (fp32 or bf16)");
+  }
   chunk_bytes = store->chunk_bytes();
   const uint64_t B = static_cast<uint64_t>(opts.num_buffers);
   const uint64_t S = static_cast<uint64_t>(num_streams());

@@ -45,21 +45,77 @@ namespace {
 /// put back by restore() when the step fails.
 class HostBackup {
  public:
-  void save(const OffloadedOptimizer::Impl::Tensor& t) {
-    for (const HostArray& a : t.host) {
-      saved_.emplace_back(a.data(), std::vector<float>(a.data(), a.data() + t.numel));
+  void save(const OffloadedOptimizer::Impl& impl, const OffloadedOptimizer::Impl::Tensor& t) {
+    for (size_t s = 0; s < t.host.size(); ++s) {
+      const char* p = reinterpret_cast<const char*>(t.host[s].data());
+      saved_.emplace_back(reinterpret_cast<char*>(t.host[s].data()),
+                          std::vector<char>(p, p + t.numel * impl.elem_bytes(static_cast<int>(s))));
     }
   }
   void restore() {
-    for (auto& [dst, copy] : saved_) std::memcpy(dst, copy.data(), copy.size() * sizeof(float));
+    for (auto& [dst, copy] : saved_) std::memcpy(dst, copy.data(), copy.size());
     saved_.clear();
   }
 
  private:
-  std::vector<std::pair<float*, std::vector<float>>> saved_;
+  std::vector<std::pair<char*, std::vector<char>>> saved_;
 };
 
+/// Elements per tile of the in-place conversions (8 KiB of fp32 on the stack).
+constexpr uint64_t kConvertTile = 2048;
+
 }  // namespace
+
+void offload_detail::widen_bf16_in_place(float* data, uint64_t src_offset, uint64_t n) {
+  const char* src = reinterpret_cast<const char*>(data) + src_offset;
+  uint16_t tile[kConvertTile];
+  for (uint64_t b = 0; b < n; b += kConvertTile) {
+    const uint64_t c = std::min(kConvertTile, n - b);
+    std::memcpy(tile, src + b * 2, c * 2);
+    load_scaled_grad(tile, DType::kBFloat16, 1.0f, data + b, c);
+  }
+}
+
+void offload_detail::narrow_bf16_in_place(float* data, uint64_t n) {
+  char* dst = reinterpret_cast<char*>(data);
+  uint16_t tile[kConvertTile];
+  for (uint64_t b = 0; b < n; b += kConvertTile) {
+    const uint64_t c = std::min(kConvertTile, n - b);
+    store_converted(data + b, DType::kBFloat16, tile, c);
+    std::memcpy(dst + b * 2, tile, c * 2);
+  }
+}
+
+Status OffloadedOptimizer::Impl::update_host_bf16(const Tensor& t, const UpdateSpans& whole,
+                                                  const StepInfo& info) {
+  if (host_scratch.size() < static_cast<size_t>(num_states) * sg) {
+    host_scratch.assign(static_cast<size_t>(num_states) * sg, 0.0f);
+  }
+  for (uint64_t b = 0; b < t.numel; b += sg) {
+    const uint64_t c = std::min(sg, t.numel - b);
+    UpdateSpans sp = whole;
+    sp.param = whole.param + b;
+    sp.grad = static_cast<const char*>(whole.grad) + b * dtype_size(whole.grad_type);
+    if (whole.param_copy != nullptr) {
+      sp.param_copy = static_cast<char*>(whole.param_copy) + b * dtype_size(whole.param_copy_type);
+    }
+    sp.numel = c;
+    for (int k = 0; k < num_states; ++k) {
+      float* w = host_scratch.data() + static_cast<uint64_t>(k) * sg;
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(t.host[1 + k].data()) + b;
+      load_scaled_grad(src, DType::kBFloat16, 1.0f, w, c);
+      sp.states[k] = w;
+    }
+    StepInfo in = info;
+    in.offset = info.offset + b;
+    STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, sp, in, pool.get()));
+    for (int k = 0; k < num_states; ++k) {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(t.host[1 + k].data()) + b;
+      store_converted(sp.states[k], DType::kBFloat16, dst, c);
+    }
+  }
+  return Status::OK();
+}
 
 UpdateSpans OffloadedOptimizer::Impl::host_spans(const Tensor& t) const {
   UpdateSpans s;
@@ -104,8 +160,13 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
           std::memcpy(buf, it.master + it.begin, it.count * 4);
           continue;
         }
-        fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * 4, it.count * 4, buf)
-                           : store->read_range_async(t.keys[s], it.begin * 4, it.count * 4, buf));
+        // bf16 states: written from the region's start (narrowed there after the update),
+        // read to its upper part (bf16_read_offset) and widened from there before it.
+        const uint64_t es = elem_bytes(s);
+        char* io = reinterpret_cast<char*>(buf);
+        if (!write && es == 2) io += bf16_read_offset(it.count);
+        fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * es, it.count * es, io)
+                           : store->read_range_async(t.keys[s], it.begin * es, it.count * es, io));
       }
       if (!write && it.grad_object) {  // the gradient's slice, into the gradient region
         const uint64_t es = dtype_size(it.grad_type);
@@ -156,6 +217,11 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
         sp.param_copy_type = copy_type;
       }
       sp.numel = it.count;
+      if (bf16_states()) {  // widen the states read as bf16 (exact), in place
+        for (int s = 0; s < num_states; ++s) {
+          widen_bf16_in_place(sp.states[s], bf16_read_offset(it.count), it.count);
+        }
+      }
       StepInfo info;
       info.step = t.state.step() + 1;
       info.grad_scale = grad_scale;
@@ -164,10 +230,15 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       info.offset = it.begin;
       const auto t_compute = Clock::now();
       st = apply_update(*groups[t.group].rule, sp, info, pool.get());
+      if (st.ok() && bf16_states()) {  // narrow the updated states (RNE) for the writes
+        for (int s = 0; s < num_states; ++s) {
+          narrow_bf16_in_place(sp.states[s], it.count);
+        }
+      }
       stats.compute_seconds += seconds_since(t_compute);
-      stats.bytes_read += static_cast<uint64_t>(S - (it.master != nullptr ? 1 : 0)) * it.count * 4;
+      stats.bytes_read += (bytes_per_element() - (it.master != nullptr ? 4 : 0)) * it.count;
       if (it.grad_object) stats.bytes_read += it.count * dtype_size(it.grad_type);
-      stats.bytes_written += static_cast<uint64_t>(S) * it.count * 4;
+      stats.bytes_written += bytes_per_element() * it.count;
     }
     if (!st.ok()) break;
     stats.sub_groups += 1;
@@ -175,7 +246,10 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
     const Item& first = items[batches[i]];
     bool shares_chunk = false;  // with the previous item of its tensor, in some stream
     if (i > 0 && items[batches[i] - 1].t == first.t) {
-      for (uint64_t c : tensors[first.t].chunks) shares_chunk |= (first.begin * 4) % c != 0;
+      const auto& chunks = tensors[first.t].chunks;
+      for (size_t s = 0; s < chunks.size(); ++s) {
+        shares_chunk |= (first.begin * elem_bytes(static_cast<int>(s))) % chunks[s] != 0;
+      }
     }
     if (shares_chunk) {
       writes[i] = writes[i - 1].then([issue, i](const Result<void>&) { return issue(i, true); });
@@ -362,9 +436,13 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
         sp.param_copy = e->param_copy;
         sp.param_copy_type = e->param_copy_type;
       }
-      if (transactional) host_backup.save(t);
+      if (transactional) host_backup.save(*this, t);
       const auto tc = Clock::now();
-      STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, sp, info, pool.get()));
+      if (bf16_states()) {
+        STRATA_RETURN_IF_ERROR(update_host_bf16(t, sp, info));
+      } else {
+        STRATA_RETURN_IF_ERROR(apply_update(*groups[t.group].rule, sp, info, pool.get()));
+      }
       stats.compute_seconds += seconds_since(tc);
     }
     return std::optional<float>(scale);

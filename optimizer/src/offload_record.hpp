@@ -16,6 +16,9 @@ namespace strata::optimizer::offload_detail {
 struct MetaRecord {
   std::string rule;
   int num_states = 0;
+  /// Element type of the state objects: kFloat32 (version 1 records) or kBFloat16
+  /// (version 2, "state_dtype bf16").
+  DType state_dtype = DType::kFloat32;
   std::vector<Hyperparams> groups;
   struct P {
     std::string name;
@@ -27,7 +30,7 @@ struct MetaRecord {
   std::vector<P> params;
 };
 
-/// Text of `m` (version 1). Pure function; thread-safe.
+/// Text of `m` (version 1; version 2 when m.state_dtype is kBFloat16). Pure function; thread-safe.
 std::string format_meta(const MetaRecord& m);
 
 /// Decodes `text`, the record stored under `key`. Pure function; thread-safe.

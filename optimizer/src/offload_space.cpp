@@ -18,10 +18,9 @@ namespace {
 /// Catalog growth (rows, write-ahead log) and rounding: a fixed allowance.
 constexpr uint64_t kSpaceMargin = 1ull << 20;
 
-/// Upper bound of the bytes one fp32[numel] object takes in any one of `k` directories:
+/// Upper bound of the bytes one object of `nbytes` takes in any one of `k` directories:
 /// its chunks (each rounded to 4 KiB) are striped over the directories.
-uint64_t per_dir_bytes(uint64_t numel, uint64_t chunk, uint64_t k) {
-  const uint64_t nbytes = numel * 4;
+uint64_t per_dir_bytes(uint64_t nbytes, uint64_t chunk, uint64_t k) {
   if (nbytes == 0) return 0;
   if (k <= 1) return nbytes / chunk * chunk + align_up(nbytes % chunk, kAlign);
   const uint64_t nchunks = (nbytes + chunk - 1) / chunk;
@@ -34,17 +33,23 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
     const std::vector<uint64_t>& more_numels) const {
   STRATA_ASSIGN_OR_RETURN(auto dirs, store->nvme_space());
   const uint64_t k = std::max<size_t>(dirs.size(), 1);
-  const uint64_t S = static_cast<uint64_t>(num_streams());
+  const uint64_t ns = static_cast<uint64_t>(num_states);
+  const uint64_t es = elem_bytes(1);  // bytes per state element: 4, or 2 (bf16 states)
+  const uint64_t schunk = state_chunk_bytes();
+  // The master (fp32) and the num_states state objects (es bytes per element).
+  auto tensor_bytes = [&](uint64_t numel) {
+    return per_dir_bytes(numel * 4, chunk_bytes, k) + ns * per_dir_bytes(numel * es, schunk, k);
+  };
   DiskSpaceNeed n;
   uint64_t held = 0, nvme_state = 0;  // per directory
   for (const auto& t : tensors) {
-    const uint64_t b = S * per_dir_bytes(t.numel, chunk_bytes, k);
+    const uint64_t b = tensor_bytes(t.numel);
     held += b;
     if (t.placement == Placement::kNvme) nvme_state += b;
   }
   uint64_t state = held;
   for (uint64_t numel : more_numels) {
-    const uint64_t b = S * per_dir_bytes(numel, chunk_bytes, k);
+    const uint64_t b = tensor_bytes(numel);
     state += b;
     nvme_state += b;  // the worst case: every new tensor in the NVMe tier
   }
@@ -52,8 +57,11 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
   // uncommitted copies still exist (at most num_buffers batches of one slot per stream).
   uint64_t per_batch = stream_stride;
   if ((sg * 4) % chunk_bytes != 0) per_batch += chunk_bytes;  // a chunk shared by two items
+  uint64_t state_batch = align_up(sg * es, kAlign);           // bf16: half a slot's stream
+  if ((sg * es) % schunk != 0) state_batch += schunk;
   const uint64_t in_flight =
-      std::min(nvme_state, static_cast<uint64_t>(slots.size()) * S * ((per_batch + k - 1) / k));
+      std::min(nvme_state, static_cast<uint64_t>(slots.size()) *
+                               ((per_batch + k - 1) / k + ns * ((state_batch + k - 1) / k)));
   n.state_bytes = state * k;
   n.in_flight_bytes = in_flight * k;
   n.margin_bytes = kSpaceMargin;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "offload_impl.hpp"
+#include "strata/base/half.hpp"
 #include "strata/base/units.hpp"
 
 namespace strata::optimizer {
@@ -74,15 +75,22 @@ HostArray::~HostArray() {
 
 // ------------------------------------------------------------------------------ tensors
 
-// Writes `value` over elements [0, numel) of NVMe object `key` through slot 0.
+// Writes `value` over elements [0, numel) of NVMe state object `key` (elements of
+// elem_bytes(1) bytes: fp32, or `value` rounded to bf16) through slot 0.
 Status OffloadedOptimizer::Impl::fill_object(const std::string& key, uint64_t numel,
                                              float value) {
   float* buf = slot_stream(0, 0);
   const uint64_t n = std::min<uint64_t>(sg, numel);
-  std::fill(buf, buf + n, value);
+  const uint64_t es = elem_bytes(1);
+  if (es == 2) {
+    uint16_t* h = reinterpret_cast<uint16_t*>(buf);
+    std::fill(h, h + n, detail::to_bf16(value).bits);
+  } else {
+    std::fill(buf, buf + n, value);
+  }
   for (uint64_t b = 0; b < numel; b += sg) {
     const uint64_t c = std::min(sg, numel - b);
-    STRATA_RETURN_IF_ERROR(store->write_range(key, b * 4, c * 4, buf));
+    STRATA_RETURN_IF_ERROR(store->write_range(key, b * es, c * es, buf));
   }
   return Status::OK();
 }
@@ -103,7 +111,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
     return invalid_argument("offload: parameter '" + name + "': no param group " +
                             std::to_string(group));
   }
-  const uint64_t bytes_all = numel * 4 * static_cast<uint64_t>(num_streams());
+  const uint64_t bytes_all = numel * bytes_per_element();
   if (placement == Placement::kAuto) placement = opts.default_placement;
   if (placement == Placement::kAuto) {
     placement = host_bytes + bytes_all <= opts.host_budget_bytes ? Placement::kHost
@@ -116,10 +124,12 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   t.placement = placement;
   t.group = group;
   for (int s = 0; s < num_streams(); ++s) t.keys.push_back(key_of(name, s));
-  t.chunks.assign(t.keys.size(), chunk_bytes);
+  t.chunks.assign(t.keys.size(), state_chunk_bytes());
+  t.chunks[0] = chunk_bytes;
   // Held before they are written: only checkpoint()'s commit makes their changes durable.
   STRATA_RETURN_IF_ERROR(store->hold(t.keys));
   const TensorDesc desc{DType::kFloat32, {static_cast<int64_t>(numel)}};
+  const TensorDesc state_desc{opts.state_dtype, {static_cast<int64_t>(numel)}};
   PutOptions po;
   po.tier = Tier::kNvme;
   po.overwrite = true;  // leftovers of a crashed, never-checkpointed add_param
@@ -127,13 +137,19 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   // The objects' initial bytes: the host arrays, or `init` and one chunk of zeros repeated.
   std::vector<const void*> srcs;
   std::vector<PutOptions> pos(num_streams(), po);
+  for (int s = 1; s < num_streams(); ++s) pos[s].chunk_bytes = t.chunks[s];
   std::optional<ZeroChunk> zeros;
   if (placement == Placement::kHost) {
     for (int s = 0; s < num_streams(); ++s) {
-      STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(numel * 4));
+      STRATA_ASSIGN_OR_RETURN(HostArray a, HostArray::allocate(numel * elem_bytes(s)));
       if (s == 0 && init != nullptr) std::memcpy(a.data(), init, numel * 4);
       if (s > 0 && state_inits[s - 1] != 0.0f) {
-        std::fill(a.data(), a.data() + numel, state_inits[s - 1]);
+        if (elem_bytes(s) == 2) {
+          uint16_t* h = reinterpret_cast<uint16_t*>(a.data());
+          std::fill(h, h + numel, detail::to_bf16(state_inits[s - 1]).bits);
+        } else {
+          std::fill(a.data(), a.data() + numel, state_inits[s - 1]);
+        }
       }
       srcs.push_back(a.data());
       t.host.push_back(std::move(a));
@@ -154,7 +170,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
   }
   std::vector<Future<void>> futs;
   for (int s = 0; s < num_streams(); ++s) {
-    futs.push_back(store->put_async(t.keys[s], srcs[s], desc, pos[s]));
+    futs.push_back(store->put_async(t.keys[s], srcs[s], s == 0 ? desc : state_desc, pos[s]));
   }
   STRATA_RETURN_IF_ERROR(when_all(futs).result().status().with_context(
       "offload: creating parameter '" + name + "'"));
@@ -200,6 +216,18 @@ Status OffloadedOptimizer::Impl::read_stream(ParamHandle h, int stream, float* d
   if (count == 0) return Status::OK();
   if (dst == nullptr) return invalid_argument("offload: destination is null");
   const Tensor& t = tensors[h];
+  if (elem_bytes(stream) == 2) {  // bf16 state: widened to fp32 (exact)
+    if (t.placement == Placement::kHost) {
+      load_scaled_grad(reinterpret_cast<const uint16_t*>(t.host[stream].data()) + offset,
+                       DType::kBFloat16, 1.0f, dst, count);
+      return Status::OK();
+    }
+    // The bf16 bytes land in the upper half of dst's fp32 range, then widen front to back.
+    STRATA_RETURN_IF_ERROR(store->read_range(t.keys[stream], offset * 2, count * 2,
+                                             reinterpret_cast<char*>(dst) + count * 2));
+    widen_bf16_in_place(dst, count * 2, count);
+    return Status::OK();
+  }
   if (t.placement == Placement::kHost) {
     std::memcpy(dst, t.host[stream].data() + offset, count * 4);
     return Status::OK();
@@ -214,6 +242,21 @@ Status OffloadedOptimizer::Impl::write_stream(ParamHandle h, int stream, const f
   if (src == nullptr) return invalid_argument("offload: source is null");
   Tensor& t = tensors[h];
   changed = true;
+  if (elem_bytes(stream) == 2) {  // bf16 state: rounded to nearest even
+    if (t.placement == Placement::kHost) {
+      store_converted(src, DType::kBFloat16,
+                      reinterpret_cast<uint16_t*>(t.host[stream].data()) + offset, count);
+      return Status::OK();
+    }
+    // In pieces of at most sg elements through a DRAM buffer (the caller's src is const).
+    std::vector<uint16_t> buf(std::min<uint64_t>(count, std::max<uint64_t>(sg, 1)));
+    for (uint64_t b = 0; b < count; b += buf.size()) {
+      const uint64_t c = std::min<uint64_t>(buf.size(), count - b);
+      store_converted(src + b, DType::kBFloat16, buf.data(), c);
+      STRATA_RETURN_IF_ERROR(store->write_range(t.keys[stream], (offset + b) * 2, c * 2, buf.data()));
+    }
+    return Status::OK();
+  }
   if (t.placement == Placement::kHost) {
     std::memcpy(t.host[stream].data() + offset, src, count * 4);
     return Status::OK();

@@ -17,7 +17,8 @@
 //   P + "meta"            the checkpoint record (rule name, hyperparameters of every
 //                         param group, each tensor's name/numel/tier/group/step counter)
 //   P + "p/" + N + "/param"     fp32[numel] master weights
-//   P + "p/" + N + "/" + S      fp32[numel] state stream S (e.g. ".../exp_avg")
+//   P + "p/" + N + "/" + S      fp32[numel] state stream S (e.g. ".../exp_avg"); bf16[numel]
+//                               under OffloadOptions::state_dtype = kBFloat16
 //
 // CHECKPOINT CONTRACT (one rule, every tier and every language binding): open()
 // restores the state of the optimizer's last checkpoint, and close() is a checkpoint.
@@ -62,9 +63,10 @@
 // DISK SPACE. Writes are copy-on-write: until the next commit (checkpoint(), or a flush of
 // the store between steps) the last checkpoint's chunks stay on disk beside the new ones,
 // so the store's NVMe directories need room for two copies of the state. With S = 1 +
-// num_states streams (Adam 3, amsgrad 4) and D(n) = n * 4 bytes rounded up to 4 KiB (per
-// chunk), the state is T = S * sum over tensors of D(numel) (host-tier tensors too: their
-// backing objects are rewritten by checkpoint()), and a store needs
+// num_states streams (Adam 3, amsgrad 4) and D(n, e) = n * e bytes rounded up to 4 KiB (per
+// chunk), the state is T = sum over tensors of D(numel, 4) + num_states * D(numel, e)
+// (e = 4, or 2 under state_dtype kBFloat16; host-tier tensors too: their backing objects
+// are rewritten by checkpoint()), and a store needs
 //   2 * T + min(T_nvme, num_buffers * S * slot stream bytes) + 1 MiB
 // (the second term: new chunks of the batches in flight beside the copies they replace;
 // the third: catalog). create() and add_param() check it against the free space of each
@@ -182,7 +184,8 @@ struct OffloadOptions {
   uint64_t pinned_budget_bytes = 0;
   /// Placement of add_param() calls that pass Placement::kAuto. Default kAuto.
   Placement default_placement = Placement::kAuto;
-  /// Bytes of DRAM that host-tier tensors (master + states, 4 bytes per element per stream)
+  /// Bytes of DRAM that host-tier tensors (master 4 bytes per element + each state 4 bytes,
+  /// or 2 under state_dtype kBFloat16)
   /// may take under Placement::kAuto; a tensor that would exceed it goes to kNvme.
   /// Explicit kHost placements count too but are never refused. Default 0 (all kAuto
   /// tensors go to NVMe).
@@ -199,6 +202,20 @@ struct OffloadOptions {
   /// (Store::verify()) before restoring; any bad chunk fails open() with DataLoss.
   /// Default false (reads verify chunks as they go when the store's verify_checksums is on).
   bool verify_on_open = false;
+  /// Element type of the state streams' store objects (and of host-tier state arrays):
+  /// kFloat32 (default) or kBFloat16 ("bf16 moments", DeepSpeed's bf16_optimizer_states).
+  /// Masters stay fp32 either way. With kBFloat16 a step reads each state sub-group's bf16
+  /// bytes (2 per element), widens them to fp32 (exact) for the rule -- which always sees
+  /// fp32 spans --, and narrows the updated states back to bf16 with round-to-nearest-even
+  /// (NaN -> 0x7FC0, as torch's c10::round_to_nearest_even) before writing 2 bytes per
+  /// element: the same values as an fp32 update whose states are rounded to bf16 after
+  /// every step. Store bytes per parameter and step (Adam/AdamW): read 4 (master) +
+  /// 2 * 2 (moments) = 8 instead of 12, written the same. Initial state values
+  /// (UpdateRule::state_init_value) and write_state() values are rounded to bf16;
+  /// read_state() returns them widened to fp32. Recorded in the checkpoint: open() with
+  /// another state_dtype than the record's fails with FailedPrecondition naming both (no
+  /// silent conversion). Any other dtype: InvalidArgument at create()/open().
+  DType state_dtype = DType::kFloat32;
 };
 
 /// `base` with the fields that the configuration file's "optimizer" section sets
@@ -670,7 +687,8 @@ class OffloadedOptimizer {
   /// The resolved sub-group size (elements) and pinned bytes of the pipeline.
   uint64_t sub_group_numel() const;
   uint64_t pinned_bytes() const;
-  /// Bytes of DRAM held by host-tier tensors (masters + states).
+  /// Bytes of DRAM held by host-tier tensors (masters + states; bf16 states: 2 bytes per
+  /// element).
   uint64_t host_bytes() const;
   /// Where the kernel threads and the pinned slots went (fixed at create()/open()).
   const OffloadPlacement& placement() const;
