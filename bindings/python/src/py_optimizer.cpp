@@ -175,8 +175,10 @@ class PyOptimizer {
                                            const std::string& default_placement,
                                            int num_threads, bool verify_on_open,
                                            const std::string& arithmetic,
-                                           const py::object& python_rule) {
+                                           const py::object& python_rule,
+                                           const std::string& state_dtype) {
     optimizer::OffloadOptions o;
+    o.state_dtype = check(parse_dtype(state_dtype));
     o.key_prefix = key_prefix;
     o.sub_group_numel = sub_group_numel;
     o.num_buffers = num_buffers;
@@ -543,16 +545,17 @@ void register_optimizer(py::module_& m) {
                                py::object pinned_budget, py::object host_budget,
                                const std::string& default_placement, int num_threads,
                                bool verify_on_open, const std::string& arithmetic,
-                               const py::object& python_rule) {
+                               const py::object& python_rule, const std::string& state_dtype) {
         return PyOptimizer::make(store, name, hp, resume, to_text(key_prefix, "key_prefix"),
                                  to_u64(sub_group_numel, "sub_group_numel"),
                                  num_buffers, pinned_budget, host_budget, default_placement,
-                                 num_threads, verify_on_open, arithmetic, python_rule);
+                                 num_threads, verify_on_open, arithmetic, python_rule,
+                                 state_dtype);
       }, "store"_a, "optimizer"_a = "adamw", "hyperparams"_a = py::dict(), "resume"_a = false,
          "key_prefix"_a = "optim/", "sub_group_numel"_a = 0, "num_buffers"_a = 4,
          "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
          "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
-         "arithmetic"_a = "simd", "python_rule"_a = py::none())
+         "arithmetic"_a = "simd", "python_rule"_a = py::none(), "state_dtype"_a = "fp32")
       .def_static("remove", [](PyStore& store, py::handle key_prefix) {
         optimizer::OffloadOptions o;
         o.key_prefix = to_text(key_prefix, "key_prefix");

@@ -14,6 +14,18 @@ from ._store import Future, Size, Store
 _TO_END = (1 << 64) - 1
 
 
+def _state_dtype_name(state_dtype: Any) -> str:
+    """``state_dtype`` of create()/resume() as strata's dtype name: a str ("fp32", "bf16",
+    "float32", "bfloat16") or a torch dtype (torch.float32 / torch.bfloat16; torch is not
+    imported here). Other values go to the C++ check (InvalidArgumentError naming them)."""
+    if isinstance(state_dtype, str):
+        return state_dtype
+    text = str(state_dtype)
+    if text.startswith("torch."):
+        return text[len("torch."):]
+    raise TypeError(f"state_dtype must be a str or a torch dtype, got {state_dtype!r}")
+
+
 class OffloadedOptimizer:
     """The offloaded optimizer of strata (C++ ``strata::optimizer::OffloadedOptimizer``):
     fp32 master weights and optimizer states in a :class:`Store`, updated on the CPU with
@@ -58,7 +70,8 @@ class OffloadedOptimizer:
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
                default_placement: str = "auto", num_threads: int = 0,
                arithmetic: str = "simd",
-               rule: Optional[PythonRule] = None) -> "OffloadedOptimizer":
+               rule: Optional[PythonRule] = None,
+               state_dtype: Any = "fp32") -> "OffloadedOptimizer":
         """A new optimizer ("adam", "adamw", "adagrad", "sgd", "lion") with param group 0
         from ``hyperparams`` (torch.optim names: lr, beta1, beta2, eps, weight_decay,
         amsgrad, maximize, ...; absent keys take torch's defaults).
@@ -72,6 +85,15 @@ class OffloadedOptimizer:
             (``optimizer`` and ``arithmetic`` are then ignored; ``hyperparams`` keys must be
             among the rule's ``defaults``).
 
+        :param state_dtype: element type of the state streams in the store (moments):
+            ``"fp32"`` (default) or ``"bf16"`` (also ``"bfloat16"``, ``torch.bfloat16``):
+            bf16 moments ("bf16_optimizer_states"), read as bf16, widened to fp32 for the
+            update (rules see fp32), rounded back to bf16 (nearest even) and written: a step
+            moves 8 instead of 12 bytes per parameter each way for Adam (docs/offload.md,
+            "bf16 moments"). Masters stay fp32; ``read_state`` returns the bf16 values as
+            fp32, ``write_state`` rounds. Recorded in the checkpoint: ``resume`` must pass
+            the same (FailedPreconditionError otherwise).
+
         :raises AlreadyExistsError: a checkpoint exists under ``key_prefix`` (use resume).
         :raises InvalidArgumentError: unknown optimizer or a bad hyperparameter/option.
         :raises DiskFullError: (OSError errno ENOSPC) the store's file system lacks the
@@ -80,7 +102,7 @@ class OffloadedOptimizer:
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, dict(hyperparams or {}), False, key_prefix, sub_group_numel,
             num_buffers, pinned_budget, host_budget, default_placement, num_threads, False,
-            arithmetic, rule), store)
+            arithmetic, rule, _state_dtype_name(state_dtype)), store)
 
     @classmethod
     def resume(cls, store: Store, optimizer: str = "adamw", *, key_prefix: str = "optim/",
@@ -88,14 +110,18 @@ class OffloadedOptimizer:
                pinned_budget: Optional[Size] = None, host_budget: Optional[Size] = None,
                num_threads: int = 0, verify: bool = False,
                arithmetic: str = "simd",
-               rule: Optional[PythonRule] = None) -> "OffloadedOptimizer":
+               rule: Optional[PythonRule] = None,
+               state_dtype: Any = "fp32") -> "OffloadedOptimizer":
         """Reopens the optimizer checkpointed under ``key_prefix`` (``rule``: the
-        :class:`strata.PythonRule` it was made with, same name and number of states).
+        :class:`strata.PythonRule` it was made with, same name and number of states;
+        ``state_dtype``: the one it was created with, see :meth:`create`).
         :raises NotFoundError: no checkpoint there.
-        :raises FailedPreconditionError: the checkpoint's rule is another."""
+        :raises FailedPreconditionError: the checkpoint's rule is another, or its state
+            dtype is not ``state_dtype`` (the message names both)."""
         return cls(_strata._OffloadedOptimizer.create(
             store._s, optimizer, {}, True, key_prefix, sub_group_numel, num_buffers,
-            pinned_budget, host_budget, "auto", num_threads, verify, arithmetic, rule), store)
+            pinned_budget, host_budget, "auto", num_threads, verify, arithmetic, rule,
+            _state_dtype_name(state_dtype)), store)
 
     @staticmethod
     def remove(store: Store, *, key_prefix: str = "optim/") -> None:

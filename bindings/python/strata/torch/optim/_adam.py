@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Tuple, Union
 
+import torch
+
 import strata  # noqa: F401 (in the signature's annotations)
 
 from . import _hyperparams, _settings
+from ._grad_accum import check_option
 from ._optimizer import OffloadedTorchOptimizer
 from ._torch_kwargs import ADAM_FLAGS, ADAMW_FLAGS, TorchFlags
 
@@ -38,6 +41,7 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
                  resume: bool = False, arithmetic: Optional[str] = None,
                  overwrite: bool = False, overlap_backward: Optional[bool] = None,
                  overlap_bucket_numel: Optional[int] = None, config: Optional[str] = None,
+                 grad_accumulation_dtype: Any = None, state_dtype: Any = None,
                  **torch_kwargs: Any):
         """
         :param params: iterable of parameters or of param-group dicts (as torch.optim), or
@@ -96,6 +100,28 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
         :param overlap_bucket_numel: with ``overlap_backward``, gradient elements gathered
             before they are handed to strata (int >= 1; default 1: each at once -- strata
             merges what arrives while its previous batch runs).
+        :param grad_accumulation_dtype: how the micro-batch gradients of fp16/bf16
+            in-memory parameters add up between steps (optim/_grad_accum.py;
+            docs/guide-optimizers.md, "Mixed precision: gradient accumulation"):
+            ``torch.float32`` (the default) sums them in an fp32 buffer per parameter (4
+            bytes per element, from the first backward after the optimizer holds it to
+            ``zero_grad``) that the step takes, ``p.grad`` showing the sum rounded to the
+            parameter's dtype; ``"param"`` keeps torch's accumulation in the parameter's
+            dtype. fp32 parameters are not affected. Default with ``overlap_backward``:
+            ``"param"`` (torch.float32 is refused with it: ValueError).
+        :param state_dtype: element type of the moments (exp_avg, exp_avg_sq,
+            max_exp_avg_sq) in the store: ``torch.float32`` (default, also None / "fp32") or
+            ``torch.bfloat16`` (also "bf16"): bf16 moments, as DeepSpeed's
+            ``bf16_optimizer_states``. Each step reads them as bf16, updates in fp32 (the
+            same kernels), and rounds them back to bf16 (nearest even): exactly fp32 Adam
+            whose moments are rounded to bf16 after every step; 8 instead of 12 bytes per
+            parameter read and written per step (docs/offload.md, "bf16 moments"). Masters
+            stay fp32. ``state[p]`` and ``state_dict()`` show the moments as fp32 tensors
+            holding the bf16 values (the dtype torch's Adam state has for fp32 parameters,
+            so state dicts stay interchangeable with torch.optim); a ``load_state_dict`` or
+            an edit of ``state[p]`` rounds them to bf16. Recorded in the checkpoint: a
+            ``resume`` passes the same (strata.FailedPreconditionError otherwise).
+            Another dtype: ValueError.
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
@@ -158,6 +184,8 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
                                              weight_decay=weight_decay, amsgrad=amsgrad,
                                              maximize=maximize))
         counts = _settings.check(settings)
+        grad_accumulation = check_option(grad_accumulation_dtype,
+                                         bool(settings["overlap_backward"]))
         if not float(max_grad_norm) >= 0.0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got "
                              f"{max_grad_norm!r}")
@@ -171,7 +199,22 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
         super().__init__(params, defaults, rule=self._RULE, flags=flags, settings=settings,
                          counts=counts, chunk_size=chunk_size, store=store, path=path,
                          key_prefix=key_prefix, max_grad_norm=float(max_grad_norm),
-                         resume=resume, overwrite=overwrite)
+                         resume=resume, overwrite=overwrite,
+                         grad_accumulation=grad_accumulation,
+                         state_dtype=_state_dtype(state_dtype, type(self).__name__))
+
+
+def _state_dtype(state_dtype: Any, who: str) -> str:
+    """strata's name ("fp32" / "bf16") of OffloadAdam(W)'s ``state_dtype`` argument.
+
+    :raises ValueError: anything but None, torch.float32, torch.bfloat16, "fp32", "float32",
+        "bf16" or "bfloat16" (the message names the value)."""
+    if state_dtype is None or state_dtype in (torch.float32, "fp32", "float32"):
+        return "fp32"
+    if state_dtype in (torch.bfloat16, "bf16", "bfloat16"):
+        return "bf16"
+    raise ValueError(f"{who}: state_dtype must be torch.float32 or torch.bfloat16 (the "
+                     f"moments' dtype in the store), got {state_dtype!r}")
 
 
 class OffloadAdam(_OffloadAdamBase):

@@ -32,6 +32,8 @@ from ..offload import offload_of
 from . import _hyperparams, _layout, _settings
 from ._checkpoints import Checkpoints
 from ._exchange import TensorExchange, bump_version
+from ._grad_accum import GradAccumulation
+from ._optimizer_io import CheckpointMethods
 from ._overlap import CHANGED, CLOSURE, EDITED, STATE_USED, BackwardOverlap
 from ._param_table import ParamTable, offloads
 from ._registry import ParamRegistry
@@ -51,7 +53,7 @@ def _weak_call(obj: Any, method: str, default: Any = None) -> Callable[[], Any]:
     return call
 
 
-class OffloadedTorchOptimizer(torch.optim.Optimizer):
+class OffloadedTorchOptimizer(CheckpointMethods, torch.optim.Optimizer):
     """A torch optimizer over strata's offloaded step (OffloadAdam/OffloadAdamW's base:
     they check and resolve the arguments, documented there, then call this constructor).
 
@@ -62,6 +64,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         checked sub_group_numel, num_buffers, num_threads; ``chunk_size`` of a store this
         optimizer opens.
     :param store, path, key_prefix, max_grad_norm, resume, overwrite: as OffloadAdam.
+    :param grad_accumulation: "float32" or "param" (OffloadAdam's ``grad_accumulation_dtype``
+        resolved by optim/_grad_accum.py's check_option).
     """
 
     _grad_scale = None  #: 1/loss scale while a DynamicLossScaler steps (optim/_loss_scale.py)
@@ -69,7 +73,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], defaults: Dict[str, Any], *, rule: str,
                  flags: TorchFlags, settings: Dict[str, Any], counts: Dict[str, int],
                  chunk_size: Any, store: Optional[strata.Store], path: Optional[str],
-                 key_prefix: str, max_grad_norm: float, resume: bool, overwrite: bool):
+                 key_prefix: str, max_grad_norm: float, resume: bool, overwrite: bool,
+                 grad_accumulation: str = "float32", state_dtype: str = "fp32"):
         # What close() needs, first: close() must work on a half-constructed object.
         self._opt = None
         self.store = None
@@ -81,6 +86,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         self._flags = flags
         self._table = ParamTable()
         self._overlap: Optional[BackwardOverlap] = None
+        #: fp32 sums of fp16/bf16 parameters' micro-batch gradients (optim/_grad_accum.py)
+        self._accum = self._table.accum = GradAccumulation(grad_accumulation)
         #: the pipeline settings in effect (after the configuration file)
         self.settings: Dict[str, Any] = settings
         tier, arithmetic = settings["tier"], settings["arithmetic"]
@@ -121,7 +128,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
                 dict(sub_group_numel=counts["sub_group_numel"],
                      num_buffers=counts["num_buffers"], pinned_budget=settings["pinned_budget"],
                      host_budget=settings["host_budget"], num_threads=counts["num_threads"],
-                     arithmetic=arithmetic), type(self).__name__)
+                     arithmetic=arithmetic, state_dtype=state_dtype), type(self).__name__)
             if resume:  # the registry registers the checkpoint's parameters while set
                 self._registry.prepare_resume(self.param_groups, key_prefix)
             for gi, group in enumerate(self.param_groups):
@@ -134,6 +141,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             self.close()
             raise
         self._registry.resume_handles = None
+        self._accum.watch(self._table.params)  # (new parameters: at each step, _step.py)
         overlap = settings["overlap_backward"]
         if overlap:
             bucket = _settings.check_count("overlap_bucket_numel",
@@ -318,6 +326,7 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         too, through their ``p.grad``: strata.torch.offload)."""
         for o in offloads(self._table.params):
             o.flush_grads()  # a write in flight fails here, not at an unrelated later call
+        self._accum.clear()  # the fp32 sums (optim/_grad_accum.py) start again
         super().zero_grad(set_to_none)
 
     # ---- the step overlapped with backward --------------------------------------------------
@@ -346,86 +355,6 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
         after the last completed step: checkpoint, state dicts, param-group edits, close)."""
         if getattr(self, "_overlap", None) is not None and not self._closed:
             self._overlap.abort(STATE_USED)
-
-    # ---- checkpoints and state dicts (optim/_checkpoints.py) ------------------------------
-
-    def checkpoint(self) -> None:
-        """Makes the state after the last step durable in place: one commit of the
-        optimizer's objects, which holds every parameter's state and step count,
-        zero-size parameters' included, and the current ``param_groups``' hyperparameters
-        (an lr a scheduler set after the last step included). Parameters changed outside
-        the optimizer since the last step are taken as their masters first, and parameters
-        added to ``param_groups`` are registered (as at step()). Reopen with
-        ``resume=True`` and the same store/path and key_prefix: a resume restores the last
-        checkpoint or :meth:`close` (also garbage collection and interpreter exit),
-        whatever the tier; a process killed without closing resumes at its last
-        checkpoint, even if the store was flushed since.
-
-        :raises ValueError, TypeError: a param_groups listing or a hyperparameter strata
-            cannot follow (as step(); nothing is written).
-
-        :raises strata.FailedPreconditionError: the optimizer is closed, or a step failed
-            part-way before (resume from the last checkpoint).
-        :raises strata.Error: the store's errors (IoError, ResourceExhausted, ...); the last
-            checkpoint then stays the resume point.
-        """
-        self._check_open()
-        self._abort_overlap()  # the state after the last completed step
-        self._sync_all()
-        _layout.write_record(self._table, self.tier)
-        self._opt.checkpoint()
-
-    def state_dict(self) -> Dict[str, Any]:
-        """torch.optim.Adam's format: ``state[i]`` has ``step`` (a float tensor),
-        ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad) as fp32 CPU
-        tensors shaped like parameter i; for fp16/bf16 parameters also ``master_param``
-        (the fp32 master). Parameters are numbered as torch.optim.Optimizer.state_dict
-        numbers them: by identity, in ``param_groups`` order, a parameter listed again
-        keeping its first number (the numbers then skip its later positions). Parameters
-        changed outside the optimizer are taken as their masters first. It loads into
-        torch.optim.Adam/AdamW and back."""
-        self._check_open()
-        self._abort_overlap()  # the state after the last completed step
-        self._table.take_changed()
-        self.state.write_back()
-        return self._checkpoints.state_dict(self.param_groups)
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads a state dict of this class or of torch.optim.Adam/AdamW (same groups and
-        parameter sizes). Masters come from ``master_param`` when present, else from the
-        model's current parameters; a parameter without a state entry restarts (zero
-        moments, step 0). Each group becomes the saved one, as in torch: its keys replace
-        ``param_groups``' (keys only ours had are dropped), and optional keys it lacks
-        (e.g. ``maximize`` in an older checkpoint) take torch's defaults (amsgrad and
-        maximize False, foreach None, capturable/differentiable/fused False), not the live
-        values. Parameters changed outside the optimizer afterwards (e.g. a
-        ``model.load_state_dict`` after this call) are taken at the next step.
-
-        Atomic with respect to validation: everything is checked before anything is
-        written, so a refused state dict leaves the optimizer exactly as it was.
-
-        :raises ValueError: a different number of groups or of parameters in a group; a
-            saved group without lr, betas, eps or weight_decay (naming the group and key;
-            torch would fail at its next step); a hyperparameter out of range (naming the
-            group); ``amsgrad`` other than this
-            optimizer's (strata's state streams are fixed at creation); a state entry
-            without ``step`` or with a step that is not an integer >= 0; a state tensor
-            (exp_avg, exp_avg_sq, max_exp_avg_sq, master_param) whose element count is not
-            the parameter's (naming the parameter index, the state and both sizes).
-        :raises strata.FailedPreconditionError: the optimizer is closed.
-        """
-        self._check_open()
-        self._abort_overlap()  # the state after the last completed step
-        self._sync_params()
-        self._checkpoints.load(state_dict, self.param_groups, self._registry, self.state)
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        """As torch.optim.Adam/AdamW.__setstate__: groups lacking an optional key take
-        torch's default (amsgrad, maximize, foreach, capturable, ...)."""
-        super().__setstate__(state)
-        for group in self.param_groups:
-            for k, v in self._flags.group_defaults().items():
-                group.setdefault(k, v)
 
     # ---- lifetime ------------------------------------------------------------------------
 
@@ -478,6 +407,8 @@ class OffloadedTorchOptimizer(torch.optim.Optimizer):
             error = self._checkpoints.close_core(keep) or error
         self._opt = None
         self._table.core = None
+        if getattr(self, "_accum", None) is not None:
+            self._accum.close()
         if self._owns_store and self.store is not None and not self.store.closed:
             try:
                 self.store.close()
