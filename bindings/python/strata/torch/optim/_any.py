@@ -16,10 +16,8 @@ Thread-safety: like torch optimizers, one thread at a time.
 from __future__ import annotations
 
 import shutil
-from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional
 
-import numpy as np
 import torch
 
 import strata
@@ -27,16 +25,15 @@ import strata
 from ..._data_dir import make_temp_dir
 from . import _slice_step as ss
 from ._exchange import bump_version
-from ._any_state import (AnyStateView, as_floats, decode_record, encode_record,
-                         weak_callback as _callback, weak_method as _weak)
+from ._any_io import _RECORD, AnyCheckpointMethods, master_numpy
+from ._any_state import AnyStateView, decode_record, weak_callback as _callback, weak_method as _weak
+from ._grad_accum import LOW_PRECISION, GradAccumulation, check_option
 from ._rule import UpdateRule
 
-_RECORD = "torch-record-"
 
 
 
-
-class OffloadOptimizer(torch.optim.Optimizer):
+class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
     """``OffloadOptimizer(torch.optim.RMSprop, model.parameters(), lr=1e-2, path=...,
     tier="nvme")``: the optimizer class's arithmetic, its state (every element-wise state
     tensor, fp32) in a strata store, streamed sub-group by sub-group (reads, update,
@@ -51,8 +48,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
     each step: schedulers and edits work; adding, removing or moving parameters does not,
     ValueError); ``state_dict()`` in the class's own format, loadable into the class in
     memory, and ``load_state_dict()`` of the class's state dicts; a closure is evaluated
-    once (as every supported class does). Parameters must be contiguous fp32 CPU tensors;
-    parameters changed outside the optimizer (``model.load_state_dict``, ``p.copy_()``)
+    once (as every supported class does). Parameters must be contiguous fp32, fp16 or bf16
+    CPU tensors: the state and an fp32 master of each are in the store, the class's step
+    runs on the masters, and fp16/bf16 parameters receive the updated master rounded to
+    nearest even (docs/guide-optimizers.md, "Mixed precision"); parameters changed outside
+    the optimizer (``model.load_state_dict``, ``p.copy_()``)
     are stepped from their new value (``p.data`` edits in place are not seen).
     ``optimizer.state[p]`` reads p's state from the store (copies, optim/_any_state.py).
 
@@ -69,9 +69,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
     :param overwrite: delete a checkpoint under ``key_prefix`` first.
     :param sub_group_numel, num_buffers, num_threads, chunk_size: pipeline settings
         (strata.OffloadedOptimizer.create; 0 = auto).
+    :param grad_accumulation_dtype: ``torch.float32`` (default: the micro-batch gradients
+        of fp16/bf16 parameters are summed in fp32, optim/_grad_accum.py) or ``"param"``
+        (torch's accumulation in the parameter's dtype); as OffloadAdam's.
     :raises TypeError, ValueError: a class that is not supported (naming why), the class's
-        own argument errors, a parameter that is not a contiguous fp32 CPU tensor (naming
-        its index), ``resume`` without store/path or with other parameters.
+        own argument errors, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
+        (naming its index), a bad ``grad_accumulation_dtype``, ``resume`` without
+        store/path or with other parameters.
     :raises strata.Error: the store's errors (AlreadyExistsError: a checkpoint is there and
         neither resume nor overwrite was given).
     """
@@ -82,8 +86,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  store: Optional[strata.Store] = None, path: Optional[str] = None,
                  tier: str = "nvme", key_prefix: str = "optim/", resume: bool = False,
                  overwrite: bool = False, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, chunk_size: Any = None, **hyperparams: Any):
+                 num_threads: int = 0, chunk_size: Any = None,
+                 grad_accumulation_dtype: Any = None, **hyperparams: Any):
         self._core: Optional[strata.OffloadedOptimizer] = None
+        self._accum: Optional[GradAccumulation] = None
         self._closed = False
         self._initial: Dict[int, Dict[str, Any]] = {}
         self._owned_dir: Optional[str] = None
@@ -92,6 +98,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._rule: Optional[UpdateRule] = None
         self._cls: Any = None
         params = list(params)
+        mode = check_option(grad_accumulation_dtype)
         if isinstance(optimizer_class, UpdateRule):
             self._rule = optimizer_class
             unknown = sorted(set(hyperparams) - set(self._rule.defaults))
@@ -124,10 +131,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                  "per step (deprecated): list each parameter once")
             seen_ids[id(p)] = i
         for i, p in enumerate(self._params):
-            if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+            if (p.dtype not in (torch.float32,) + LOW_PRECISION or p.device.type != "cpu"
+                    or not p.is_contiguous()):
                 raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
                                  f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}"
-                                 "; it takes contiguous float32 CPU parameters")
+                                 "; it takes contiguous float32, float16 or bfloat16 CPU "
+                                 "parameters")
         self._layout = self._current_layout()
         self._stream_cache: Dict[str, List[str]] = {}
         self._streams = self._union_streams()
@@ -144,6 +153,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         except BaseException:
             self.close()
             raise
+        #: fp32 sums of fp16/bf16 parameters' micro-batch gradients (optim/_grad_accum.py)
+        self._accum = GradAccumulation(mode)
+        self._accum.watch(self._params)
         #: torch's per-parameter state, read from the store (optim/_any_state.py)
         self.state = AnyStateView(_weak(self, "_entry"), _weak(self, "_with_state"))  # type: ignore
         strata._lifetime.register(self.store, self)
@@ -184,7 +196,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._resume(core)
         else:
             for i, p in enumerate(self._params):
-                h = core.add_param(f"p{i}", p.numel(), p.detach().reshape(-1).numpy())
+                h = core.add_param(f"p{i}", p.numel(), master_numpy(p))
                 self._bind(i, p, h)
         self._seen = {h: self._signature(p) for h, p in self._by_handle.items()}
 
@@ -193,7 +205,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._by_handle[h] = p
         self._group_of[h] = next(gi for gi, g in enumerate(self.param_groups)
                                  if any(q is p for q in g["params"]))
-        self._core.set_param_copy(h, p.detach().view(-1).numpy())
+        self._core.set_param_copy(h, p.detach().view(-1))  # fp16/bf16: rounded by strata
+
+    def _master_into(self, h: int, p: torch.Tensor) -> None:
+        """The fp32 master of handle ``h`` into ``p`` (fp16/bf16: rounded to nearest
+        even, as strata's parameter copy)."""
+        with torch.no_grad():
+            if p.dtype == torch.float32:
+                self._core.read_param(h, out=p.detach().view(-1).numpy())
+            else:
+                p.detach().view(-1).copy_(torch.from_numpy(self._core.read_param(h)))
 
     def _resume(self, core: strata.OffloadedOptimizer) -> None:
         by_name = {core.param_info(h)["name"]: h for h in range(core.num_params())}
@@ -223,8 +244,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._scalars = {int(h): ss.scalars_from_record(s)
                              for h, s in rec["scalars"].items()}
         for h, p in self._by_handle.items():
-            with torch.no_grad():
-                core.read_param(h, out=p.detach().view(-1).numpy())
+            self._master_into(h, p)
             bump_version(p)
 
     def _current_layout(self) -> List[List[int]]:
@@ -321,9 +341,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     if not p.is_contiguous():
                         raise ValueError(f"OffloadOptimizer: parameter {h} is no longer "
                                          "contiguous")
-                    core.set_param_copy(h, p.detach().view(-1).numpy())
-                core.write_param(h, p.detach().reshape(-1).numpy())
-            g = p.grad
+                    core.set_param_copy(h, p.detach().view(-1))
+                core.write_param(h, master_numpy(p))
+            g = self._accum.grad(p)  # p.grad, or the fp32 sum of an fp16/bf16 parameter's
             if g is None:
                 core.set_grad(h, None)
                 continue
@@ -341,7 +361,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         except BaseException:
             self._pending = {}
             for h, p in stepped:  # the parameter copies written before the failure
-                core.read_param(h, out=p.detach().view(-1).numpy())
+                self._master_into(h, p)
             raise
         finally:
             for h, _ in stepped:
@@ -358,106 +378,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._pending = {}
         return loss
 
-    # ---- state dicts, checkpoints --------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """As torch.optim.Optimizer.zero_grad; the fp32 gradient sums start again."""
+        if self._accum is not None:
+            self._accum.clear()
+        super().zero_grad(set_to_none)
 
-    def _entry(self, p: torch.Tensor) -> Optional[Dict[str, Any]]:
-        """p's state as the class keeps it (read from the store), None: none yet."""
-        self._check_open()
-        h = self._handle.get(id(p))
-        if h is None or self._by_handle[h] is not p:
-            raise KeyError("OffloadOptimizer.state: the tensor is not one of its parameters")
-        if h not in self._scalars:
-            initial = self._initial.get(id(p))
-            return None if initial is None else ss.expand_state(initial, p)
-        entry = ss.clone_scalars(self._scalars[h])
-        for n in self._group_streams(self.param_groups[self._group_of[h]]):
-            arr = self._core.read_state(h, self._streams.index(n))
-            entry[n] = torch.from_numpy(arr).view(p.shape)
-        return entry
-
-    def _with_state(self) -> List[torch.Tensor]:
-        return [p for h, p in self._by_handle.items()
-                if h in self._scalars or id(p) in self._initial]
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The class's state_dict format (``state[i]``: its scalars and its state tensors,
-        fp32 CPU, shaped like parameter i; ``param_groups``), read from the store; loads
-        into the class in memory and back."""
-        self._check_open()
-        self._take_changed()
-        saved = self.state
-        self.state = defaultdict(dict, {p: self._entry(p) for p in self._with_state()})
-        try:
-            return super().state_dict()
-        finally:
-            self.state = saved
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads a state dict of this optimizer or of the class in memory (same groups and
-        sizes; torch's checks): its param_groups replace the live ones, each parameter's
-        state is written into the store (a parameter without an entry restarts).
-
-        :raises ValueError: torch's checks, or a state tensor the optimizer does not keep
-            or of another size (nothing is written then)."""
-        self._check_open()
-        saved = (self.param_groups, self.state)
-        super().load_state_dict(state_dict)
-        loaded, self.state = self.state, saved[1]
-        plan = []
-        try:
-            for h, p in self._by_handle.items():
-                st = loaded.get(p)
-                streams, scalars = ss.split_state(st) if st else ({}, None)
-                for n, t in streams.items():
-                    if n not in self._streams or t.numel() != p.numel():
-                        raise ValueError(f"OffloadOptimizer.load_state_dict: state {n!r} of "
-                                         f"parameter {h} ({t.numel()} elements) is not one "
-                                         f"this optimizer keeps ({ss.names(self._streams)}, "
-                                         f"{p.numel()} elements)")
-                plan.append((h, streams, scalars))
-        except BaseException:
-            self.param_groups = saved[0]
-            raise
-        core = self._core
-        for h, streams, scalars in plan:
-            numel = self._by_handle[h].numel()
-            for k, n in enumerate(self._streams):
-                t = streams.get(n)
-                src = (t.detach().to(torch.float32).reshape(-1).contiguous().numpy()
-                       if t is not None else np.zeros(numel, dtype=np.float32))
-                core.write_state(h, k, src)
-            if scalars is None:
-                self._scalars.pop(h, None)
-                core.set_step_count(h, 0)
-            else:
-                self._scalars[h] = scalars
-                step = scalars.get("step", 1)
-                core.set_step_count(h, max(1, int(float(step))))
-
-    def _take_changed(self) -> None:
-        for h, p in self._by_handle.items():
-            if self._seen[h] != self._signature(p) and self._seen[h][0] == p.data_ptr():
-                self._core.write_param(h, p.detach().reshape(-1).numpy())
-                self._seen[h] = self._signature(p)
-
-    def _write_record(self) -> None:
-        raw = encode_record(self._kind, self.param_groups, self._scalars)
-        core = self._core
-        h = self._record_handle
-        if h is None or core.param_info(h)["numel"] * 4 < len(raw):
-            numel = max(1024, len(raw) // 2)  # twice the bytes, in floats
-            h = core.add_param(f"{_RECORD}{core.num_params()}", numel)
-            self._record_handle = h
-        core.write_param(h, as_floats(raw, core.param_info(h)["numel"]))
-
-    def checkpoint(self) -> None:
-        """Makes the state after the last step durable (one commit: every tensor's state,
-        the step counts, the per-tensor scalars and the current param_groups'
-        hyperparameters). Reopen with ``resume=True`` (also after a kill without close)."""
-        self._check_open()
-        self._take_changed()
-        self._write_record()
-        self._core.checkpoint()
+    # ---- lifetime ------------------------------------------------------------------------
 
     def close(self) -> None:
         """The last checkpoint (skipped in a temporary directory, removed), then the
@@ -466,6 +393,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         self._closed = True
         error: Optional[BaseException] = None
+        if getattr(self, "_accum", None) is not None:
+            self._accum.close()  # its hooks removed
         core, self._core = self._core, None
         if core is not None:
             try:

@@ -91,15 +91,17 @@ class TensorExchange:
         self._set(opt.set_grad, self._grad, h, None, None)
         self._set(opt.set_param_copy, self._copy, h, None, None)
 
-    def attach(self, opt: Any, p: torch.nn.Parameter, h: int) -> bool:
-        """Attaches ``p.grad`` (not None) to strata handle ``h`` of ``opt`` and the
-        destination of the updated weights (``p`` itself or its buffer).
+    def attach(self, opt: Any, p: torch.nn.Parameter, h: int,
+               grad: Optional[torch.Tensor] = None) -> bool:
+        """Attaches ``grad`` (default ``p.grad``, not None; p's shape, any float dtype:
+        fp32 for the fp32 sum of optim/_grad_accum.py) to strata handle ``h`` of ``opt`` and
+        the destination of the updated weights (``p`` itself or its buffer).
 
         :returns: True when a device-to-host copy was queued: synchronize CUDA before the
             step.
         :raises RuntimeError: a sparse gradient.
         """
-        g = p.grad
+        g = p.grad if grad is None else grad
         on_gpu = g.is_cuda
         buf = None
         if on_gpu and not g.is_sparse:

@@ -55,12 +55,12 @@ def _model_order(entry: Tuple[torch.Tensor, int]) -> Tuple[int, int, int]:
     return (1, 0, h)
 
 
-def _norm(p: torch.Tensor) -> torch.Tensor:
-    """torch.norm(grad, 2) of ``p``: kept by the offload when it took the gradient, else
+def _norm(p: torch.Tensor, grad: Any) -> torch.Tensor:
+    """torch.norm(grad, 2) of ``p`` (in memory: of ``grad``, the step's): kept by the offload when it took the gradient, else
     computed (an offloaded parameter's from the store)."""
     o = offload_of(p)
     if o is None:
-        return torch.norm(p.grad.detach(), 2.0)
+        return torch.norm(grad.detach(), 2.0)
     n = o.grad_info(p).norm
     return n if n is not None else torch.norm(o.read_grad(p), 2.0)
 
@@ -85,16 +85,17 @@ def _gate(table: ParamTable, max_grad_norm: float, grad_scale: float = 1.0
             if info.has_grad:
                 entries.append((p, h))
                 finite &= info.finite
-        elif p.grad is not None:
+        elif table.accum.grad(p) is not None:  # p.grad, or its fp32 sum (_grad_accum.py)
             entries.append((p, h))
-            finite &= all_finite(p.grad)
+            finite &= all_finite(table.accum.grad(p))
     comm = next((o.comm for o in holders if o.comm is not None), None)
     if comm is not None and any(not is_offloaded(p) for p, _ in entries):
         raise ValueError("an optimizer over parameters offloaded with a communicator (ZeRO-3) "
                          "must hold only such parameters: the gradients of the others are "
                          "not reduced over the ranks")
     clip = max_grad_norm > 0 and (bool(entries) or comm is not None)
-    norms = [_norm(p) for p, _ in sorted(entries, key=_model_order)] if clip else []
+    norms = ([_norm(p, table.accum.grad(p)) for p, _ in sorted(entries, key=_model_order)]
+             if clip else [])
     grad_norm, nonfinite, arithmetic = summarize(norms, finite, comm, need_norm=clip)
     gate = _core.decide_gate(max_grad_norm if clip else 0.0, grad_scale, True, grad_norm,
                              nonfinite, arithmetic)
@@ -254,7 +255,7 @@ def _run_batch(table: ParamTable, exchange: TensorExchange,
     core = table.core
     attached = []
     for p, h in memory:
-        exchange.attach(core, p, h)
+        exchange.attach(core, p, h, table.accum.grad(p))
     for p, h in batch:
         o = offload_of(p)
         if _streamed(core, o, p, h):  # the gradient streamed from its object; value stored after

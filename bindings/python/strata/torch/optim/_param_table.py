@@ -109,6 +109,9 @@ class ParamTable:
         self._marks: Dict[int, Optional[Tuple[int, int]]] = {}
         self._layout: List[Tuple[int, int]] = []  # (group, id(param)) of the last rebuild
         self.n_groups = 0  # len(param_groups) at the last rebuild
+        #: the optimizer's GradAccumulation (optim/_grad_accum.py): ``accum.grad(p)`` is the
+        #: gradient the step takes for in-memory ``p`` (its fp32 sum, or ``p.grad``)
+        self.accum: Any = None
 
     def add(self, p: torch.Tensor, h: int, slot: int) -> None:
         """Registers ``p`` as strata handle ``h`` of strata group ``slot``, appended to

@@ -46,6 +46,7 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
         the caller counts and copies back), and whether CUDA copies were queued (the caller
         synchronizes after its copy-back).
     """
+    table.accum.watch(table.params)  # fp16/bf16 parameters added since (idempotent)
     if any(is_offloaded(p) for p in table.params):
         if overlap is not None and overlap.open:  # updates started in backward
             stats, stepped = finish_offloaded(table, exchange, overlap, max_grad_norm)
@@ -55,19 +56,21 @@ def run_step(table: ParamTable, exchange: TensorExchange, overlap: Optional[Back
         return stats, stepped, False
     overlapped = overlap is not None and overlap.open
     core = table.core
+    accum = table.accum
     on_gpu = False
     stepped: Stepped = []
     grads: List[torch.Tensor] = []
     for p in table.params:
-        if p.grad is not None:
-            grads.append(p.grad)
+        g = accum.grad(p)  # p.grad, or its fp32 sum (fp16/bf16: optim/_grad_accum.py)
+        if g is not None:
+            grads.append(g)
         if overlapped and overlap.is_started(p):
             continue  # attached by the early update; its weights come from the staging
         h = table.handle[id(p)]
-        if p.grad is None:
+        if g is None:
             exchange.detach(core, h)
             continue
-        on_gpu |= exchange.attach(core, p, h)
+        on_gpu |= exchange.attach(core, p, h, g)
         stepped.append((p, h))
     if on_gpu:
         torch.cuda.synchronize()
