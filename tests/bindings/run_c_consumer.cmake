@@ -6,7 +6,8 @@ strata_install_fresh()
 if(NOT EXISTS ${PREFIX}/include/strata/strata.h)
   message(FATAL_ERROR "strata.h was not installed to ${PREFIX}/include/strata")
 endif()
-strata_build_against_prefix("the C consumer")
+# A C-only client needs none of the C++ libraries' packages, Threads included.
+strata_build_against_prefix("the C consumer" -DCMAKE_DISABLE_FIND_PACKAGE_Threads=ON)
 # The installed library exports the C API's strata_* symbols and nothing else.
 file(GLOB _libs ${PREFIX}/${LIBDIR}/libstrata_c.so.*.*)
 list(GET _libs 0 _lib)

@@ -13,10 +13,16 @@ function(strata_install_fresh)
 endfunction()
 
 # Configures the CMake project in SRC into BIN against PREFIX and builds it; `what` names
-# it in the error ("the consumer", "the C consumer").
+# it in the error ("the consumer", "the C consumer"). The packages strata's libraries use
+# inside (Boost, CLI11, nlohmann_json, SQLite, pkg-config's, CUDA) are made unfindable: the
+# installed package must not need them. Further arguments go to the configure step.
 function(strata_build_against_prefix what)
+  set(hidden "")
+  foreach(p IN ITEMS Boost CLI11 nlohmann_json SQLite3 PkgConfig CUDAToolkit)
+    list(APPEND hidden -DCMAKE_DISABLE_FIND_PACKAGE_${p}=ON)
+  endforeach()
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -G ${GENERATOR}
-                          -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE rc)
+                          -DCMAKE_PREFIX_PATH=${PREFIX} ${hidden} ${ARGN} RESULT_VARIABLE rc)
   if(rc)
     message(FATAL_ERROR "configuring ${what} against ${PREFIX} failed: ${rc}")
   endif()

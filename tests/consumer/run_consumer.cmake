@@ -27,11 +27,73 @@ if(rc)
 endif()
 message(STATUS "${_n} public C++ headers and strata.h compile alone with strict warnings")
 strata_build_against_prefix("the consumer")
-foreach(exe IN ITEMS strata_consumer strata_store_consumer)
-  execute_process(COMMAND ${BIN}/${exe} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
-  message(STATUS "${exe} printed: ${out}")
+# run(<name> <command...>): runs it, which must print "consumer ok".
+function(run name)
+  execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  message(STATUS "${name} printed: ${out}")
   if(rc OR NOT out MATCHES "consumer ok")
-    message(FATAL_ERROR "${exe} failed (rc=${rc}): ${out}")
+    message(FATAL_ERROR "${name} failed (rc=${rc}): ${out}${err}")
+  endif()
+endfunction()
+set(_dirs ${BIN}-dirs)
+file(REMOVE_RECURSE ${_dirs})
+file(MAKE_DIRECTORY ${_dirs})
+# 1. find_package(strata COMPONENTS ...): programs and a plugin that a C host dlopens.
+foreach(exe IN ITEMS strata_consumer strata_store_consumer)
+  run(${exe} ${BIN}/${exe})
+endforeach()
+run(strata_optimizer_consumer ${BIN}/strata_optimizer_consumer ${_dirs}/cmake)
+run(strata_plugin_host ${BIN}/strata_plugin_host ${BIN}/libstrata_consumer_plugin.so
+    ${_dirs}/plugin)
+# 2. The plain compiler line of docs/guide-cpp.md.
+set(_lib ${PREFIX}/${LIBDIR})
+execute_process(COMMAND ${CXX} -std=c++20 -Wall -Wextra -Werror ${SRC}/optimizer_consumer.cpp
+                        -I${PREFIX}/include -L${_lib} -Wl,-rpath,${_lib} -lstrata_optimizer
+                        -lstrata_store -lstrata_base -o ${BIN}/consumer_cxx_line
+                RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "c++ -std=c++20 ... -lstrata_optimizer -lstrata_store -lstrata_base "
+                      "against ${PREFIX} failed: ${err}")
+endif()
+run(consumer_cxx_line ${BIN}/consumer_cxx_line ${_dirs}/line)
+# 3. pkg-config's flags for strata_optimizer (Requires: strata_store strata_base).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${_lib}/pkgconfig
+                        pkg-config --cflags --libs strata_optimizer
+                OUTPUT_VARIABLE pc_flags ERROR_VARIABLE err RESULT_VARIABLE rc
+                OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(rc OR NOT pc_flags MATCHES "-lstrata_optimizer" OR NOT pc_flags MATCHES "-lstrata_base")
+  message(FATAL_ERROR "pkg-config --cflags --libs strata_optimizer (PKG_CONFIG_PATH="
+                      "${_lib}/pkgconfig): rc ${rc}, '${pc_flags}' ${err}")
+endif()
+separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
+execute_process(COMMAND ${CXX} -std=c++20 ${SRC}/optimizer_consumer.cpp ${pc_list}
+                        -o ${BIN}/consumer_pkg_config RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc)
+  message(FATAL_ERROR "c++ with pkg-config's flags (${pc_flags}) failed: ${err}")
+endif()
+run(consumer_pkg_config ${BIN}/consumer_pkg_config ${_dirs}/pc)
+# A client executable holds its own code, not strata's (the libraries are shared).
+file(SIZE ${BIN}/strata_optimizer_consumer _size)
+if(_size GREATER 4000000)
+  message(FATAL_ERROR "strata_optimizer_consumer is ${_size} bytes: strata linked statically?")
+endif()
+# The installed C++ libraries export strata's symbols only (cmake/strata_cxx.map).
+foreach(l IN ITEMS base store collectives optimizer)
+  file(GLOB _so ${_lib}/libstrata_${l}.so.*.*)
+  execute_process(COMMAND nm -DC --defined-only ${_so} OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
+  string(REGEX MATCHALL "[^\n]+" lines "${syms}")
+  set(foreign "")
+  set(own 0)
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^[0-9a-f]+ . " "" name "${line}")
+    if(name MATCHES "^((vtable|VTT|typeinfo|typeinfo name|guard variable) for |(non-)?virtual thunk to )?strata::")
+      math(EXPR own "${own} + 1")
+    else()
+      list(APPEND foreign "${name}")
+    endif()
+  endforeach()
+  if(foreign OR own LESS 20)
+    message(FATAL_ERROR "${_so} exports ${own} strata symbols and these others: ${foreign}")
   endif()
 endforeach()
 # A store-only program holds no Gloo or NCCL: not among its shared libraries (ldd), not
@@ -49,7 +111,7 @@ function(expect_no_backend tool pattern)
 endfunction()
 expect_no_backend(ldd "libgloo|libnccl")
 expect_no_backend(nm "gloo::|nccl[A-Z][a-zA-Z]+" -C)
-file(GLOB _targets ${PREFIX}/lib*/cmake/strata/strataTargets.cmake)
+file(GLOB _targets ${PREFIX}/lib*/cmake/strata/strataCxxTargets.cmake)
 file(READ ${_targets} _exported)
 if(NOT _exported MATCHES "set_target_properties\\(strata::store PROPERTIES[^)]*\\)")
   message(FATAL_ERROR "strata::store not found in ${_targets}")
