@@ -45,12 +45,12 @@ Modules (imports point down this list; the offload wing, strata.torch.offload, i
 only through its package's public names):
 
 - _any.py: OffloadOptimizer (any element-wise torch.optim class or UpdateRule; its own
-  members, beside the chain below); _slice_step.py: a class's step on one slice;
-  _any_state.py: its ``optimizer.state``;
+  members, beside the chain below); _any_io.py: its state dicts and checkpoints;
+  _slice_step.py: a class's step on one slice; _any_state.py: its ``optimizer.state``;
   _rule.py: UpdateRule, update_rule, RuleOptimizer (custom rules)
 - _adam.py: OffloadAdam, OffloadAdamW (the constructor: arguments, settings, checks)
-- _optimizer.py: OffloadedTorchOptimizer (members, step()'s order of work, checkpoints,
-  state dicts, close)
+- _optimizer.py: OffloadedTorchOptimizer (members, step()'s order of work, close);
+  _optimizer_io.py: its checkpoint and state-dict methods
 - _step.py: the step's three paths; _offloaded_step.py: the step over offloaded parameters;
   _overlap.py: the step overlapped with backward; _gate.py: the gate's inputs
 - _registry.py: param groups and parameters into strata; _layout.py: param_groups edits
@@ -61,6 +61,8 @@ only through its package's public names):
 - _hyperparams.py, _torch_kwargs.py, _names.py, _settings.py: torch's names and checks
 - _universal.py: save_universal_checkpoint / load_universal_checkpoint (DeepSpeed's
   universal checkpoint layout, written and read by every rank at any world size)
+- _grad_accum.py: fp32 gradient accumulation of fp16/bf16 in-memory parameters
+  (``grad_accumulation_dtype``; both optimizers)
 - _loss_scale.py: DynamicLossScaler (fp16 dynamic loss scaling, DeepSpeed's rule; the
   unscale fused into the step as its grad_scale, overflowing steps skipped on every rank)
 """
