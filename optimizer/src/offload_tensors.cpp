@@ -84,7 +84,7 @@ Status OffloadedOptimizer::Impl::fill_object(const std::string& key, uint64_t nu
   const uint64_t es = elem_bytes(1);
   if (es == 2) {
     uint16_t* h = reinterpret_cast<uint16_t*>(buf);
-    std::fill(h, h + n, detail::to_bf16(value).bits);
+    std::fill(h, h + n, strata::detail::to_bf16(value).bits);
   } else {
     std::fill(buf, buf + n, value);
   }
@@ -146,7 +146,7 @@ Result<ParamHandle> OffloadedOptimizer::Impl::add_param(std::string_view name_in
       if (s > 0 && state_inits[s - 1] != 0.0f) {
         if (elem_bytes(s) == 2) {
           uint16_t* h = reinterpret_cast<uint16_t*>(a.data());
-          std::fill(h, h + numel, detail::to_bf16(state_inits[s - 1]).bits);
+          std::fill(h, h + numel, strata::detail::to_bf16(state_inits[s - 1]).bits);
         } else {
           std::fill(a.data(), a.data() + numel, state_inits[s - 1]);
         }

@@ -9,7 +9,10 @@
 // another state dtype refused; fp32 checkpoints unchanged (record version 1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -28,7 +31,7 @@ const Hyperparams kAdamW{{"lr", 1e-2}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps",
                          {"weight_decay", 0.05}};
 
 /// fp32 -> bf16 -> fp32 with round-to-nearest-even (half.hpp, the reference conversion).
-float round_bf16(float x) { return detail::to_float(detail::to_bf16(x)); }
+float round_bf16(float x) { return strata::detail::to_float(strata::detail::to_bf16(x)); }
 
 /// The reference: fp32 AdamW (the same rule, update.hpp's step()) whose moments are
 /// rounded to bf16 after every step.
@@ -91,7 +94,7 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
   auto factory = must(builtin_rule_factory("adamw"));
   const int kSteps = 5, kCheckpointAt = 2;
   {
-    auto store = must(Store::open(small_store_options(dir.path())));
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
     auto opt = must(OffloadedOptimizer::create(store, factory, kAdamW, bf16_options(sg)));
     for (size_t i = 0; i < numels.size(); ++i) {
       ASSERT_EQ(must(opt->add_param("w" + std::to_string(i), numels[i], refs[i].t.param.data(),
@@ -125,7 +128,7 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
   }
   // The objects on disk: bf16 states of numel * 2 bytes, the fp32 master of numel * 4.
   {
-    auto store = must(Store::open(small_store_options(dir.path())));
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
     auto m = must(store->stat("optim/p/w0/param"));
     EXPECT_EQ(m.nbytes, numels[0] * 4);
     auto s0 = must(store->stat("optim/p/w0/exp_avg"));
@@ -147,7 +150,7 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
   }
   // Resume: the checkpoint of step 2, then steps 3..5 bit-identical to the reference.
   {
-    auto store = must(Store::open(small_store_options(dir.path())));
+    std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
     auto opt = must(OffloadedOptimizer::open(store, factory, bf16_options(sg)));
     EXPECT_EQ(opt->param_info(1)->placement, Placement::kHost);
     for (size_t i = 0; i < numels.size(); ++i) {
@@ -180,7 +183,7 @@ struct StepBytes {
 
 StepBytes measure_step(DType state_dtype, uint64_t numel) {
   TempDir dir;
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   OffloadOptions o;
   o.sub_group_numel = kChunkNumel;  // whole chunks: no read-modify-write
   o.num_buffers = 3;
@@ -215,7 +218,7 @@ TEST(OffloadBf16States, StepMovesEightInsteadOfTwelveBytesPerParameterEachWay) {
 
 TEST(OffloadBf16States, ReadWriteStateConvertDiskSpaceAndHostBytesCountTwoBytes) {
   TempDir dir;
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   auto factory = must(builtin_rule_factory("adamw"));
   OffloadOptions o = bf16_options(5000);
   auto opt = must(OffloadedOptimizer::create(store, factory, kAdamW, o));
@@ -259,7 +262,7 @@ TEST(OffloadBf16States, ReadWriteStateConvertDiskSpaceAndHostBytesCountTwoBytes)
 TEST(OffloadBf16States, Fp32CheckpointsKeepVersionOneAndRefuseBf16Open) {
   TempDir dir;
   auto factory = must(builtin_rule_factory("adamw"));
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   {
     OffloadOptions o;
     o.sub_group_numel = 5000;
@@ -286,7 +289,7 @@ TEST(OffloadBf16States, Fp32CheckpointsKeepVersionOneAndRefuseBf16Open) {
 
 TEST(OffloadBf16States, OtherStateDtypesAreRefused) {
   TempDir dir;
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   OffloadOptions o;
   o.state_dtype = DType::kFloat16;
   auto r = OffloadedOptimizer::create(store, must(builtin_rule_factory("adamw")), kAdamW, o);
@@ -299,7 +302,7 @@ TEST(OffloadBf16States, OtherStateDtypesAreRefused) {
 
 TEST(OffloadBf16States, OverlappedStepAndAdagradInitialValueMatchTheReference) {
   TempDir dir;
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   // AdamW through begin_step / start_update / finish_step.
   const uint64_t n = 2 * kChunkNumel + 4321;
   auto rule = adamw_rule();
@@ -381,7 +384,7 @@ class FailingSgd final : public UpdateRule {
 
 TEST(OffloadBf16States, FailedTransactionalStepRollsBackBf16States) {
   TempDir dir;
-  auto store = must(Store::open(small_store_options(dir.path())));
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   bool fail = false;
   RuleFactory factory = [&fail](const Hyperparams&) -> Result<std::unique_ptr<UpdateRule>> {
     return std::unique_ptr<UpdateRule>(new FailingSgd(&fail));
@@ -413,6 +416,69 @@ TEST(OffloadBf16States, FailedTransactionalStepRollsBackBf16States) {
   fail = false;
   OFFLOAD_ASSERT_OK(opt->checkpoint());
   OFFLOAD_ASSERT_OK(opt->close());
+}
+
+// The measurement of docs/offload.md ("bf16 moments"): not a test (disabled; run with
+//   build/tests/test_optimizer --gtest_also_run_disabled_tests
+//     --gtest_filter='*DISABLED_MeasureStep*'
+// STRATA_BF16_MEASURE_PARAMS (default 8388608) parameters in one NVMe-tier AdamW tensor,
+// STRATA_BF16_MEASURE_STEPS (default 7) steps per dtype, fp32 and bf16 moments alternating
+// step by step (one optimizer each, in two stores in TMPDIR, 1 MiB chunks); prints the
+// medians of the step seconds and the step's bytes (StepStats and the store's NVMe counters).
+TEST(OffloadBf16States, DISABLED_MeasureStep) {
+  auto env = [](const char* k, uint64_t d) {
+    const char* v = std::getenv(k);
+    return v != nullptr ? std::strtoull(v, nullptr, 10) : d;
+  };
+  const uint64_t n = env("STRATA_BF16_MEASURE_PARAMS", 8ull << 20);
+  const int steps = static_cast<int>(env("STRATA_BF16_MEASURE_STEPS", 7));
+  struct Run {
+    TempDir dir;
+    std::shared_ptr<Store> store;
+    std::unique_ptr<OffloadedOptimizer> opt;
+    std::vector<double> seconds;
+    uint64_t read = 0, written = 0, nvme_read = 0, nvme_written = 0;
+  };
+  std::vector<float> g = values(7, n, -1e-3f, 1e-3f);
+  Run runs[2];
+  const DType dtypes[2] = {DType::kFloat32, DType::kBFloat16};
+  for (int r = 0; r < 2; ++r) {
+    runs[r].store = std::shared_ptr<Store>(must(Store::open(strata::testing::test_store_options(runs[r].dir.path(),
+                                                                         64ull << 20, 1ull << 20, 4))));
+    OffloadOptions o;
+    o.state_dtype = dtypes[r];
+    runs[r].opt = must(OffloadedOptimizer::create(runs[r].store, must(builtin_rule_factory("adamw")),
+                                                  kAdamW, o));
+    const ParamHandle h = must(runs[r].opt->add_param("w", n, nullptr, 0, Placement::kNvme));
+    OFFLOAD_ASSERT_OK(runs[r].opt->set_grad(h, g.data(), DType::kFloat32));
+    OFFLOAD_ASSERT_OK(runs[r].opt->step().status());  // warm-up
+  }
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < 2; ++r) {
+      const StoreStats before = runs[r].store->stats();
+      StepStats st = must(runs[r].opt->step());
+      const StoreStats after = runs[r].store->stats();
+      runs[r].seconds.push_back(st.seconds);
+      runs[r].read = st.bytes_read;
+      runs[r].written = st.bytes_written;
+      runs[r].nvme_read = after.nvme.read_bytes - before.nvme.read_bytes;
+      runs[r].nvme_written = after.nvme.write_bytes - before.nvme.write_bytes;
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto v = runs[r].seconds;
+    std::sort(v.begin(), v.end());
+    std::printf("state_dtype=%s params=%llu steps=%d median_step_seconds=%.4f "
+                "bytes_read=%llu bytes_written=%llu (%.2f + %.2f B/param) nvme_read=%llu "
+                "nvme_written=%llu\n",
+                r == 0 ? "fp32" : "bf16", static_cast<unsigned long long>(n), steps,
+                v[v.size() / 2], static_cast<unsigned long long>(runs[r].read),
+                static_cast<unsigned long long>(runs[r].written),
+                static_cast<double>(runs[r].read) / n, static_cast<double>(runs[r].written) / n,
+                static_cast<unsigned long long>(runs[r].nvme_read),
+                static_cast<unsigned long long>(runs[r].nvme_written));
+    OFFLOAD_ASSERT_OK(runs[r].opt->close());
+  }
 }
 
 }  // namespace
