@@ -251,14 +251,16 @@ struct OffloadedOptimizer::Impl {
   /// states are widened into host_scratch, updated, and narrowed back.
   Status update_host_bf16(const Tensor& t, const UpdateSpans& whole, const StepInfo& info);
   std::vector<float> host_scratch;  // num_states * sg floats, allocated on first use
-  /// Byte offset, inside a state stream's region of a slot item of `count` elements,
-  /// where a bf16 read lands: at least 2 * count (so the forward widening of
-  /// widen_bf16_in_place never overwrites bytes still to be read) and 4 KiB-aligned when
-  /// the region leaves room (stream_stride >= 4 KiB-aligned offset + 2 * count), so the
-  /// store reads straight into it.
-  uint64_t bf16_read_offset(uint64_t count) const {
+  /// Byte offset, inside a state stream's region of a slot item of `count` elements (the
+  /// item's align_up(count * 4, 4 KiB) bytes at its slot_off: items are packed), where a
+  /// bf16 read lands: at least 2 * count (so the forward widening of widen_bf16_in_place
+  /// never overwrites bytes still to be read) and 4 KiB-aligned when the region leaves room
+  /// for that, so the store reads straight into it.
+  static uint64_t bf16_read_offset(uint64_t count) {
     const uint64_t half = count * 2;
-    const uint64_t aligned = (stream_stride - half) / offload_detail::kAlign * offload_detail::kAlign;
+    const uint64_t region = (count * 4 + offload_detail::kAlign - 1) / offload_detail::kAlign *
+                            offload_detail::kAlign;
+    const uint64_t aligned = (region - half) / offload_detail::kAlign * offload_detail::kAlign;
     return aligned >= half ? aligned : half;
   }
   float* slot_stream(size_t slot, int stream) const {
