@@ -22,7 +22,8 @@
 #include <vector>
 
 #ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "strata/base/detail/cuda_api.hpp"  // the CUDA runtime, loaded at run time
+#include "strata/base/gpu_libraries.hpp"
 #endif
 
 #include "command.hpp"
@@ -50,7 +51,7 @@ struct Buffer {
   bool device = false;
   ~Buffer() {
 #ifdef STRATA_HAVE_CUDA
-    if (device && ptr) cudaFree(ptr);
+    if (device && ptr) detail::cudart()->cudaFree(ptr);  // device buffers exist only if loaded
 #endif
     if (!device) std::free(ptr);
   }
@@ -61,7 +62,8 @@ Status alloc(Buffer& b, size_t nbytes, bool device) {
   b.device = device;
   if (device) {
 #ifdef STRATA_HAVE_CUDA
-    if (cudaMalloc(&b.ptr, std::max<size_t>(nbytes, 1)) != cudaSuccess)
+    STRATA_RETURN_IF_ERROR(require_cuda_runtime("device buffer"));
+    if (detail::cudart()->cudaMalloc(&b.ptr, std::max<size_t>(nbytes, 1)) != cudaSuccess)
       return resource_exhausted("cudaMalloc of " + std::to_string(nbytes) + " bytes failed");
     return Status::OK();
 #else
@@ -78,7 +80,9 @@ Status copy(void* dst, const void* src, size_t n, bool to_device, bool from_devi
 #ifdef STRATA_HAVE_CUDA
   if (to_device || from_device) {
     auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    if (cudaMemcpy(dst, src, n, kind) != cudaSuccess) return internal_error("cudaMemcpy failed");
+    STRATA_RETURN_IF_ERROR(require_cuda_runtime("cudaMemcpy"));
+    if (detail::cudart()->cudaMemcpy(dst, src, n, kind) != cudaSuccess)
+      return internal_error("cudaMemcpy failed");
     return Status::OK();
   }
 #endif

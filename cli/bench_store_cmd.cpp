@@ -17,8 +17,9 @@
 #include <vector>
 
 #ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "strata/base/detail/cuda_api.hpp"  // the CUDA runtime, loaded at run time
 #endif
+#include "strata/base/gpu_libraries.hpp"
 
 #include "bench_store_cmd.hpp"
 #include "command.hpp"
@@ -413,13 +414,15 @@ int run_bench_device(const BenchDeviceArgs& a) {
   if (gpu_count() == 0) {
     std::fprintf(stderr,
                  "strata bench device: no GPU (built with CUDA: %s; the CUDA runtime reports no "
-                 "usable device): nothing to measure\n",
-                 built_with_cuda() ? "yes" : "no");
+                 "usable device%s%s): nothing to measure\n",
+                 built_with_cuda() ? "yes" : "no", cuda_runtime_library().loaded ? "" : ": ",
+                 cuda_runtime_library().loaded ? "" : cuda_runtime_library().error.c_str());
     return 2;
   }
 #ifndef STRATA_HAVE_CUDA
   return 2;
 #else
+  const detail::CudartApi& cu = *detail::cudart();  // loaded: gpu_count() > 0
   auto size_arg = parse_size_arg(a.size, "--size");
   if (!size_arg.ok()) return report_error(size_arg.status());
   const uint64_t size = *size_arg;
@@ -431,7 +434,7 @@ int run_bench_device(const BenchDeviceArgs& a) {
   if (Status st = mem.init(size, *engine); !st.ok()) return report_error(st);
   std::memset(mem.data(), 0x5a, size);
   void* dev = nullptr;
-  if (cudaMalloc(&dev, size) != cudaSuccess) {
+  if (cu.cudaMalloc(&dev, size) != cudaSuccess) {
     return report_error(resource_exhausted("cudaMalloc of " + format_bytes(size)));
   }
   std::vector<double> h2d, d2h, nvme_dev, nvme_host;
@@ -454,10 +457,10 @@ int run_bench_device(const BenchDeviceArgs& a) {
   }
   for (uint32_t r = 0; r < a.rounds; ++r) {
     auto t0 = Clock::now();
-    cudaMemcpy(dev, mem.data(), size, cudaMemcpyHostToDevice);
+    cu.cudaMemcpy(dev, mem.data(), size, cudaMemcpyHostToDevice);
     h2d.push_back(gbps(size, seconds_since(t0)));
     t0 = Clock::now();
-    cudaMemcpy(mem.data(), dev, size, cudaMemcpyDeviceToHost);
+    cu.cudaMemcpy(mem.data(), dev, size, cudaMemcpyDeviceToHost);
     d2h.push_back(gbps(size, seconds_since(t0)));
     if (store) {
       t0 = Clock::now();
@@ -469,7 +472,7 @@ int run_bench_device(const BenchDeviceArgs& a) {
       nvme_host.push_back(gbps(size, seconds_since(t0)));
     }
   }
-  cudaFree(dev);
+  cu.cudaFree(dev);
   if (store) {
     (void)store->close();
     std::error_code ec;

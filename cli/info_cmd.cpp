@@ -1,7 +1,8 @@
 // `strata info [--path DIR ...] [--json] [--xml FILE | --synthetic DESC]`: the machine as
 // strata sees it — NUMA nodes with their CPUs and memory, GPUs and block devices with their
 // nearest NUMA node, the block device behind each path with its DIO alignment, and the
-// kernel features the I/O engine and the pinned pool use (io_uring, huge pages, mlock).
+// kernel features the I/O engine and the pinned pool use (io_uring, huge pages, mlock), and
+// whether the CUDA runtime and NCCL were loaded at run time, from which file, or why not.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "command.hpp"
 #include "config_option.hpp"
+#include "strata/base/gpu_libraries.hpp"
 #include "strata/base/units.hpp"
 #include "strata/store/gpu.hpp"
 #include "strata/store/placement.hpp"
@@ -20,6 +22,26 @@
 
 namespace strata::cli {
 namespace {
+
+/// A run-time-loaded GPU library as JSON: loaded, path, version, error, attempts.
+nlohmann::json library_json(const GpuLibraryInfo& lib) {
+  return {{"loaded", lib.loaded},
+          {"path", lib.loaded ? nlohmann::json(lib.path) : nlohmann::json(nullptr)},
+          {"version", lib.loaded ? nlohmann::json(lib.version) : nlohmann::json(nullptr)},
+          {"error", lib.loaded ? nlohmann::json(nullptr) : nlohmann::json(lib.error)},
+          {"env_var", lib.env_var},
+          {"attempts", lib.attempts}};
+}
+
+/// "  CUDA runtime: loaded /path (version 13.0)" or "  CUDA runtime not loaded: <why>".
+void print_library(const GpuLibraryInfo& lib) {
+  if (lib.loaded) {
+    std::printf("  %s: loaded %s (version %s)\n", lib.name.c_str(), lib.path.c_str(),
+                lib.version.empty() ? "unknown" : lib.version.c_str());
+  } else {
+    std::printf("  %s\n", lib.error.c_str());
+  }
+}
 
 struct InfoArgs {
   std::vector<std::string> paths;
@@ -119,7 +141,10 @@ int run_info(const InfoArgs& args) {
                                  {"pus", n.cpus.size()},
                                  {"memory_bytes", n.memory_bytes}});
     }
-    j["cuda"] = {{"built", built_with_cuda()}, {"devices", gpu_count()}};
+    j["cuda"] = {{"built", built_with_cuda()},
+                 {"devices", gpu_count()},
+                 {"runtime", library_json(cuda_runtime_library())},
+                 {"nccl", library_json(nccl_library())}};
     j["gpus"] = nlohmann::json::array();
     for (const auto& g : gpus) {
       j["gpus"].push_back({{"cuda_index", g.cuda_index < 0 ? nlohmann::json(nullptr)
@@ -187,6 +212,8 @@ int run_info(const InfoArgs& args) {
   }
   std::printf("\nGPUs (CUDA %s, %d device(s))\n", built_with_cuda() ? "built in" : "not built in",
               gpu_count());
+  print_library(cuda_runtime_library());
+  print_library(nccl_library());
   if (gpus.empty()) std::printf("  none\n");
   for (const auto& g : gpus) {
     std::printf("  cuda%-3s %-24s %s  numa node %s\n",

@@ -19,7 +19,14 @@ if(NOT TARGET strata_dep_gloo)
   target_link_libraries(strata_dep_gloo INTERFACE ${GLOO_LIBRARY})
 endif()
 
-# CUDA runtime and NCCL: optional. Found in /usr/local/cuda (or CUDAToolkit_ROOT).
+# CUDA runtime and NCCL: optional, and never linked. A CUDA build compiles against the
+# toolkit's headers (cuda_runtime_api.h, nccl.h) for types only; strata::base loads
+# libcudart.so.<major> and libnccl.so.2 at run time with dlopen (base/src/gpu_libraries.cpp),
+# so no strata library or program has them as DT_NEEDED and one build runs on hosts with and
+# without them. Found in /usr/local/cuda (or CUDAToolkit_ROOT).
+#   STRATA_CUDA_INCLUDE_DIRS   the toolkit's and nccl.h's include directories
+#   STRATA_CUDART_BUILD_DIR    directory of the toolkit's libcudart (the loader's last resort)
+#   STRATA_NCCL_BUILD_DIR      directory of libnccl, likewise ("" when only nccl.h was found)
 set(STRATA_HAVE_CUDA OFF)
 if(STRATA_WITH_CUDA)
   if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
@@ -27,16 +34,18 @@ if(STRATA_WITH_CUDA)
   endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
-    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_TARGET_DIR}/lib64)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-    if(NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_TARGET_DIR}/lib64)
+    if(NCCL_INCLUDE_DIR)
       set(STRATA_HAVE_CUDA ON)
-      if(NOT TARGET strata_dep_nccl)
-        add_library(strata_dep_nccl INTERFACE IMPORTED)
-        target_include_directories(strata_dep_nccl INTERFACE ${NCCL_INCLUDE_DIR})
-        target_link_libraries(strata_dep_nccl INTERFACE ${NCCL_LIBRARY})
+      set(STRATA_CUDA_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR})
+      list(REMOVE_DUPLICATES STRATA_CUDA_INCLUDE_DIRS)
+      set(STRATA_CUDART_BUILD_DIR "${CUDAToolkit_LIBRARY_DIR}")
+      set(STRATA_NCCL_BUILD_DIR "")
+      if(NCCL_LIBRARY)
+        get_filename_component(STRATA_NCCL_BUILD_DIR "${NCCL_LIBRARY}" DIRECTORY)
       endif()
     endif()
   endif()
 endif()
-message(STATUS "strata: CUDA runtime + NCCL: ${STRATA_HAVE_CUDA}")
+message(STATUS "strata: CUDA runtime + NCCL headers (libraries loaded at run time): ${STRATA_HAVE_CUDA}")

@@ -1,8 +1,10 @@
 // strata::store — every CUDA runtime call of strata: the public helpers of gpu.hpp
 // (counting GPUs, page-locking host memory, naming devices) and the device tier's private
 // ones (gpu_detail.hpp: allocation, pointer queries, streams). Compiled against the CUDA
-// runtime when STRATA_HAVE_CUDA; without it every function is still defined and reports
-// no GPU (Unimplemented where an error is returned).
+// runtime's headers when STRATA_HAVE_CUDA and calling it through the table strata::base
+// fills at run time (detail/cuda_api.hpp: dlopen, never linked); when that library cannot be
+// loaded there are zero GPUs, as when it reports no device. Without STRATA_HAVE_CUDA every
+// function is still defined and reports no GPU (Unimplemented where an error is returned).
 #include "strata/store/gpu.hpp"
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 
 #include "gpu_detail.hpp"
 
+#include "strata/base/gpu_libraries.hpp"
+
 #ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "strata/base/detail/cuda_api.hpp"
 #endif
 
 namespace strata {
@@ -28,10 +32,12 @@ bool built_with_cuda() noexcept {
 int gpu_count() noexcept {
 #ifdef STRATA_HAVE_CUDA
   static const int count = [] {
+    const detail::CudartApi* cu = detail::cudart();
+    if (cu == nullptr) return 0;  // the CUDA runtime could not be loaded: no GPU
     int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
+    cudaError_t err = cu->cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the (non-sticky) error
+      (void)cu->cudaGetLastError();  // clear the (non-sticky) error
       return 0;
     }
     return n;
@@ -45,9 +51,21 @@ int gpu_count() noexcept {
 #ifdef STRATA_HAVE_CUDA
 namespace {
 
+/// The loaded CUDA runtime; only called after gpu_count() > 0 or require_cuda_runtime()
+/// succeeded (so it is loaded).
+const detail::CudartApi& cuda() { return *detail::cudart(); }
+
+/// Unavailable "<what>: no GPU present", with why the CUDA runtime is not loaded when it is
+/// not (naming each file tried and dlerror()).
+Status no_gpu(const std::string& what) {
+  const GpuLibraryInfo& lib = cuda_runtime_library();
+  return unavailable(what + ": no GPU present" + (lib.loaded ? "" : " (" + lib.error + ")"));
+}
+
 /// Internal "<what>: <error name> (<error string>)".
 Status cuda_error(cudaError_t err, const std::string& what) {
-  return internal_error(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  return internal_error(what + ": " + cuda().cudaGetErrorName(err) + " (" +
+                        cuda().cudaGetErrorString(err) + ")");
 }
 
 /// OK for cudaSuccess; ResourceExhausted for cudaErrorMemoryAllocation; else cuda_error().
@@ -60,6 +78,10 @@ Status cuda_status(cudaError_t err, const std::string& what) {
 
 Status check_index(int index) {
   if (index < 0 || index >= gpu_count()) {
+    if (!cuda_runtime_library().loaded) {
+      return out_of_range("GPU index " + std::to_string(index) + " is not in [0, 0): " +
+                          cuda_runtime_library().error);
+    }
     return out_of_range("GPU index " + std::to_string(index) + " is not in [0, " +
                         std::to_string(gpu_count()) + ")");
   }
@@ -69,9 +91,9 @@ Status check_index(int index) {
 Result<cudaDeviceProp> device_properties(int index) {
   STRATA_RETURN_IF_ERROR(check_index(index));
   cudaDeviceProp prop{};
-  cudaError_t err = cudaGetDeviceProperties(&prop, index);
+  cudaError_t err = cuda().cudaGetDeviceProperties(&prop, index);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)cuda().cudaGetLastError();
     return cuda_error(err, "cudaGetDeviceProperties(" + std::to_string(index) + ")");
   }
   return prop;
@@ -85,10 +107,10 @@ Status host_register(void* ptr, uint64_t nbytes) {
   if (ptr == nullptr || nbytes == 0) {
     return invalid_argument("host_register: null pointer or 0 bytes");
   }
-  if (gpu_count() == 0) return unavailable("host_register: no GPU present");
-  cudaError_t err = cudaHostRegister(ptr, nbytes, cudaHostRegisterDefault);
+  if (gpu_count() == 0) return no_gpu("host_register");
+  cudaError_t err = cuda().cudaHostRegister(ptr, nbytes, cudaHostRegisterDefault);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)cuda().cudaGetLastError();
     return cuda_error(err, "cudaHostRegister(" + std::to_string(nbytes) + " bytes)");
   }
   return Status::OK();
@@ -102,10 +124,10 @@ Status host_register(void* ptr, uint64_t nbytes) {
 Status host_unregister(void* ptr) {
 #ifdef STRATA_HAVE_CUDA
   if (ptr == nullptr) return invalid_argument("host_unregister: null pointer");
-  if (gpu_count() == 0) return unavailable("host_unregister: no GPU present");
-  cudaError_t err = cudaHostUnregister(ptr);
+  if (gpu_count() == 0) return no_gpu("host_unregister");
+  cudaError_t err = cuda().cudaHostUnregister(ptr);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)cuda().cudaGetLastError();
     return cuda_error(err, "cudaHostUnregister");
   }
   return Status::OK();
@@ -119,9 +141,9 @@ Result<std::string> gpu_pci_bus_id(int index) {
 #ifdef STRATA_HAVE_CUDA
   STRATA_RETURN_IF_ERROR(check_index(index));
   char buf[64] = {0};
-  cudaError_t err = cudaDeviceGetPCIBusId(buf, sizeof(buf), index);
+  cudaError_t err = cuda().cudaDeviceGetPCIBusId(buf, sizeof(buf), index);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)cuda().cudaGetLastError();
     return cuda_error(err, "cudaDeviceGetPCIBusId(" + std::to_string(index) + ")");
   }
   // CUDA prints "00000000:65:00.0" (8-digit domain, upper case); hwloc and sysfs use
@@ -168,27 +190,28 @@ bool device_available(int id) { return id >= 0 && id < gpu_count(); }
 uint64_t device_free_bytes(int id) {
   if (!device_available(id)) return 0;
   size_t free_b = 0, total = 0;
-  cudaSetDevice(id);
-  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+  cuda().cudaSetDevice(id);
+  if (cuda().cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
   return free_b;
 }
 
 bool is_device_pointer(const void* p) {
   if (p == nullptr || gpu_count() == 0) return false;
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
+  if (cuda().cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cuda().cudaGetLastError();
     return false;
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
 Result<void*> device_alloc(int id, uint64_t nbytes) {
-  STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(id), "cudaSetDevice"));
+  STRATA_RETURN_IF_ERROR(require_cuda_runtime("device tier"));
+  STRATA_RETURN_IF_ERROR(cuda_status(cuda().cudaSetDevice(id), "cudaSetDevice"));
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 1);
+  cudaError_t e = cuda().cudaMalloc(&p, nbytes ? nbytes : 1);
   if (e != cudaSuccess) {
-    cudaGetLastError();
+    cuda().cudaGetLastError();
     return cuda_status(e, "cudaMalloc of " + std::to_string(nbytes) + " bytes on device " +
                               std::to_string(id));
   }
@@ -196,21 +219,22 @@ Result<void*> device_alloc(int id, uint64_t nbytes) {
 }
 
 void device_free(int id, void* p) {
-  if (!p) return;
-  cudaSetDevice(id);
-  cudaFree(p);
+  if (!p || detail::cudart() == nullptr) return;
+  cuda().cudaSetDevice(id);
+  cuda().cudaFree(p);
 }
 
 DeviceStream::~DeviceStream() {
-  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (stream_) cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 Status DeviceStream::ensure() {
   if (stream_) return Status::OK();
-  STRATA_RETURN_IF_ERROR(cuda_status(cudaSetDevice(id_), "cudaSetDevice"));
+  STRATA_RETURN_IF_ERROR(require_cuda_runtime("device tier"));
+  STRATA_RETURN_IF_ERROR(cuda_status(cuda().cudaSetDevice(id_), "cudaSetDevice"));
   cudaStream_t s;
-  STRATA_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                                     "cudaStreamCreate"));
+  STRATA_RETURN_IF_ERROR(cuda_status(
+      cuda().cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   stream_ = s;
   return Status::OK();
 }
@@ -218,14 +242,14 @@ Status DeviceStream::ensure() {
 Status DeviceStream::copy_async(void* dst, const void* src, uint64_t nbytes) {
   STRATA_RETURN_IF_ERROR(ensure());
   if (nbytes == 0) return Status::OK();
-  return cuda_status(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
-                                     static_cast<cudaStream_t>(stream_)),
+  return cuda_status(cuda().cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                                            static_cast<cudaStream_t>(stream_)),
                      "cudaMemcpyAsync of " + std::to_string(nbytes) + " bytes");
 }
 
 Status DeviceStream::synchronize() {
   if (!stream_) return Status::OK();
-  return cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+  return cuda_status(cuda().cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
                      "cudaStreamSynchronize");
 }
 

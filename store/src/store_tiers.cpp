@@ -1,6 +1,7 @@
 // strata::store (private) — the memory tiers: the host and device LRU lists, eviction to
 // make room (write-back of dirty copies, then a commit), promotion and demotion, move.
 #include "store_impl.hpp"
+#include "strata/base/gpu_libraries.hpp"
 
 namespace strata::store_detail {
 
@@ -63,8 +64,11 @@ Result<PinnedBuffer> StoreImpl::alloc_host(uint64_t nbytes, const Obj* self) {
 Result<std::shared_ptr<DeviceMem>> StoreImpl::alloc_device(uint64_t nbytes, const Obj* self) {
   if (!has_device_) {
 #ifdef STRATA_HAVE_CUDA
+    // Where the CUDA runtime could not be loaded, say why (each file tried and dlerror()).
+    const GpuLibraryInfo& cudart = cuda_runtime_library();
     return invalid_argument("device tier: no GPU (device " + std::to_string(opts_.device_id) +
-                            ") for object '" + self->key + "'");
+                            ") for object '" + self->key + "'" +
+                            (cudart.loaded ? std::string() : " (" + cudart.error + ")"));
 #else
     return unimplemented("device tier: strata was built without CUDA (object '" + self->key + "')");
 #endif

@@ -4,10 +4,11 @@ add_executable(strata_coll_worker ${CMAKE_CURRENT_SOURCE_DIR}/collectives/worker
 target_link_libraries(strata_coll_worker PRIVATE strata::collectives)
 target_include_directories(strata_coll_worker PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # common/
 if(STRATA_HAVE_CUDA)
-  target_link_libraries(strata_coll_worker PRIVATE CUDA::cudart)
-  target_compile_definitions(strata_coll_worker PRIVATE STRATA_HAVE_CUDA=1)
-  target_compile_definitions(test_collectives PRIVATE STRATA_HAVE_CUDA=1)
-  target_link_libraries(test_collectives PRIVATE CUDA::cudart)
+  # Headers only: CUDA calls go through strata::base's run-time loader (detail/cuda_api.hpp).
+  foreach(_t strata_coll_worker test_collectives)
+    target_include_directories(${_t} SYSTEM PRIVATE ${STRATA_CUDA_INCLUDE_DIRS})
+    target_compile_definitions(${_t} PRIVATE STRATA_HAVE_CUDA=1)
+  endforeach()
 endif()
 if(TARGET test_collectives)
   add_dependencies(test_collectives strata_coll_worker)

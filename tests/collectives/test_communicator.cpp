@@ -14,7 +14,7 @@
 #include "strata/collectives/launcher.hpp"
 
 #ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "strata/base/detail/cuda_api.hpp"  // the CUDA runtime, loaded at run time
 #endif
 
 using namespace strata;
@@ -172,26 +172,27 @@ TEST(NcclCommunicator, WorldSizeOneOnGpu) {
   const size_t n = 1001;
   std::vector<float> host(n), back(n, -1.0f);
   for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 13);
+  const detail::CudartApi& cu = *detail::cudart();  // loaded: nccl_available()
   float *d_a = nullptr, *d_b = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_a, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_b, n * 4), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_a, host.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cu.cudaMalloc(reinterpret_cast<void**>(&d_a), n * 4), cudaSuccess);
+  ASSERT_EQ(cu.cudaMalloc(reinterpret_cast<void**>(&d_b), n * 4), cudaSuccess);
+  ASSERT_EQ(cu.cudaMemcpy(d_a, host.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_TRUE(comm.all_gather(d_a, d_b, n, DType::kFloat32).ok());
-  cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
+  cu.cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
   EXPECT_EQ(back, host);
-  cudaMemset(d_b, 0, n * 4);
+  cu.cudaMemset(d_b, 0, n * 4);
   ASSERT_TRUE(comm.all_reduce(d_a, d_b, n, DType::kFloat32, ReduceOp::kSum).ok());
-  cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
+  cu.cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
   EXPECT_EQ(back, host);
-  cudaMemset(d_b, 0, n * 4);
+  cu.cudaMemset(d_b, 0, n * 4);
   ASSERT_TRUE(comm.reduce_scatter(d_a, d_b, n, DType::kFloat32, ReduceOp::kMax).ok());
-  cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
+  cu.cudaMemcpy(back.data(), d_b, n * 4, cudaMemcpyDeviceToHost);
   EXPECT_EQ(back, host);
   ASSERT_TRUE(comm.broadcast(d_a, n, DType::kFloat32, 0).ok());
   ASSERT_TRUE(comm.barrier().ok());
   EXPECT_EQ(comm.all_reduce(d_a, d_b, 4, DType::kInt16, ReduceOp::kSum).code(),
             StatusCode::kUnimplemented);
-  cudaFree(d_a);
-  cudaFree(d_b);
+  cu.cudaFree(d_a);
+  cu.cudaFree(d_b);
 #endif
 }

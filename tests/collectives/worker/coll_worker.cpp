@@ -26,7 +26,7 @@
 #include "strata/collectives/rendezvous.hpp"
 
 #ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "strata/base/detail/cuda_api.hpp"  // the CUDA runtime, loaded at run time
 #endif
 
 using namespace strata;
@@ -284,25 +284,26 @@ int run_nccl() {
   const size_t count = 1001;
   std::vector<float> host(count);
   for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 11);
+  const detail::CudartApi& cu = *detail::cudart();  // loaded: the communicator exists
   float *d_in = nullptr, *d_out = nullptr;
-  cudaMalloc(&d_in, count * 4 * c.size());
-  cudaMalloc(&d_out, count * 4 * c.size());
-  cudaMemcpy(d_in, host.data(), count * 4, cudaMemcpyHostToDevice);
+  cu.cudaMalloc(reinterpret_cast<void**>(&d_in), count * 4 * c.size());
+  cu.cudaMalloc(reinterpret_cast<void**>(&d_out), count * 4 * c.size());
+  cu.cudaMemcpy(d_in, host.data(), count * 4, cudaMemcpyHostToDevice);
   std::vector<float> back(count * c.size());
   ok_or_die(c.all_gather(d_in, d_out, count, DType::kFloat32), "nccl all_gather");
-  cudaMemcpy(back.data(), d_out, count * 4 * c.size(), cudaMemcpyDeviceToHost);
+  cu.cudaMemcpy(back.data(), d_out, count * 4 * c.size(), cudaMemcpyDeviceToHost);
   for (int r = 0; r < c.size(); ++r)
     if (std::memcmp(back.data() + r * count, host.data(), count * 4) != 0) die("nccl all_gather mismatch");
   ++g_checks;
   ok_or_die(c.all_reduce(d_in, d_out, count, DType::kFloat32, ReduceOp::kSum), "nccl all_reduce");
-  cudaMemcpy(back.data(), d_out, count * 4, cudaMemcpyDeviceToHost);
+  cu.cudaMemcpy(back.data(), d_out, count * 4, cudaMemcpyDeviceToHost);
   for (size_t i = 0; i < count; ++i)
     if (back[i] != host[i] * c.size()) die("nccl all_reduce mismatch");
   ++g_checks;
   ok_or_die(c.barrier(), "nccl barrier");
   ++g_checks;
-  cudaFree(d_in);
-  cudaFree(d_out);
+  cu.cudaFree(d_in);
+  cu.cudaFree(d_out);
   print_checks_passed();
   return 0;
 #else
