@@ -2,6 +2,8 @@
 machinery shared by the exports from ranks (checkpoints/_save_ranks.py: safetensors;
 optim/_universal.py: DeepSpeed's universal layout). The protocol:
 
+:func:`write_in_place` takes steps 2-4 for a writer given what it does in each;
+
 1. :func:`agree`: every rank checks that all ranks were called with the same arguments and
    the same layout (an all-gather of 8-byte digests, one per named field), so every rank
    computes the one layout and no rank waits for a collective the others skip;
@@ -12,7 +14,10 @@ optim/_universal.py: DeepSpeed's universal layout). The protocol:
    of pieces read from its source; host memory one piece) and fsyncs;
 4. :func:`outcome`: an all-gather of every rank's success, so either all ranks go on to
    the renames (rank 0) or all raise, rank 0 removing the ``.tmp`` files (nothing partial
-   appears under a final name, an earlier file of that name is left as it was).
+   appears under a final name, an earlier file of that name is left as it was); then an
+   all-gather of what each rank reports of its writes (bytes, CRC-32s), which rank 0 uses
+   to seal the files (a zip's CRCs) before it renames them; a last :func:`outcome` carries
+   rank 0's failure there to every rank.
 
 Thread-safety: collective over the ranks of a communicator; plain functions otherwise.
 """
@@ -82,6 +87,61 @@ def outcome(comm: Any, who: str, error: Optional[BaseException],
     if error is not None:
         raise error
     raise RuntimeError(f"{who}: rank(s) {failed} failed while {what}")
+
+
+def write_in_place(comm: Any, who: str, paths: Sequence[str],
+                   create_all: Callable[[List[str]], None],
+                   write_mine: Callable[[List[str]], Sequence[int]],
+                   seal: Callable[[List[str], np.ndarray], None] = lambda tmps, every: None,
+                   finish: Callable[[], None] = lambda: None, durable: bool = True,
+                   finishing: str = "finishing the files (renames) on rank 0") -> np.ndarray:
+    """Steps 2-4 of the protocol for the files ``paths`` (each written as ``<path>.tmp``),
+    after :func:`agree`: rank 0 runs ``create_all(tmps)``; every rank runs
+    ``write_mine(tmps)`` (its writes, fsync'd when ``durable``), which returns int64
+    values of the same count on every rank (e.g. its bytes and CRC-32s); once every rank
+    succeeded, rank 0 runs ``seal(tmps, every)`` (``every[r]``: rank r's values), renames
+    each ``.tmp`` over its path, fsyncs the directories (``durable``) and runs
+    ``finish()``. ``comm`` None: one process, no collective. Returns this rank's values.
+
+    :raises ValueError, RuntimeError, OSError: as :func:`outcome` (every rank raises: the
+        failed rank its own error, the others RuntimeError "<who>: rank(s) [R] failed while
+        creating the files / writing its slices / <finishing>"); the ``.tmp`` files are
+        removed, nothing is renamed into place unless rank 0 failed in its renames or
+        ``finish`` (what it did then stays)."""
+    rank = 0 if comm is None else comm.rank
+    tmps = [p + ".tmp" for p in paths]
+    error: Optional[BaseException] = None
+    if rank == 0:
+        try:
+            create_all(tmps)
+        except Exception as e:  # noqa: BLE001 -- reported to every rank, then re-raised here
+            error = e
+    outcome(comm, who, error, lambda: remove_all(tmps),
+            "creating the files; nothing was renamed into place (the .tmp files are removed)")
+    mine = np.zeros(0, dtype=np.int64)
+    try:
+        mine = np.asarray(write_mine(tmps), dtype=np.int64).reshape(-1)
+    except Exception as e:  # noqa: BLE001 -- the same
+        error = e
+    outcome(comm, who, error, lambda: remove_all(tmps),
+            "writing its slices; nothing was renamed into place (the .tmp files are removed)")
+    if comm is None:
+        every = mine.reshape(1, -1)
+    else:
+        every = np.asarray(comm.all_gather(mine)).reshape(comm.size, len(mine))
+    if rank == 0:
+        try:
+            seal(tmps, every)
+            for tmp, path in zip(tmps, paths):
+                os.replace(tmp, path)
+            if durable:
+                for d in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+                    fsync_dir(d)
+            finish()
+        except Exception as e:  # noqa: BLE001 -- the same
+            error = e
+    outcome(comm, who, error, lambda: remove_all(tmps), finishing)
+    return mine
 
 
 def create(path: str, nbytes: int, parts: Sequence[Tuple[bytes, int]]) -> None:

@@ -21,9 +21,10 @@ from ._entries import FLOATING, model_of, state_entries, strata_dtype, where
 from ._files import INDEX, SINGLE, parse_shard_size, shard_name, write_index
 from ._save_ranks import write_from_ranks
 
-#: what the last save_safetensors in this process moved, for benchmarks and tests: ``bytes``
-#: (tensor bytes of all files), ``rank_bytes`` (of them, written by this process; from
-#: ranks about 1/world_size), ``rank``, ``world_size``, ``seconds``
+#: what the last save_safetensors or save_torch_state_dict in this process moved, for
+#: benchmarks and tests: ``bytes`` (tensor bytes of all files), ``rank_bytes`` (of them,
+#: written by this process; from ranks about 1/world_size), ``rank``, ``world_size``,
+#: ``seconds``
 LAST_SAVE: Dict[str, float] = {}
 
 _OURS = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
@@ -156,7 +157,7 @@ def _remove_stale(directory: str, names: List[str], indexed: bool) -> None:
             os.remove(os.path.join(directory, f))
 
 
-def _comm_of(tensors: List[Tuple[Any, ...]], comm: Any) -> Any:
+def _comm_of(tensors: List[Tuple[Any, ...]], comm: Any, who: str = "save_safetensors") -> Any:
     """The communicator to write from (``comm``, else the partitioned parameters'), or None.
     :raises ValueError: ``comm``'s rank or size is not the partitions'."""
     parts = {id(h.comm): h.comm for _k, v, *_ in tensors
@@ -165,7 +166,7 @@ def _comm_of(tensors: List[Tuple[Any, ...]], comm: Any) -> Any:
         if comm is None:
             comm = c
         elif c.size != comm.size or c.rank != comm.rank:
-            raise ValueError("save_safetensors: comm is not the communicator the model's "
+            raise ValueError(f"{who}: comm is not the communicator the model's "
                              "parameters are partitioned over (rank/size differ)")
     return comm
 

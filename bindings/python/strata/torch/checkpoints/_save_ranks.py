@@ -24,7 +24,8 @@ import torch
 from ... import parse_size
 from ...distributed import partition_layout
 from ._entries import where
-from ._ranks import agree, create, fsync_dir, outcome, remove_all, write_elements
+from ._ranks import agree, create, write_elements, write_in_place
+from ._universal_zip import ZipLayout, combined_crc
 
 #: safetensors dtypes in the order of the C++ StDType enum (layout_order sorts descending)
 ST_DTYPES = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32",
@@ -131,49 +132,90 @@ def write_from_ranks(directory: str, names: List[str], shards: List[List[Tuple[A
                           tensors=[[(t[0], str(t[2]), tuple(t[1].shape)) for t in s]
                                    for s in shards]))
     paths = [os.path.join(directory, n) for n in names]
-    tmps = [p + ".tmp" for p in paths]
-    error: Optional[BaseException] = None
-    if rank == 0:
-        try:
-            for tmp, (header, offsets) in zip(tmps, layouts):
-                data = max((e for _b, e in offsets.values()), default=0)
-                create(tmp, len(header) + data, [(header, 0)])
-        except OSError as e:
-            error = e
-    outcome(comm, who, error, lambda: remove_all(tmps),
-            "creating the files; nothing was renamed into place (the .tmp files are removed)")
-    written = 0
-    try:
+
+    def create_all(tmps: List[str]) -> None:
+        for tmp, (header, offsets) in zip(tmps, layouts):
+            data = max((e for _b, e in offsets.values()), default=0)
+            create(tmp, len(header) + data, [(header, 0)])
+
+    def write_mine(tmps: List[str]) -> List[int]:
+        written = 0
         for tmp, shard, (header, offsets) in zip(tmps, shards, layouts):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                for t in shard:
-                    numel = t[1].numel()
-                    share = tuple(partition_layout(numel, size)[rank])
-                    read = _reader(t, share, who)
-                    if read is None:
-                        continue
-                    fsz = torch.empty((), dtype=t[2]).element_size()
-                    n, _crc = write_elements(fd, len(header) + offsets[t[0]][0], fsz, share[0],
-                                             share[1], piece_elements(piece_bytes, fsz), read)
-                    written += n
-                if durable:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-    except Exception as e:  # noqa: BLE001 -- reported to every rank, then re-raised here
-        error = e
-    outcome(comm, who, error, lambda: remove_all(tmps),
-            "writing its slices; nothing was renamed into place (the .tmp files are removed)")
-    if rank == 0:
+            starts = [len(header) + offsets[t[0]][0] for t in shard]
+            written += sum(_write_own(tmp, shard, starts, rank, size, piece_bytes, durable,
+                                      who)[0::2])
+        return [written]
+    return int(write_in_place(comm, who, paths, create_all, write_mine,
+                              finish=lambda: finish(), durable=durable,
+                              finishing="finishing the files (renames, index) on rank 0")[0])
+
+
+def _write_own(tmp: str, entries: List[Tuple[Any, ...]], starts: List[int], rank: int,
+               size: int, piece_bytes: Any, durable: bool, who: str) -> List[int]:
+    """Writes this rank's elements ``partition_layout(numel, size)[rank]`` of each of
+    ``entries`` (_save._sources entries) into the file ``tmp`` in place, tensor j's
+    element i at ``starts[j] + i * itemsize``, then fsyncs it (``durable``). Returns
+    [bytes written, CRC-32 of them] per entry, flattened (0, 0 for an empty share).
+    :raises OSError: a write fails; ValueError: this rank does not hold its share."""
+    out: List[int] = []
+    fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for t, start in zip(entries, starts):
+            share = tuple(partition_layout(t[1].numel(), size)[rank])
+            read = _reader(t, share, who)
+            if read is None:
+                out += [0, 0]
+                continue
+            fsz = torch.empty((), dtype=t[2]).element_size()
+            out += list(write_elements(fd, start, fsz, share[0], share[1],
+                                       piece_elements(piece_bytes, fsz), read))
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return out
+
+
+def write_zip_from_ranks(path: str, layout: ZipLayout, entries: List[Tuple[Any, ...]],
+                         comm: Any, piece_bytes: Any, durable: bool, fields: Dict[str, Any],
+                         who: str = "save_torch_state_dict") -> int:
+    """Writes the torch.save zip ``layout`` (its entries 2, 3, ..., one per storage, in
+    place, holding ``entries``: _save._sources entries in storage order) as ``path`` from every
+    rank of ``comm`` (None: this process alone): rank 0 writes the skeleton into
+    ``path``.tmp, every rank its elements ``partition_layout(numel, size)[rank]`` of each
+    storage in place (pieces of ``piece_bytes``; host memory one piece), each rank's
+    bytes and CRC-32 per storage all-gathered, rank 0 patching each storage's CRC-32
+    (:func:`combined_crc` of the ranks' in rank order) into the zip, then renaming it into
+    place. ``fields``: what every rank must agree on besides the layout. Returns the
+    tensor bytes this rank wrote.
+
+    :raises ValueError: ranks disagree (agree()); a rank's slices are not its share.
+    :raises RuntimeError: another rank failed (naming it); nothing renamed into place.
+    :raises OSError: this rank's write failed (the same)."""
+    rank, size = (0, 1) if comm is None else (comm.rank, comm.size)
+    if comm is not None:
+        agree(comm, who, dict(fields, layout=layout.skeleton(),
+                              tensors=[(t[0], str(t[2]), tuple(t[1].shape)) for t in entries]))
+    first = 2  # data.pkl, byteorder, then the storages
+
+    def create_all(tmps: List[str]) -> None:
+        create(tmps[0], layout.file_nbytes, layout.skeleton())
+
+    def write_mine(tmps: List[str]) -> List[int]:
+        starts = layout.data_offsets[first:first + len(entries)]
+        out = _write_own(tmps[0], entries, starts, rank, size, piece_bytes, durable, who)
+        return [sum(out[0::2])] + out[1::2]
+
+    def seal(tmps: List[str], every: Any) -> None:
+        fd = os.open(tmps[0], os.O_WRONLY | os.O_CLOEXEC)
         try:
-            for tmp, path in zip(tmps, paths):
-                os.replace(tmp, path)
+            for j, t in enumerate(entries):
+                ranges = partition_layout(t[1].numel(), size)
+                fsz = torch.empty((), dtype=t[2]).element_size()
+                layout.patch_crc(fd, combined_crc(every[:, 1 + j], ranges, fsz), first + j)
             if durable:
-                fsync_dir(directory)
-            finish()
-        except OSError as e:
-            error = e
-    outcome(comm, who, error, lambda: remove_all(tmps),
-            "finishing the files (renames, index) on rank 0")
-    return written
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    return int(write_in_place(comm, who, [path], create_all, write_mine, seal,
+                              durable=durable)[0])

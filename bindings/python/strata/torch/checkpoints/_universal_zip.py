@@ -1,18 +1,18 @@
-"""One tensor as a torch.save file written by several processes at once: the zip archive
-``torch.save({"param": t, "cat_dim": 0}, path)`` would write (DeepSpeed's universal
-checkpoint files, checkpoints/_universal.py) laid out in advance from the tensor's dtype and
-shape alone, so that one process writes everything but the tensor's bytes (the
+"""torch.save's zip archives laid out in advance from the names, dtypes and shapes alone
+(:class:`ZipLayout`), so that one process writes everything but the tensors' bytes (the
 "skeleton": local headers, ``data.pkl``, ``byteorder``, ``version``, the central directory,
 zip64 records where sizes or offsets pass 4 GiB) and every process writes its own element
-range of the stored (uncompressed, 64-byte aligned, as torch aligns it) storage entry in
-place. The entry's CRC-32 is combined from the ranges' CRCs (:func:`crc32_combine`, zlib's
-algorithm) and patched into its local header and central-directory record afterwards.
+range of each stored (uncompressed, 64-byte aligned, as torch aligns it) storage entry in
+place. Each entry's CRC-32 is combined from the ranges' CRCs (:func:`crc32_combine`, zlib's
+algorithm; :func:`combined_crc`) and patched into its local header and central-directory
+record afterwards. Used for a state dict's file (checkpoints/_torch_save.py, from one
+process or every rank) and for one tensor's file, ``torch.save({"param": t, "cat_dim": 0})``
+(:class:`TensorFileLayout`: DeepSpeed's universal checkpoint files, optim/_universal.py).
 
 Zip format: PKWARE's APPNOTE.TXT 6.3 (4.3.7 local file header, 4.3.12 central directory
 header, 4.3.14-16 zip64 end of central directory record/locator and end of central
 directory record, 4.5.3 the zip64 extended information extra field). The data.pkl pickle
-is the one checkpoints/_torch_save.py writes (``_rebuild_tensor_v2`` over a persistent
-storage id).
+is torch.save's (:class:`Pickler`: ``_rebuild_tensor_v2`` over a persistent storage id).
 
 Thread-safety: plain functions and an immutable layout object.
 """
@@ -20,18 +20,59 @@ Thread-safety: plain functions and an immutable layout object.
 from __future__ import annotations
 
 import io
+import pickle
 import struct
+from collections import OrderedDict
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
-
-from ._torch_save import _ALIGN, _Pickler, _Storage, _Tensor
 
 #: sizes and offsets at or above this are written as zip64 fields (tests lower it to force
 #: the zip64 records on small files)
 ZIP64_LIMIT = 0xFFFFFFFF
 _DOS_DATE = (1 << 5) | 1  # 1980-01-01, time 00:00:00
 _STORAGE_ENTRY = "archive/data/0"
+#: torch dtype -> the storage class torch.save names in data.pkl
+STORAGE_OF = {torch.float32: "FloatStorage", torch.float64: "DoubleStorage",
+              torch.float16: "HalfStorage", torch.bfloat16: "BFloat16Storage",
+              torch.int64: "LongStorage", torch.int32: "IntStorage",
+              torch.int16: "ShortStorage", torch.int8: "CharStorage",
+              torch.uint8: "ByteStorage", torch.bool: "BoolStorage"}
+_ALIGN = 64  # torch's PyTorchStreamWriter aligns each record's data to 64 bytes
+
+
+class Storage:
+    """A storage as data.pkl names it (``archive/data/<key>``): dtype and elements."""
+
+    __slots__ = ("key", "dtype", "numel", "tensor")
+
+    def __init__(self, key: str, tensor: torch.Tensor):
+        self.key, self.dtype, self.numel, self.tensor = key, tensor.dtype, tensor.numel(), tensor
+
+
+class PickledTensor:
+    """Pickles as torch.save pickles a contiguous tensor of its own storage."""
+
+    def __init__(self, storage: Storage, shape):
+        self.storage, self.shape = storage, tuple(shape)
+
+    def __reduce__(self):
+        stride, acc = [], 1
+        for d in reversed(self.shape):
+            stride.append(acc)
+            acc *= max(d, 1)
+        return (torch._utils._rebuild_tensor_v2,
+                (self.storage, 0, self.shape, tuple(reversed(stride)), False,
+                 OrderedDict()))
+
+
+class Pickler(pickle.Pickler):
+    """torch.save's pickler of data.pkl: a :class:`Storage` as its persistent id."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, Storage):
+            return ("storage", getattr(torch, STORAGE_OF[obj.dtype]), obj.key, "cpu", obj.numel)
+        return None
 
 
 def _gf2_times(mat: Sequence[int], vec: int) -> int:
@@ -76,9 +117,9 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 
 def _pickle_of(dtype: torch.dtype, shape: Tuple[int, ...], extra: Dict[str, Any]) -> bytes:
     meta = torch.empty(shape, dtype=dtype, device="meta")
-    storage = _Storage("0", meta)
+    storage = Storage("0", meta)
     buf = io.BytesIO()
-    _Pickler(buf, protocol=2).dump({"param": _Tensor(storage, shape), **extra})
+    Pickler(buf, protocol=2).dump({"param": PickledTensor(storage, shape), **extra})
     return buf.getvalue()
 
 
@@ -91,28 +132,24 @@ class _Entry:
         self.local = b""
 
 
-class TensorFileLayout:
-    """Where everything of one tensor's torch.save file lies. ``data_offset``: the file
-    offset of the tensor's first byte (element i at ``data_offset + i * itemsize``);
-    ``nbytes``: the tensor's bytes; ``file_nbytes``: the file's size.
+class ZipLayout:
+    """Where everything of a zip archive of stored (uncompressed) entries lies, decided from
+    the entries' names and sizes alone: each entry's local header (data 64-byte aligned by
+    an "FB" padding extra field, as torch's writer aligns it), its data, the central
+    directory and end records (zip64 where a size or offset reaches :data:`ZIP64_LIMIT`).
 
-    :param dtype, shape: the tensor's (contiguous, little-endian; any dtype torch.save
-        names a storage for here: float32, float64, float16, bfloat16, integers, bool).
-    :param extra: other entries of the dict saved beside "param" (picklable plain values,
-        e.g. ``{"cat_dim": 0}``).
+    :param entries: [(name, data, nbytes)] in file order: ``data`` bytes for an entry
+        written whole with the skeleton (its CRC-32 computed here), or None for one whose
+        ``nbytes`` bytes are written in place later (:meth:`write_skeleton` leaves a hole,
+        :meth:`patch_crc` fills in its CRC-32).
+
+    ``data_offsets[i]``: the file offset of entry i's first data byte; ``file_nbytes``:
+    the file's size in bytes. Immutable once built.
     """
 
-    def __init__(self, dtype: torch.dtype, shape: Sequence[int], extra: Dict[str, Any]):
-        self.shape = tuple(int(d) for d in shape)
-        numel = 1
-        for d in self.shape:
-            numel *= d
-        self.itemsize = torch.empty((), dtype=dtype).element_size()
-        self.nbytes = numel * self.itemsize
-        self._entries = [_Entry("archive/data.pkl", _pickle_of(dtype, self.shape, extra), 0),
-                         _Entry("archive/byteorder", b"little", 0),
-                         _Entry(_STORAGE_ENTRY, b"", self.nbytes),
-                         _Entry("archive/version", b"3\n", 0)]
+    def __init__(self, entries: Sequence[Tuple[str, Any, int]]):
+        self._entries = [_Entry(n, d if d is not None else b"", len(d) if d is not None else nb)
+                         for n, d, nb in entries]
         at = 0
         for e in self._entries:
             size = len(e.data) if e.data else e.nbytes
@@ -129,8 +166,7 @@ class TensorFileLayout:
                                   len(extra_field)) + e.name + extra_field
             e.data_offset = at + len(e.local)
             at = e.data_offset + size
-        storage = self._entries[2]
-        self.data_offset = storage.data_offset
+        self.data_offsets = [e.data_offset for e in self._entries]
         self._cd_offset = at
         self._cd_entry_offsets: List[int] = []
         cd = bytearray()
@@ -173,23 +209,67 @@ class TensorFileLayout:
         size = 0xFFFFFFFF if big else self._cd_nbytes
         return out + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n, size, off, 0)
 
+    def skeleton(self) -> List[Tuple[bytes, int]]:
+        """Everything but the in-place entries' data, as [(bytes, file offset)]: local
+        headers, the data given whole, the central directory and end records."""
+        return [(e.local + (e.data if e.data else b""), e.offset) for e in self._entries] + \
+            [(self._cd + self._end, self._cd_offset)]
+
     def write_skeleton(self, fd: int) -> None:
-        """Writes everything but the tensor's bytes into the open file ``fd`` (pwrite; the
-        data range stays a hole until the ranks fill it) and sets its size to
-        ``file_nbytes``. :raises OSError: the writes fail."""
+        """Writes :meth:`skeleton` into the open file ``fd`` (pwrite; the in-place entries'
+        data stay holes until the ranks fill them) and sets its size to ``file_nbytes``.
+        :raises OSError: the writes fail."""
         import os
         os.ftruncate(fd, self.file_nbytes)
-        for e in self._entries:
-            _pwrite_all(fd, e.local + (e.data if e.data else b""), e.offset)
-        _pwrite_all(fd, self._cd + self._end, self._cd_offset)
+        for data, at in self.skeleton():
+            _pwrite_all(fd, data, at)
 
-    def patch_crc(self, fd: int, crc: int) -> None:
+    def patch_crc(self, fd: int, crc: int, entry: int) -> None:
+        """Writes entry ``entry``'s CRC-32 ``crc`` into its local header and its
+        central-directory record (pwrite into ``fd``). :raises OSError: a write fails."""
+        raw = struct.pack("<I", crc & 0xFFFFFFFF)
+        _pwrite_all(fd, raw, self._entries[entry].offset + 14)
+        _pwrite_all(fd, raw, self._cd_entry_offsets[entry] + 16)
+
+
+def combined_crc(crcs: Sequence[int], ranges: Sequence[Tuple[int, int]], itemsize: int) -> int:
+    """The CRC-32 of a tensor's bytes from the CRC-32s ``crcs[r]`` of its element ranges
+    ``ranges[r]`` = [begin, end) (consecutive, in order; ``itemsize`` bytes an element),
+    combined with :func:`crc32_combine`."""
+    crc = 0
+    for c, (b, e) in zip(crcs, ranges):
+        crc = crc32_combine(crc, int(c) & 0xFFFFFFFF, (e - b) * itemsize)
+    return crc
+
+
+class TensorFileLayout(ZipLayout):
+    """Where everything of one tensor's torch.save file lies. ``data_offset``: the file
+    offset of the tensor's first byte (element i at ``data_offset + i * itemsize``);
+    ``nbytes``: the tensor's bytes; ``file_nbytes``: the file's size.
+
+    :param dtype, shape: the tensor's (contiguous, little-endian; any dtype torch.save
+        names a storage for here: float32, float64, float16, bfloat16, integers, bool).
+    :param extra: other entries of the dict saved beside "param" (picklable plain values,
+        e.g. ``{"cat_dim": 0}``).
+    """
+
+    def __init__(self, dtype: torch.dtype, shape: Sequence[int], extra: Dict[str, Any]):
+        self.shape = tuple(int(d) for d in shape)
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = numel * self.itemsize
+        super().__init__([("archive/data.pkl", _pickle_of(dtype, self.shape, extra), 0),
+                          ("archive/byteorder", b"little", 0),
+                          (_STORAGE_ENTRY, None, self.nbytes),
+                          ("archive/version", b"3\n", 0)])
+        self.data_offset = self.data_offsets[2]
+
+    def patch_crc(self, fd: int, crc: int, entry: int = 2) -> None:
         """Writes the storage entry's CRC-32 ``crc`` into its local header and its
         central-directory record (pwrite into ``fd``)."""
-        storage = self._entries[2]
-        raw = struct.pack("<I", crc & 0xFFFFFFFF)
-        _pwrite_all(fd, raw, storage.offset + 14)
-        _pwrite_all(fd, raw, self._cd_entry_offsets[2] + 16)
+        super().patch_crc(fd, crc, entry)
 
 
 def _crc(data: bytes) -> int:
