@@ -48,6 +48,26 @@ def raises(exc, message, fn, *args, **kwargs):
     raise AssertionError(f"{exc.__name__} not raised")
 
 
+def fail_mid_way(rank, failed, fn, *args, **kwargs):
+    """Runs ``fn`` on every rank with rank 1's second ``_save_ranks.write_elements`` failing
+    (ENOSPC): rank 1 must raise that OSError, the others RuntimeError ``failed``."""
+    real, calls = _save_ranks.write_elements, []
+
+    def failing(*a):
+        calls.append(1)
+        if rank == 1 and len(calls) == 2:
+            raise OSError(28, "No space left on device (injected)")
+        return real(*a)
+    _save_ranks.write_elements = failing
+    try:
+        if rank == 1:
+            raises(OSError, "[Errno 28] No space left on device (injected)", fn, *args, **kwargs)
+        else:
+            raises(RuntimeError, failed, fn, *args, **kwargs)
+    finally:
+        _save_ranks.write_elements = real
+
+
 def main():
     root = sys.argv[1]
     src = os.path.join(root, "big.safetensors")
@@ -106,22 +126,8 @@ def main():
     shards = os.path.join(root, "shards")
     before = {f: (os.stat(os.path.join(shards, f)).st_ino, b)
               for f, b in files(shards).items()} if rank == 0 else None
-    real, calls = _save_ranks.write_elements, []
-
-    def failing(*args):
-        calls.append(1)
-        if rank == 1 and len(calls) == 2:
-            raise OSError(28, "No space left on device (injected)")
-        return real(*args)
-    _save_ranks.write_elements = failing
     for out in (os.path.join(root, "failed"), shards):
-        if rank == 1:
-            raises(OSError, "[Errno 28] No space left on device (injected)",
-                   st.save_safetensors, m, out, max_shard_size="40KB")
-        else:
-            raises(RuntimeError, FAILED, st.save_safetensors, m, out, max_shard_size="40KB")
-        calls.clear()
-    _save_ranks.write_elements = real
+        fail_mid_way(rank, FAILED, st.save_safetensors, m, out, max_shard_size="40KB")
     comm.barrier()
     if rank == 0:
         assert os.listdir(os.path.join(root, "failed")) == []

@@ -20,10 +20,12 @@ import zipfile
 
 import torch
 
-import strata
-import strata.distributed as sd
-import strata.torch as st
-from strata.torch.checkpoints import _save, _save_ranks
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import strata  # noqa: E402
+import strata.distributed as sd  # noqa: E402
+import strata.torch as st  # noqa: E402
+from strata.torch.checkpoints import _save  # noqa: E402
+from zero3_save_worker import fail_mid_way, raises  # noqa: E402
 
 AGREE = ("save_torch_state_dict: rank 1's {} differs from rank 0's (every rank must call it "
          "with the same arguments and model)")
@@ -52,15 +54,6 @@ def model(dtype):
         m.bn.running_var.uniform_(0.5, 2)
         m.bn.num_batches_tracked.fill_(7)
     return m
-
-
-def raises(exc, message, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc as e:
-        assert str(e) == message, (str(e), message)
-        return
-    raise AssertionError(f"{exc.__name__} not raised")
 
 
 def check_file(path, plain):
@@ -132,24 +125,8 @@ def errors(root, m, path, rank, comm):
            durable=rank == 0)
     assert not os.path.exists(os.path.join(root, "other.pt"))
     before = (os.stat(path).st_ino, open(path, "rb").read()) if rank == 0 else None
-    real, calls = _save_ranks.write_elements, []
-
-    def failing(*args):
-        calls.append(1)
-        if rank == 1 and len(calls) == 2:
-            raise OSError(28, "No space left on device (injected)")
-        return real(*args)
-    _save_ranks.write_elements = failing
-    try:
-        for out in (os.path.join(root, "failed.pt"), path):
-            if rank == 1:
-                raises(OSError, "[Errno 28] No space left on device (injected)",
-                       st.save_torch_state_dict, m, out, piece_bytes=PIECE)
-            else:
-                raises(RuntimeError, FAILED, st.save_torch_state_dict, m, out, piece_bytes=PIECE)
-            calls.clear()
-    finally:
-        _save_ranks.write_elements = real
+    for out in (os.path.join(root, "failed.pt"), path):
+        fail_mid_way(rank, FAILED, st.save_torch_state_dict, m, out, piece_bytes=PIECE)
     comm.barrier()
     if rank == 0:
         assert not os.path.exists(os.path.join(root, "failed.pt"))

@@ -10,7 +10,8 @@ included, without materializing the model or the file (docs/checkpoints.md).
   from the store objects and memory, durable and renamed into place;
 - :func:`load_torch_state_dict`: a ``torch.save`` state dict (zip archive) loaded the same
   way, its pickle read by a restricted unpickler, its storages in place;
-  :func:`save_torch_state_dict`: one written for ``torch.load``, streamed in pieces.
+  :func:`save_torch_state_dict`: one written for ``torch.load``, in place in pieces (from
+  one process or from every ZeRO-3 rank, each its own slices).
 
 The bytes move in C++ (strata/store/safetensors.hpp: O_DIRECT aligned superset reads and
 writes through the IoEngine, pinned pieces in flight); this package maps a model's names
@@ -22,10 +23,10 @@ Modules: _files.py (the files: index, shard names, size strings), _entries.py (a
 state_dict entries, tied tensors, dtypes, torch's key report), _load.py
 (load_safetensors, load_torch_state_dict), _save.py (save_safetensors), _torch_zip.py
 (torch.save archives: central directory, restricted unpickler), _torch_save.py
-(save_torch_state_dict), _save_ranks.py (save_safetensors from every ZeRO-3 rank, each
-writing its own slices in place), _ranks.py (the protocol of files written by every rank
-at once, shared with the universal layout), _universal_zip.py (one tensor's torch.save
-zip laid out in advance).
+(save_torch_state_dict), _save_ranks.py (save_safetensors and save_torch_state_dict
+from every ZeRO-3 rank, each writing its own slices in place), _ranks.py (the protocol of
+files written by every rank at once, shared with the universal layout), _universal_zip.py
+(torch.save zips laid out in advance: a state dict's, one tensor's).
 """
 
 from ._load import load_safetensors, load_torch_state_dict

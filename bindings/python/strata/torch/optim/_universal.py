@@ -33,7 +33,7 @@ from ... import _strata, parse_size
 from ...distributed import partition_layout
 from ..checkpoints._torch_zip import TensorRef
 from ..checkpoints._ranks import fsync_dir, outcome, remove_all, write_elements
-from ..checkpoints._universal_zip import TensorFileLayout, crc32_combine, read_saved
+from ..checkpoints._universal_zip import TensorFileLayout, combined_crc, read_saved
 from ..offload import offload_of
 from ._exchange import copy_master_to_param
 
@@ -222,9 +222,7 @@ def save_universal_checkpoint(optimizer: Any, model: torch.nn.Module,
     every = every.reshape(size, len(jobs))
     if rank == 0:
         for j, (x, _s, f, layout) in enumerate(jobs):
-            crc = 0
-            for r, (b, e) in enumerate(partition_layout(x.numel, size)):
-                crc = crc32_combine(crc, int(every[r, j]), (e - b) * 4)
+            crc = combined_crc(every[:, j], partition_layout(x.numel, size), 4)
             fd = os.open(f + ".tmp", os.O_WRONLY)
             try:
                 layout.patch_crc(fd, crc)
