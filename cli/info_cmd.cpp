@@ -69,6 +69,8 @@ nlohmann::json settings_json(const StoreOptions& o) {
                      {"nvme_budget_bytes", o.nvme_budget_bytes},
                      {"device_budget_bytes", o.device_budget_bytes},
                      {"staging_bytes", o.staging_bytes},
+                     {"pinned_initial_bytes", o.pinned_initial_bytes},
+                     {"pinned_grow_bytes", o.pinned_grow_bytes},
                      {"worker_threads", o.worker_threads},
                      {"verify_checksums", o.verify_checksums},
                      {"durability", o.durability == Durability::kOnPut ? "put" : "flush"},
@@ -272,6 +274,17 @@ int run_info(const InfoArgs& args) {
               format_bytes(so.staging_bytes).c_str(), so.worker_threads,
               so.verify_checksums ? "yes" : "no",
               so.durability == Durability::kOnPut ? "put" : "flush");
+  // What a store opened with these settings pins: each pool (staging per NUMA node of its
+  // directories, the host tier) commits min(initial, its budget) at open, then grows.
+  const uint64_t init = align_up(so.pinned_initial_bytes, 2ull << 20);
+  const uint64_t at_open = std::min(init, align_up(so.staging_bytes, 4096)) +
+                           (so.host_budget_bytes ? std::min(init, align_up(so.host_budget_bytes, 4096)) : 0);
+  std::printf("  pinned: a store commits %s at open (%s per pool: staging per NUMA node, host "
+              "tier), grows by %s up to %s (staging %s per node + host %s)\n",
+              format_bytes(at_open).c_str(), format_bytes(init).c_str(),
+              format_bytes(so.pinned_grow_bytes).c_str(),
+              format_bytes(so.staging_bytes + so.host_budget_bytes).c_str(),
+              format_bytes(so.staging_bytes).c_str(), format_bytes(so.host_budget_bytes).c_str());
   return 0;
 }
 

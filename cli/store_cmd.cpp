@@ -226,6 +226,13 @@ int run_stat(const StoreArgs& a) {
     j["nvme_bytes"] = u.nvme_bytes;
     j["nvme_budget_bytes"] = u.nvme_budget_bytes;
     j["chunk_bytes"] = store.chunk_bytes();
+    {
+      const StoreStats pools = store.stats();
+      j["pinned"] = {{"host_committed_bytes", pools.host_pool.committed_bytes},
+                     {"host_budget_bytes", pools.host_pool.capacity_bytes},
+                     {"staging_committed_bytes", pools.staging_pool.committed_bytes},
+                     {"staging_budget_bytes", pools.staging_pool.capacity_bytes}};
+    }
     j["nvme_dirs"] = nlohmann::json::array();
     for (const NvmeDirSpace& d : *space) {
       j["nvme_dirs"].push_back(
@@ -247,6 +254,16 @@ int run_stat(const StoreArgs& a) {
               static_cast<unsigned long long>(damaged), format_bytes(u.nvme_bytes).c_str());
   if (u.nvme_budget_bytes > 0) std::printf(" of a %s budget", format_bytes(u.nvme_budget_bytes).c_str());
   std::printf(", chunks of %s\n", format_bytes(store.chunk_bytes()).c_str());
+  {
+    const StoreStats pools = store.stats();
+    std::printf("pinned: %s committed of a %s budget (host tier %s of %s, staging %s of %s)\n",
+                format_bytes(pools.host_pool.committed_bytes + pools.staging_pool.committed_bytes).c_str(),
+                format_bytes(pools.host_pool.capacity_bytes + pools.staging_pool.capacity_bytes).c_str(),
+                format_bytes(pools.host_pool.committed_bytes).c_str(),
+                format_bytes(pools.host_pool.capacity_bytes).c_str(),
+                format_bytes(pools.staging_pool.committed_bytes).c_str(),
+                format_bytes(pools.staging_pool.capacity_bytes).c_str());
+  }
   std::printf("nvme directories:");
   for (auto& d : store.options().nvme_dirs) std::printf(" %s", d.c_str());
   std::printf("\n");

@@ -204,6 +204,8 @@ const std::vector<Key<StoreConfig>>& store_keys() {
       size_key<C>("device_budget_bytes", &C::device_budget_bytes),
       int_key<C>("device_id", &C::device_id, 0, 4095),
       size_key<C>("staging_bytes", &C::staging_bytes, 1),
+      size_key<C>("pinned_initial_bytes", &C::pinned_initial_bytes),
+      size_key<C>("pinned_grow_bytes", &C::pinned_grow_bytes, 1),
       bool_key<C>("verify_checksums", &C::verify_checksums),
       {"durability",
        [](const Json& v, const std::string& w, C& c) -> Status {
@@ -420,6 +422,8 @@ void Config::apply(StoreOptions& o) const {
   if (store.device_id) o.device_id = *store.device_id;
   if (store.chunk_bytes) o.chunk_bytes = *store.chunk_bytes;
   if (store.staging_bytes) o.staging_bytes = *store.staging_bytes;
+  if (store.pinned_initial_bytes) o.pinned_initial_bytes = *store.pinned_initial_bytes;
+  if (store.pinned_grow_bytes) o.pinned_grow_bytes = *store.pinned_grow_bytes;
   if (store.verify_checksums) o.verify_checksums = *store.verify_checksums;
   if (store.durability) o.durability = *store.durability;
   if (store.worker_threads) o.worker_threads = *store.worker_threads;

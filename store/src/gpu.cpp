@@ -225,10 +225,16 @@ void device_free(int id, void* p) {
 }
 
 DeviceStream::~DeviceStream() {
-  if (stream_) cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (stream_ && owned_) cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 Status DeviceStream::ensure() {
+  if (stream_ && !owned_ && !device_set_) {
+    // The caller's stream (StoreOptions::device_stream): copy with its device current.
+    STRATA_RETURN_IF_ERROR(require_cuda_runtime("device tier"));
+    STRATA_RETURN_IF_ERROR(cuda_status(cuda().cudaSetDevice(id_), "cudaSetDevice"));
+    device_set_ = true;
+  }
   if (stream_) return Status::OK();
   STRATA_RETURN_IF_ERROR(require_cuda_runtime("device tier"));
   STRATA_RETURN_IF_ERROR(cuda_status(cuda().cudaSetDevice(id_), "cudaSetDevice"));

@@ -32,6 +32,9 @@ void device_free(int id, void* p);
 class DeviceStream {
  public:
   explicit DeviceStream(int id) : id_(id) {}
+  /// Copies on `external` (a cudaStream_t of the caller's, not destroyed here) when it is
+  /// not null, else on a stream of its own created on first use.
+  DeviceStream(int id, void* external) : id_(id), stream_(external), owned_(external == nullptr) {}
   ~DeviceStream();
   DeviceStream(const DeviceStream&) = delete;
   DeviceStream& operator=(const DeviceStream&) = delete;
@@ -46,6 +49,8 @@ class DeviceStream {
   Status ensure();
   int id_;
   void* stream_ = nullptr;
+  bool owned_ = true;  // stream_ created (and destroyed) here
+  bool device_set_ = false;
 };
 
 }  // namespace strata::store_detail

@@ -56,6 +56,9 @@ Result<StoreOptions> StoreOptions::from_config(const std::string& config_file) {
                           env_size("STRATA_DEVICE_BUDGET", o.device_budget_bytes));
   STRATA_ASSIGN_OR_RETURN(o.chunk_bytes, env_size("STRATA_CHUNK_SIZE", o.chunk_bytes));
   STRATA_ASSIGN_OR_RETURN(o.staging_bytes, env_size("STRATA_STAGING_BYTES", o.staging_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.pinned_initial_bytes,
+                          env_size("STRATA_PINNED_INITIAL", o.pinned_initial_bytes));
+  STRATA_ASSIGN_OR_RETURN(o.pinned_grow_bytes, env_size("STRATA_PINNED_GROW", o.pinned_grow_bytes));
   STRATA_ASSIGN_OR_RETURN(o.verify_checksums, env_bool("STRATA_VERIFY", o.verify_checksums));
   STRATA_RETURN_IF_ERROR(io::apply_env(o.engine_options));
   STRATA_ASSIGN_OR_RETURN(o.stats_interval, env_seconds("STRATA_STATS_INTERVAL", o.stats_interval));

@@ -26,9 +26,26 @@ Status StoreImpl::copy_mem(void* dst, const void* src, uint64_t n, bool any_dev)
     std::memcpy(dst, src, n);
     return Status::OK();
   }
-  DeviceStream s(opts_.device_id);
+  // The caller's stream when one was given (ordered after its queued work), else our own.
+  DeviceStream s(opts_.device_id, device_stream_.load(std::memory_order_acquire));
   STRATA_RETURN_IF_ERROR(s.copy_async(dst, src, n));
   return s.synchronize();
+}
+
+Status StoreImpl::set_device_stream(void* stream) {
+  if (stream != nullptr && !has_device_) {
+#ifdef STRATA_HAVE_CUDA
+    const char* why = "the store has no GPU";
+#else
+    const char* why = "strata was built without CUDA";
+#endif
+    return invalid_argument("StoreOptions.device_stream / set_device_stream: a CUDA stream was "
+                            "given but " + std::string(why) + " (device " +
+                            std::to_string(opts_.device_id) +
+                            "); pass nullptr, or open the store where the device tier exists");
+  }
+  device_stream_.store(stream, std::memory_order_release);
+  return Status::OK();
 }
 
 Status StoreImpl::checksum_error(const std::string& key, uint32_t j, uint64_t chunk_start,

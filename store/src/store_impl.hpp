@@ -215,6 +215,7 @@ class StoreImpl final : public Store {
   const StoreOptions& options() const override { return opts_; }
   std::shared_ptr<IoEngine> engine() const override { return engine_; }
   bool has_device() const override { return has_device_; }
+  Status set_device_stream(void* stream) override;
   const StorePlacement& placement() const override { return placement_; }
   Status close() override { return close_impl(true); }
   Result<Savepoint> savepoint(const std::vector<std::string>& keys) override;
@@ -512,6 +513,7 @@ class StoreImpl final : public Store {
   std::atomic<bool> ballast_missing_{false};  // written by the committer thread (and open)
   bool read_only_ = false;
   bool has_device_ = false;
+  std::atomic<void*> device_stream_{nullptr};  // the caller's cudaStream_t, or null
   uint64_t device_budget_ = 0;
   std::shared_ptr<std::atomic<uint64_t>> device_used_ = std::make_shared<std::atomic<uint64_t>>(0);
 

@@ -105,6 +105,15 @@ Status StoreImpl::check_options() const {
                             " is below 8 KiB");
   }
   if (opts_.worker_threads == 0) return invalid_argument("StoreOptions.worker_threads is 0");
+  if (opts_.pinned_grow_bytes == 0) {
+    return invalid_argument("StoreOptions.pinned_grow_bytes is 0 (the least bytes a pinned pool "
+                            "commits when it grows; default 64 MiB)");
+  }
+  if ((opts_.pinned_allocator.alloc == nullptr) != (opts_.pinned_allocator.free == nullptr)) {
+    return invalid_argument(std::string("StoreOptions.pinned_allocator: ") +
+                            (opts_.pinned_allocator.alloc ? "free" : "alloc") +
+                            " is null (set both functions or neither)");
+  }
   if (opts_.stats_interval.count() < 0) {
     return invalid_argument("StoreOptions.stats_interval is negative (" +
                             std::to_string(opts_.stats_interval.count()) + " ms)");
@@ -239,6 +248,7 @@ Status StoreImpl::start_engines() {
   // NUMA placement, then one engine per node of the directories (its threads bound there),
   // or the shared engine for all.
   has_device_ = device_available(opts_.device_id);
+  STRATA_RETURN_IF_ERROR(set_device_stream(opts_.device_stream));
   STRATA_RETURN_IF_ERROR(plan_placement());
   dir_group_.resize(dirs_.size());
   for (size_t i = 0; i < dirs_.size(); ++i) {
@@ -353,16 +363,23 @@ Status StoreImpl::create_pools() {
       kAlign, align_down(std::min<uint64_t>(chunk_bytes_, opts_.staging_bytes / 8), kAlign));
   // Staging memory: staging_bytes per group, on the group's node. The host tier: on
   // placement_.host_node, registered with the engine of that node's directories (if any).
+  // Each pool commits pinned_initial_bytes now and grows by pinned_grow_bytes on demand.
   PinnedPoolOptions so;
   so.budget_bytes = align_up(opts_.staging_bytes, kAlign);
+  so.initial_bytes = opts_.pinned_initial_bytes;
+  so.grow_bytes = opts_.pinned_grow_bytes;
+  so.allocator = opts_.pinned_allocator;
   for (auto& g : groups_) {
     so.numa_node = g.node;
+    so.name = "store " + opts_.path + ": staging pool" +
+              (g.node >= 0 ? " (NUMA node " + std::to_string(g.node) + ")" : std::string());
     STRATA_ASSIGN_OR_RETURN(g.staging, PinnedPool::create(so, g.engine));
   }
   if (opts_.host_budget_bytes > 0 && !read_only_) {
     PinnedPoolOptions ho = so;
     ho.budget_bytes = align_up(opts_.host_budget_bytes, kAlign);
     ho.numa_node = placement_.host_node;
+    ho.name = "store " + opts_.path + ": host tier pool";
     std::shared_ptr<IoEngine> he = engine_;
     for (const auto& g : groups_) {
       if (g.node == placement_.host_node) he = g.engine;

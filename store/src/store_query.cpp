@@ -84,13 +84,14 @@ StoreStats StoreImpl::stats() const {
   if (!call.status.ok()) return s;  // closed or closing: the pools are gone
   if (host_pool_) {
     s.host_pool = {host_pool_->used_bytes(), host_pool_->budget_bytes(),
-                   host_pool_->peak_used_bytes()};
+                   host_pool_->peak_used_bytes(), host_pool_->committed_bytes()};
   }
   for (const auto& g : groups_) {
     if (!g.staging) continue;
     s.staging_pool.in_use_bytes += g.staging->used_bytes();
     s.staging_pool.capacity_bytes += g.staging->budget_bytes();
     s.staging_pool.peak_bytes += g.staging->peak_used_bytes();
+    s.staging_pool.committed_bytes += g.staging->committed_bytes();
   }
   return s;
 }

@@ -78,6 +78,9 @@ std::vector<StatField> stat_fields(const StoreStats& s) {
   u("staging_pool_capacity_bytes", s.staging_pool.capacity_bytes);
   u("staging_pool_peak_bytes", s.staging_pool.peak_bytes);
   t("elapsed_seconds", s.elapsed_seconds);
+  // Appended after elapsed_seconds: the C struct's order (strata.h, version 7).
+  u("host_pool_committed_bytes", s.host_pool.committed_bytes);
+  u("staging_pool_committed_bytes", s.staging_pool.committed_bytes);
   return f;
 }
 

@@ -86,7 +86,7 @@ TEST(PinnedPool, CreateReportsBudgetAndBacking) {
   EXPECT_EQ(pool->largest_free_bytes(), 8 * kMiB);
   EXPECT_EQ(pool->alignment(), 4096u);
   EXPECT_EQ(pool->numa_node(), -1);
-  EXPECT_TRUE(is_aligned_ptr(pool->base(), 2 * kMiB));
+  EXPECT_TRUE(is_aligned_ptr(pool->segments().at(0).base, 2 * kMiB));
   EXPECT_FALSE(pool->engine_registered());
   EXPECT_EQ(pool->cuda_registered(), gpu_count() > 0);
   if (pool->huge_page_kind() == HugePageKind::kNone) {
@@ -143,7 +143,7 @@ TEST(PinnedPool, ExactByteAccounting) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(pool->used_bytes(), 4096u + 8192u + 4096u);
   // Consecutive, non-overlapping, aligned, inside the pool.
-  auto* base = static_cast<char*>(pool->base());
+  auto* base = static_cast<char*>(pool->segments().at(0).base);
   EXPECT_EQ(static_cast<char*>(a->data()), base);
   EXPECT_EQ(static_cast<char*>(b->data()), base + 4096);
   EXPECT_EQ(static_cast<char*>(c->data()), base + 4096 + 8192);
@@ -223,7 +223,7 @@ TEST(PinnedPool, AlignmentOption) {
   // Alignment larger than a huge page: the base itself is aligned to it.
   auto big = make_pool(8 * kMiB, 4 * kMiB);
   ASSERT_TRUE(big);
-  EXPECT_TRUE(is_aligned_ptr(big->base(), 4 * kMiB));
+  EXPECT_TRUE(is_aligned_ptr(big->segments().at(0).base, 4 * kMiB));
   auto x = big->try_allocate(1);
   auto y = big->try_allocate(1);
   ASSERT_TRUE(x.ok() && y.ok());
@@ -374,7 +374,7 @@ TEST(PinnedPool, BindsToNumaNode) {
   ASSERT_TRUE(pool);
   if (pool->numa_node() == -1) GTEST_SKIP() << "mbind refused here (see the warning)";
   EXPECT_EQ(pool->numa_node(), node);
-  auto where = (*topo)->memory_location(pool->base(), pool->mapped_bytes());
+  auto where = (*topo)->memory_location(pool->segments().at(0).base, pool->mapped_bytes());
   ASSERT_TRUE(where.ok()) << where.status().to_string();
   EXPECT_EQ(*where, std::vector<int>{node});
 }
@@ -506,7 +506,8 @@ TEST(PinnedPool, RegistersWithIoEngineAndDoesFixedBufferIo) {
     // The region is registered: registering it again is refused by a uring engine that
     // has fixed buffers (sparse buffer tables: Linux >= 5.19).
     if ((*engine)->kind() == EngineKind::kUring && kernel_at_least(5, 19)) {
-      auto again = (*engine)->register_buffer((*pool)->base(), (*pool)->mapped_bytes());
+      auto again = (*engine)->register_buffer((*pool)->segments().at(0).base,
+                                              (*pool)->mapped_bytes());
       EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again.to_string();
     }
     // Round trip through the engine from and into pool buffers.

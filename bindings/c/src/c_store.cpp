@@ -158,10 +158,39 @@ strata_status_t strata_store_open_config(const char* config_file, const strata_s
     }
     if (o->numa_node != STRATA_UNDEF_INT) so.numa_node = o->numa_node;
     if (o->device_id != STRATA_UNDEF_INT) so.device_id = o->device_id;
+    // Version 7 fields, when the caller's struct has them.
+    auto has = [&](size_t offset, size_t size) { return o->struct_size >= offset + size; };
+    if (has(offsetof(strata_store_options_t, pinned_initial_bytes), sizeof(uint64_t)) &&
+        o->pinned_initial_bytes != STRATA_UNDEF_U64)
+      so.pinned_initial_bytes = o->pinned_initial_bytes;
+    if (has(offsetof(strata_store_options_t, pinned_grow_bytes), sizeof(uint64_t)) &&
+        o->pinned_grow_bytes != STRATA_UNDEF_U64) {
+      if (o->pinned_grow_bytes == 0) return invalid("options.pinned_grow_bytes must be > 0");
+      so.pinned_grow_bytes = o->pinned_grow_bytes;
+    }
+    if (has(offsetof(strata_store_options_t, pinned_alloc_cuda_registered), sizeof(int))) {
+      if ((o->pinned_alloc == nullptr) != (o->pinned_free == nullptr))
+        return invalid(std::string("options.pinned_alloc and options.pinned_free: ") +
+                       (o->pinned_alloc ? "pinned_free" : "pinned_alloc") +
+                       " is NULL (set both or neither)");
+      so.pinned_allocator.alloc = o->pinned_alloc;
+      so.pinned_allocator.free = o->pinned_free;
+      so.pinned_allocator.ctx = o->pinned_alloc_ctx;
+      so.pinned_allocator.cuda_registered = o->pinned_alloc_cuda_registered != 0;
+    }
+    if (has(offsetof(strata_store_options_t, cuda_stream), sizeof(void*)))
+      so.device_stream = o->cuda_stream;
     auto st = Store::open(std::move(so));
     if (!st.ok()) return set_error(st.status());
     *out = new strata_store{std::shared_ptr<Store>(std::move(*st))};
     return STRATA_OK;
+  });
+}
+
+strata_status_t strata_store_set_cuda_stream(strata_store_t* s, void* cuda_stream) {
+  return guard([&]() -> strata_status_t {
+    if (auto st = check_store(s); !st.ok()) return set_error(st);
+    return set_error(s->store->set_device_stream(cuda_stream));
   });
 }
 

@@ -36,5 +36,8 @@ extern int failures;
 /* api_v6.c: the version-6 surface (custom rules, param groups, state access, step options
  * and the async step, byte ranges, eviction and pinning); `dir` is a fresh directory. */
 void test_api_v6(const char* dir);
+/* api_v7.c: the version-7 surface (growing pinned pools, a pinned-memory allocator, a CUDA
+ * stream's checks); `dir` is a fresh directory. */
+void test_api_v7(const char* dir);
 
 #endif

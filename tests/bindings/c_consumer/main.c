@@ -714,6 +714,8 @@ int main(int argc, char** argv) {
   test_resume_rule(argv[0], tmpl);
   snprintf(sub, sizeof sub, "%s/v6", tmpl);
   test_api_v6(sub);
+  snprintf(sub, sizeof sub, "%s/v7", tmpl);
+  test_api_v7(sub);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

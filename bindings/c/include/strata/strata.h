@@ -55,8 +55,14 @@ extern "C" {
  *     (strata_optimizer_add_param_group() and friends); optimizer state access
  *     (read/write of masters and states, step counters, param info); step options and
  *     strata_optimizer_step_async(); strata_store_read_range(), write_range(), evict(),
- *     pin() and unpin(). */
-#define STRATA_C_API_VERSION 6
+ *     pin() and unpin().
+ *  7: strata_store_options_t.pinned_initial_bytes and pinned_grow_bytes (pinned pools that
+ *     grow on demand), pinned_alloc / pinned_free / pinned_alloc_ctx /
+ *     pinned_alloc_cuda_registered (a framework's pinned-memory allocator), cuda_stream
+ *     and strata_store_set_cuda_stream() (a framework's CUDA stream for device-tier
+ *     copies); strata_store_stats_t.host_pool_committed_bytes and
+ *     staging_pool_committed_bytes. */
+#define STRATA_C_API_VERSION 7
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -192,6 +198,32 @@ typedef struct strata_store_options {
   int numa_node;
   /** CUDA device of the device tier. Default 0. */
   int device_id;
+  /* ---- STRATA_C_API_VERSION 7 ---- */
+  /** Pinned memory each of the store's pools (staging per NUMA node, host tier) commits at
+   *  open, bytes, rounded up to 2 MiB; the pools grow on demand up to staging_bytes /
+   *  host_budget_bytes. 0 = none until first use. Default 8 MiB (STRATA_PINNED_INITIAL). */
+  uint64_t pinned_initial_bytes;
+  /** Least bytes a pool commits when it grows, > 0. Default 64 MiB (STRATA_PINNED_GROW). */
+  uint64_t pinned_grow_bytes;
+  /** A framework's pinned-memory allocator, used for every segment of the store's pools
+   *  instead of mmap: pinned_alloc(nbytes, numa_node, ctx) returns nbytes (a multiple of
+   *  2 MiB) aligned to >= 4096 bytes, or NULL (the open or the operation that needed the
+   *  memory then fails with RESOURCE_EXHAUSTED naming the pool and size); pinned_free(p,
+   *  nbytes, ctx) gets each block back with the same nbytes, at strata_store_close() at the
+   *  latest. Both or neither (INVALID_ARGUMENT); misaligned memory is freed again and is
+   *  INVALID_ARGUMENT. strata does not mlock or touch the blocks; it registers them with
+   *  io_uring, and with CUDA unless pinned_alloc_cuda_registered is 1 (cudaHostAlloc
+   *  memory). Called from strata's threads, never concurrently for one pool. Default NULL. */
+  void* (*pinned_alloc)(size_t nbytes, int numa_node, void* ctx);
+  void (*pinned_free)(void* p, size_t nbytes, void* ctx);
+  void* pinned_alloc_ctx; /**< passed to both, untouched. Default NULL */
+  /** 1: the allocator's memory is already registered with CUDA. Default 0. */
+  int pinned_alloc_cuda_registered;
+  /** A cudaStream_t (as void*) on which the store orders its device-tier copies instead of
+   *  its own streams; it must belong to device_id's context and outlive the store. NULL =
+   *  the store's own. INVALID_ARGUMENT at open without a GPU / in a build without CUDA.
+   *  Default NULL. See also strata_store_set_cuda_stream(). */
+  void* cuda_stream;
 } strata_store_options_t;
 
 #define STRATA_STORE_OPTIONS_INIT                                                      \
@@ -199,7 +231,8 @@ typedef struct strata_store_options {
     sizeof(strata_store_options_t), STRATA_C_API_VERSION, NULL, NULL, 0,               \
         STRATA_UNDEF_U64, STRATA_UNDEF_U64, STRATA_UNDEF_U64, STRATA_UNDEF_U64,        \
         STRATA_UNDEF_U64, STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT,        \
-        STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT         \
+        STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT, STRATA_UNDEF_INT,        \
+        STRATA_UNDEF_U64, STRATA_UNDEF_U64, NULL, NULL, NULL, 0, NULL                  \
   }
 
 /** Opens (or creates) the store described by `options` and takes its write lock.
@@ -218,6 +251,12 @@ STRATA_C_API strata_status_t strata_store_open(const strata_store_options_t* opt
 STRATA_C_API strata_status_t strata_store_open_config(const char* config_file,
                                                       const strata_store_options_t* options,
                                                       strata_store_t** store);
+/** Orders the store's device-tier copies on `cuda_stream` (a cudaStream_t as void*) from the
+ *  next copy on; NULL = back to the store's own streams (as options.cuda_stream at open).
+ *  The stream must belong to the store's device and outlive its use. Since version 7.
+ *  Thread-safe. \error INVALID_ARGUMENT (NULL store; a stream where the store has no GPU or
+ *  strata was built without CUDA). */
+STRATA_C_API strata_status_t strata_store_set_cuda_stream(strata_store_t* store, void* cuda_stream);
 /** Flushes, releases the lock and frees the handle (NULL is a no-op returning OK). The
  *  handle is freed even when the flush fails (the error is returned, and dirty host/device
  *  objects that could not be written back are dropped): call strata_store_flush() first to
@@ -368,11 +407,14 @@ typedef struct strata_store_stats {
   uint64_t host_pool_in_use_bytes, host_pool_capacity_bytes, host_pool_peak_bytes;
   uint64_t staging_pool_in_use_bytes, staging_pool_capacity_bytes, staging_pool_peak_bytes;
   double elapsed_seconds; /**< the interval the counters cover */
+  /* ---- STRATA_C_API_VERSION 7 ---- */
+  /** pinned memory the pools hold now (they grow on demand up to their capacity) */
+  uint64_t host_pool_committed_bytes, staging_pool_committed_bytes;
 } strata_store_stats_t;
 #define STRATA_STORE_STATS_INIT                                                           \
   {                                                                                       \
     sizeof(strata_store_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                       \
   }
 
 /** Fills *stats (the fields up to stats->struct_size). Thread-safe, cheap.

@@ -62,6 +62,8 @@ struct StoreConfig {
   std::optional<int> device_id;                        ///< >= 0
   std::optional<uint64_t> chunk_bytes;                 ///< positive multiple of 4096
   std::optional<uint64_t> staging_bytes;               ///< > 0
+  std::optional<uint64_t> pinned_initial_bytes;        ///< bytes, 0 = none until first use
+  std::optional<uint64_t> pinned_grow_bytes;           ///< > 0
   std::optional<bool> verify_checksums;
   std::optional<Durability> durability;
   std::optional<uint32_t> worker_threads;              ///< 1..StoreOptions::kMaxWorkerThreads

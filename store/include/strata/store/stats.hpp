@@ -38,6 +38,9 @@ struct PinnedPoolStats {
   uint64_t in_use_bytes = 0;   ///< allocated now (requests rounded up to the pool alignment)
   uint64_t capacity_bytes = 0; ///< the pools' budgets
   uint64_t peak_bytes = 0;     ///< most in use at once, since open or reset_stats()
+  /// Pinned memory the pools hold now (their segments; grows on demand up to
+  /// capacity_bytes, docs/pinned-memory.md).
+  uint64_t committed_bytes = 0;
 };
 
 /// A snapshot of a store's counters (Store::stats()). Units: bytes, operations, seconds.

@@ -36,6 +36,7 @@
 #include "strata/base/status.hpp"
 #include "strata/base/dtype.hpp"
 #include "strata/store/io_engine.hpp"
+#include "strata/store/pinned_pool.hpp"
 #include "strata/store/placement.hpp"
 #include "strata/store/stats.hpp"
 
@@ -88,6 +89,29 @@ struct StoreOptions {
   /// Bytes of pinned staging memory for streaming (unaligned caller buffers, device
   /// transfers, read-modify-write). Default 256 MiB (STRATA_STAGING_BYTES).
   uint64_t staging_bytes = 256ull << 20;
+  /// Bytes each pinned pool of the store (every staging pool and the host tier's) commits
+  /// when the store opens, rounded up to 2 MiB and capped by the pool's budget; the pools
+  /// grow on demand up to staging_bytes / host_budget_bytes (docs/pinned-memory.md). 0 =
+  /// nothing until first use. Default 8 MiB (STRATA_PINNED_INITIAL): a store opened with
+  /// the defaults on one NUMA node commits 16 MiB of pinned memory, not 1.25 GiB.
+  uint64_t pinned_initial_bytes = 8ull << 20;
+  /// Least bytes a pool commits when it grows (a larger request commits itself, rounded up
+  /// to 2 MiB), capped by the pool's budget. Default 64 MiB; > 0 (STRATA_PINNED_GROW).
+  uint64_t pinned_grow_bytes = 64ull << 20;
+  /// Where the store's pinned pools get their memory (a framework's pinned-memory
+  /// allocator; see PinnedAllocator): called once per segment with the segment's size and
+  /// NUMA node; each block freed when its pool is released (at close() at the latest).
+  /// Default: none (strata maps its own). \error (open) InvalidArgument when only one of
+  /// alloc/free is set or the memory is misaligned; ResourceExhausted when alloc returns
+  /// NULL.
+  PinnedAllocator pinned_allocator{};
+  /// A cudaStream_t (as void*) of the caller's on which the store orders its device-tier
+  /// copies (host<->device, device<->device) instead of streams of its own; the store
+  /// still waits for each copy before the operation that issued it completes. It must
+  /// belong to device_id's context and outlive the store. Default nullptr: the store's own
+  /// streams. \error (open) InvalidArgument when set in a build without CUDA or without a
+  /// GPU; set with Store::set_device_stream() too.
+  void* device_stream = nullptr;
   /// Verify chunk checksums on every read from NVMe. Default true (STRATA_VERIFY).
   bool verify_checksums = true;
   /// See Durability. Default kOnPut.
@@ -432,6 +456,18 @@ class Store {
   virtual std::shared_ptr<IoEngine> engine() const = 0;
   /// True when the device tier is usable (CUDA build and a GPU).
   virtual bool has_device() const = 0;
+  /// Orders the store's device-tier copies (host<->device, device<->device) on `stream`, a
+  /// cudaStream_t of the caller's (as void*), from the next copy on; nullptr = back to the
+  /// store's own streams. A copy waits for the work queued on the stream before it (it is
+  /// ordered there), and the operation that issued it completes only when it is done.
+  /// The stream must belong to options().device_id's context and outlive its use (until
+  /// set_device_stream() replaces it or the store is closed). Same as
+  /// StoreOptions::device_stream at open.
+  /// \error InvalidArgument when stream is not null and the store has no GPU (or strata
+  ///     was built without CUDA).
+  /// \threadsafety may be called while operations run; copies already started keep their
+  ///     stream.
+  virtual Status set_device_stream(void* stream) = 0;
   /// The NUMA placement chosen at open (StoreOptions::numa_node): one node per NVMe
   /// directory (same order as options().nvme_dirs), the host tier's and the GPU's.
   virtual const StorePlacement& placement() const = 0;
