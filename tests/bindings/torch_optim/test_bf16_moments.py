@@ -124,3 +124,37 @@ def test_load_state_dict_rounds_moments_to_bf16(tmp_path):
             want = topt.state[a][k].to(torch.bfloat16).to(torch.float32)
             assert torch.equal(sopt.state[b][k], want)
     sopt.close()
+
+
+@pytest.mark.parametrize("placement", ["nvme", "host"])
+def test_low_level_offloaded_optimizer_state_dtype(tmp_path, placement):
+    """strata.OffloadedOptimizer(state_dtype="bf16"): step bytes, read_state/write_state
+    convert, resume needs the same dtype (torch.bfloat16 accepted too)."""
+    import numpy as np
+    n = 5000
+    store = strata.Store.open(str(tmp_path / "s"))
+    opt = strata.OffloadedOptimizer.create(store, "adamw", {"lr": 1e-2},
+                                           sub_group_numel=1024, state_dtype="bf16")
+    h = opt.add_param("w", n, np.linspace(-1, 1, n, dtype=np.float32), placement=placement)
+    g = np.linspace(-0.5, 0.5, n, dtype=np.float32)
+    opt.set_grad(h, g)
+    stats = opt.step()
+    if placement == "nvme":
+        assert (stats["bytes_read"], stats["bytes_written"]) == (8 * n, 8 * n)
+    m = opt.read_state(h, 0)
+    assert m.dtype == np.float32
+    want = torch.from_numpy(g * np.float32(0.1)).to(torch.bfloat16).to(torch.float32).numpy()
+    assert np.array_equal(m, want)  # exp_avg after step 1: (1 - beta1) * g, rounded
+    v = np.full(n, 1.0 + 1.0 / 256.0, dtype=np.float32)  # a tie: rounds to even, 1.0
+    opt.write_state(h, 1, v)
+    assert np.array_equal(opt.read_state(h, 1), np.ones(n, dtype=np.float32))
+    opt.close()
+    with pytest.raises(strata.FailedPreconditionError, match="state_dtype is fp32"):
+        strata.OffloadedOptimizer.resume(store, "adamw")
+    opt = strata.OffloadedOptimizer.resume(store, "adamw", state_dtype=torch.bfloat16)
+    assert np.array_equal(opt.read_state(h, 0), want)
+    opt.close()
+    with pytest.raises(strata.InvalidArgumentError, match="state_dtype fp16 is not supported"):
+        strata.OffloadedOptimizer.create(store, "adamw", key_prefix="other/",
+                                         state_dtype="fp16")
+    store.close()
