@@ -29,11 +29,15 @@ def loss_of(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
 def round_moments_to_bf16(opt):
     """The reference's rounding: every moment to bf16 and back (exact widening)."""
     for s in opt.state.values():
-        for k in ("exp_avg", "exp_avg_sq"):
-            s[k].copy_(s[k].to(torch.bfloat16).to(torch.float32))
+        for k in MOMENTS:
+            if k in s:
+                s[k].copy_(s[k].to(torch.bfloat16).to(torch.float32))
 
 
 def ref_step(model, opt, x, y):
@@ -53,19 +57,22 @@ def assert_same(ref, topt, model, sopt):
     for a, b in zip(ref.parameters(), model.parameters()):
         assert torch.equal(a, b)
         ts, ss = topt.state[a], sopt.state[b]
-        for k in ("exp_avg", "exp_avg_sq"):
+        assert set(k for k in MOMENTS if k in ts) == set(k for k in MOMENTS if k in ss)
+        for k in (k for k in MOMENTS if k in ts):
             assert ss[k].dtype == torch.float32
             assert torch.equal(ts[k], ss[k]), k
             # bf16 values: widening their bf16 rounding changes nothing
             assert torch.equal(ss[k].to(torch.bfloat16).to(torch.float32), ss[k])
 
 
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["adamw", "amsgrad"])
 @pytest.mark.parametrize("tier", TIERS)
-def test_bit_identical_to_adamw_with_moments_rounded_to_bf16_and_resume(tmp_path, tier):
+def test_bit_identical_to_adamw_with_moments_rounded_to_bf16_and_resume(tmp_path, tier,
+                                                                        amsgrad):
     ref, model = make_model(), make_model()
-    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    topt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1, amsgrad=amsgrad)
     path = str(tmp_path / "s")
-    kw = dict(lr=1e-2, weight_decay=0.1, tier=tier, arithmetic="torch",
+    kw = dict(lr=1e-2, weight_decay=0.1, amsgrad=amsgrad, tier=tier, arithmetic="torch",
               state_dtype=torch.bfloat16, sub_group_numel=1000)
     sopt = st.OffloadAdamW(model.parameters(), path=path, **kw)
     data = batches(6)
@@ -77,7 +84,7 @@ def test_bit_identical_to_adamw_with_moments_rounded_to_bf16_and_resume(tmp_path
     # A resume with fp32 moments is refused, naming both dtypes.
     with pytest.raises(strata.FailedPreconditionError, match="holds bf16 optimizer states"):
         st.OffloadAdamW(model.parameters(), path=path, resume=True, tier=tier,
-                        arithmetic="torch", sub_group_numel=1000)
+                        amsgrad=amsgrad, arithmetic="torch", sub_group_numel=1000)
     sopt = st.OffloadAdamW(model.parameters(), path=path, resume=True, **kw)
     for x, y in data[3:]:
         ref_step(ref, topt, x, y)
