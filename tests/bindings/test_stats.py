@@ -42,7 +42,7 @@ def test_store_counters_after_put_get_prefetch_evict(store):  # 1 MiB chunks, 64
     assert s["checksum_failures"] == 0
     names = set(s)
     assert {"device_read_bytes", "staging_pool_peak_bytes", "lru_evictions",
-            "nvme_read_wait_seconds", "elapsed_seconds"} <= names and len(names) == 32
+            "nvme_read_wait_seconds", "elapsed_seconds"} <= names and len(names) == 34
 
 
 def test_corrupted_chunk_counts_one_checksum_failure(store_path):

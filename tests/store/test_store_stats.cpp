@@ -341,7 +341,7 @@ TEST(StoreStats, FormatLineAndFieldNames) {
   EXPECT_DOUBLE_EQ(d.elapsed_seconds, 1.0);
   // Every field has a distinct name; 8-byte fields after struct_size in the C struct.
   auto f = stat_fields(s);
-  EXPECT_EQ(f.size(), 32u);
+  EXPECT_EQ(f.size(), 34u);
   std::set<std::string> names;
   for (auto& x : f) names.insert(x.name);
   EXPECT_EQ(names.size(), f.size());
