@@ -575,15 +575,29 @@ Status OffloadedOptimizer::write_param(ParamHandle h, const float* src, uint64_t
   STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("write_param"));
   return impl_->write_stream(h, 0, src, offset, count);
 }
+namespace {
+/// OutOfRange for a state stream index outside [0, num_states) (stream -1 would otherwise
+/// reach internal stream 0, the fp32 master).
+Status check_state_stream(int stream, int num_states) {
+  if (stream < 0 || stream >= num_states) {
+    return out_of_range("offload: state stream " + std::to_string(stream) +
+                        " is out of range (" + std::to_string(num_states) + " streams)");
+  }
+  return Status::OK();
+}
+}  // namespace
+
 Status OffloadedOptimizer::read_state(ParamHandle h, int stream, float* dst, uint64_t offset,
                                       uint64_t count) {
   Impl::Baton b(impl_.get());
+  STRATA_RETURN_IF_ERROR(check_state_stream(stream, impl_->num_states));
   return impl_->read_stream(h, stream + 1, dst, offset, count);
 }
 Status OffloadedOptimizer::write_state(ParamHandle h, int stream, const float* src,
                                        uint64_t offset, uint64_t count) {
   Impl::Baton b(impl_.get());
   STRATA_RETURN_IF_ERROR(impl_->check_no_open_step("write_state"));
+  STRATA_RETURN_IF_ERROR(check_state_stream(stream, impl_->num_states));
   return impl_->write_stream(h, stream + 1, src, offset, count);
 }
 

@@ -315,8 +315,14 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   const auto t0 = Clock::now();
   StepStats stats;
   STRATA_RETURN_IF_ERROR(check_open("offload step"));
-  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale)) {
-    return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite");
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale) || !(o.grad_scale > 0.0f)) {
+    return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite "
+                            "and > 0, got max_grad_norm " + std::to_string(o.max_grad_norm) +
+                            ", grad_scale " + std::to_string(o.grad_scale));
+  }
+  if (o.grad_summary && o.grad_summary->grad_norm < 0.0) {
+    return invalid_argument("offload step: grad_summary.grad_norm must be >= 0 (an L2 norm), "
+                            "got " + std::to_string(o.grad_summary->grad_norm));
   }
   // Early updates: the tensors already updated (skipped here unless redoing), and each
   // tensor's start_update() entry (its gradient and param copy override the attached ones).

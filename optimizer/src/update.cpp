@@ -82,21 +82,21 @@ Status apply_update(const UpdateRule& rule, const UpdateSpans& spans, const Step
     f32_copy = static_cast<float*>(s.param_copy);
     s.param_copy = nullptr;
   }
-  const bool may_fail = rule.may_fail();
-  std::mutex error_mu;  // the first error of a tile (rules that may fail)
+  // The first error of a tile. update_or_fail() for every rule: a rule that says it never
+  // fails (may_fail() false: no transaction around the step) but does (a C rule with
+  // may_fail = 0 returning an error) fails the step part-way (checkpoint and close refuse
+  // then; a reopen resumes the last checkpoint) instead of being ignored, its update partly
+  // applied and checkpointed later as if it had succeeded.
+  std::mutex error_mu;
   Status error;
   auto run = [&](size_t begin, size_t count) {
     StepInfo at = info;
     at.offset = info.offset + begin;
-    if (may_fail) {
-      Status st = rule.update_or_fail(s.slice(begin, count), at);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lk(error_mu);
-        if (error.ok()) error = std::move(st);
-        return;
-      }
-    } else {
-      rule.update(s.slice(begin, count), at);
+    Status st = rule.update_or_fail(s.slice(begin, count), at);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lk(error_mu);
+      if (error.ok()) error = std::move(st);
+      return;
     }
     if (f32_copy != nullptr && count > 0) {
       std::memcpy(f32_copy + begin, s.param + begin, count * sizeof(float));

@@ -72,6 +72,15 @@ if(rc)
   message(FATAL_ERROR "c++ with pkg-config's flags (${pc_flags}) failed: ${err}")
 endif()
 run(consumer_pkg_config ${BIN}/consumer_pkg_config ${_dirs}/pc)
+# A component that does not exist: find_package says which, and which exist.
+file(WRITE ${BIN}-bogus/CMakeLists.txt "cmake_minimum_required(VERSION 3.25)\nproject(b C)\n"
+     "find_package(strata CONFIG REQUIRED COMPONENTS store bogus)\n")
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${BIN}-bogus -B ${BIN}-bogus/build
+                        -DCMAKE_PREFIX_PATH=${PREFIX}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc OR NOT err MATCHES "strata has no component 'bogus' \\(it has: c base communicator")
+  message(FATAL_ERROR "find_package(strata COMPONENTS bogus): rc ${rc}, ${out}${err}")
+endif()
 # A client executable holds its own code, not strata's (the libraries are shared).
 file(SIZE ${BIN}/strata_optimizer_consumer _size)
 if(_size GREATER 4000000)

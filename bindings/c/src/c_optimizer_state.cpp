@@ -20,7 +20,8 @@ Result<so::Hyperparams> make_hyperparams(const char* const* keys, const double* 
   so::Hyperparams hp;
   for (size_t i = 0; i < n; ++i) {
     if (keys[i] == nullptr) return invalid_argument("keys[" + std::to_string(i) + "] is NULL");
-    hp[keys[i]] = values[i];
+    if (!hp.emplace(keys[i], values[i]).second)
+      return invalid_argument("key '" + std::string(keys[i]) + "' is given twice");
   }
   return hp;
 }

@@ -319,6 +319,30 @@ static void test_rule(const char* dir) {
   ref_step(&ref, 5, 1.0f);
   EXPECT(same_as_ref(opt, &ref));
 
+  /* bad step options, state streams and keys change nothing */
+  so.grad_scale = 0.0f;
+  EXPECT_RC(strata_optimizer_step_with(opt, &so, NULL), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(LAST_ERROR_HAS("grad_scale finite and > 0"));
+  so.grad_scale = -1.0f;
+  EXPECT_RC(strata_optimizer_step_with(opt, &so, NULL), STRATA_ERR_INVALID_ARGUMENT);
+  so.grad_scale = 1.0f;
+  so.has_grad_summary = 1;
+  so.summary_grad_norm = -5.0;
+  EXPECT_RC(strata_optimizer_step_with(opt, &so, NULL), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT(LAST_ERROR_HAS("grad_summary.grad_norm must be >= 0"));
+  so.has_grad_summary = 0;
+  EXPECT_RC(strata_optimizer_read_state(opt, 0, -1, out, 0, 1), STRATA_ERR_OUT_OF_RANGE);
+  EXPECT(LAST_ERROR_HAS("state stream -1 is out of range (1 streams)"));
+  EXPECT_RC(strata_optimizer_write_state(opt, 0, -1, out, 0, 1), STRATA_ERR_OUT_OF_RANGE);
+  {
+    const char* twice[2] = {"lr", "lr"};
+    const double v2[2] = {0.1, 0.2};
+    EXPECT_RC(strata_optimizer_add_param_group(opt, twice, v2, 2, &group),
+              STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT(LAST_ERROR_HAS("key 'lr' is given twice"));
+  }
+  EXPECT(same_as_ref(opt, &ref));
+
   /* load_state_dict into a second optimizer; step 6 on both gives the same values */
   snprintf(sub2, sizeof sub2, "%s/copy", dir);
   copy = load_copy(sub2, opt, &store2, &rule);
@@ -344,6 +368,59 @@ static void test_rule(const char* dir) {
     EXPECT(step == VSTEPS);
     EXPECT_RC(strata_optimizer_num_param_groups(opt, &ngroups), STRATA_OK);
     EXPECT(ngroups == 2);
+    EXPECT_RC(strata_optimizer_close(opt), STRATA_OK);
+  }
+  EXPECT_RC(strata_store_close(store), STRATA_OK);
+}
+
+/* A rule that promises not to fail (may_fail = 0) but fails: the step returns its status
+ * (no transaction: the update may be partly applied), checkpoint and close refuse, and a
+ * reopen resumes the last checkpoint exactly. */
+static void test_rule_that_breaks_its_promise(const char* dir) {
+  static float init[VA], g[2][VA], out[VA];
+  char sub[300];
+  strata_store_t* store = NULL;
+  strata_optimizer_t* opt = NULL;
+  strata_optimizer_options_t oo = STRATA_OPTIMIZER_OPTIONS_INIT;
+  strata_rule_t rule;
+  fail_at_t fail = {"a", 2};
+  uint32_t h;
+  int64_t step = -1;
+  int i, t;
+  snprintf(sub, sizeof sub, "%s/promise", dir);
+  EXPECT_RC(v6_open(sub, &store), STRATA_OK);
+  if (store == NULL) return;
+  sgdm_rule(&rule, &fail);
+  rule.may_fail = 0;
+  oo.rule = &rule;
+  oo.lr = 0.05;
+  oo.sub_group_numel = 1000;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 0, &opt), STRATA_OK);
+  if (opt == NULL) return;
+  for (t = 0; t < 2; ++t) {
+    for (i = 0; i < kNumel[t]; ++i) init[i] = v6_init(t, i);
+    EXPECT_RC(strata_optimizer_add_param(opt, t == 0 ? "a" : "b", (uint64_t)kNumel[t], init,
+                                         STRATA_PLACEMENT_NVME, &h),
+              STRATA_OK);
+  }
+  set_grads(opt, 1, g);
+  EXPECT_RC(strata_optimizer_step_with(opt, NULL, NULL), STRATA_OK);
+  EXPECT_RC(strata_optimizer_checkpoint(opt), STRATA_OK);
+  EXPECT_RC(strata_optimizer_read_param(opt, 0, out, 0, VA), STRATA_OK);
+  set_grads(opt, 2, g);
+  EXPECT_RC(strata_optimizer_step_with(opt, NULL, NULL), STRATA_ERR_OUT_OF_RANGE);
+  EXPECT(LAST_ERROR_HAS("custom rule 'sgdm_c' returned OutOfRange on parameter 'a'"));
+  EXPECT_RC(strata_optimizer_checkpoint(opt), STRATA_ERR_FAILED_PRECONDITION);
+  EXPECT(LAST_ERROR_HAS("a step failed after it may have changed some tensors"));
+  EXPECT_RC(strata_optimizer_close(opt), STRATA_ERR_FAILED_PRECONDITION); /* frees it */
+  opt = NULL;
+  EXPECT_RC(strata_optimizer_create(store, &oo, 1, &opt), STRATA_OK);
+  if (opt != NULL) {
+    static float back[VA];
+    EXPECT_RC(strata_optimizer_step_count(opt, 0, &step), STRATA_OK);
+    EXPECT(step == 1);
+    EXPECT_RC(strata_optimizer_read_param(opt, 0, back, 0, VA), STRATA_OK);
+    EXPECT(memcmp(back, out, sizeof(float) * VA) == 0);
     EXPECT_RC(strata_optimizer_close(opt), STRATA_OK);
   }
   EXPECT_RC(strata_store_close(store), STRATA_OK);
@@ -420,5 +497,6 @@ void test_api_v6(const char* dir) {
   EXPECT(STRATA_C_API_VERSION >= 6);
   EXPECT(mkdir(dir, 0700) == 0);
   test_rule(dir);
+  test_rule_that_breaks_its_promise(dir);
   test_ranges(dir);
 }

@@ -492,8 +492,9 @@ typedef struct strata_rule {
   int whole_spans;
   /** 1 (default): update may fail, and a step is then a transaction: a failed call leaves
    *  every master, state and step counter as before the step. 0: the rule promises not to
-   *  fail (a step skips that bookkeeping); if it fails anyway the step has failed part-way
-   *  (FAILED_PRECONDITION until the optimizer is reopened from its last checkpoint). */
+   *  fail (a step skips that bookkeeping); if it fails anyway the step returns its status
+   *  having failed part-way: tensors may be partly updated, strata_optimizer_checkpoint()
+   *  and close refuse (FAILED_PRECONDITION), and a resume restores the last checkpoint. */
   int may_fail;
 } strata_rule_t;
 
@@ -668,8 +669,8 @@ STRATA_C_API strata_status_t strata_optimizer_checkpoint(strata_optimizer_t* opt
 
 /** Adds a param group (torch's add_param_group) with `n` hyperparameters keys[i] =
  *  values[i]; keys absent take group 0's values. Its index (1, 2, ...) in *group.
- *  \error INVALID_ARGUMENT (NULL arrays with n > 0, a key the rule does not take, a value out
- *      of range); FAILED_PRECONDITION (closed). */
+ *  \error INVALID_ARGUMENT (NULL arrays with n > 0, a key given twice or one the rule does
+ *      not take, a value out of range); FAILED_PRECONDITION (closed). */
 STRATA_C_API strata_status_t strata_optimizer_add_param_group(strata_optimizer_t* optimizer,
                                                               const char* const* keys,
                                                               const double* values, size_t n,
@@ -741,20 +742,22 @@ STRATA_C_API strata_status_t strata_optimizer_clear_grads(strata_optimizer_t* op
 typedef struct strata_step_options {
   size_t struct_size;   /**< sizeof(strata_step_options_t) */
   double max_grad_norm; /**< > 0: clip by global L2 norm (clip_grad_norm_). Default 0 */
-  float grad_scale;     /**< every gradient is multiplied by it (1/loss_scale). Default 1 */
+  float grad_scale;     /**< every gradient is multiplied by it (1/loss_scale); finite and
+                             > 0. Default 1 */
   int skip_if_nonfinite; /**< 1: skip the step when a gradient holds inf/NaN. Default 1 */
   /** 1: the gate's inputs below were computed by the caller over all of the step's gradients
    *  (gradients partitioned over ranks: all-reduce the squared norms and the overflow flag
    *  first), and the step decides from them instead of scanning. Default 0. */
   int has_grad_summary;
-  double summary_grad_norm; /**< the global L2 norm of the unscaled gradients */
+  double summary_grad_norm; /**< the global L2 norm of the unscaled gradients (>= 0) */
   int summary_nonfinite;    /**< 1: some gradient element is inf or NaN */
 } strata_step_options_t;
 #define STRATA_STEP_OPTIONS_INIT {sizeof(strata_step_options_t), 0.0, 1.0f, 1, 0, 0.0, 0}
 
 /** strata_optimizer_step() with every option. `options` NULL = the defaults.
- *  \error INVALID_ARGUMENT (max_grad_norm < 0 or NaN, uninitialized options); store errors;
- *      a custom rule's status. */
+ *  \error INVALID_ARGUMENT (max_grad_norm < 0 or NaN, grad_scale <= 0 or not finite, a
+ *      negative summary_grad_norm, uninitialized options); store errors; a custom rule's
+ *      status (see strata_rule_t.may_fail). */
 STRATA_C_API strata_status_t strata_optimizer_step_with(strata_optimizer_t* optimizer,
                                                         const strata_step_options_t* options,
                                                         strata_step_stats_t* stats);

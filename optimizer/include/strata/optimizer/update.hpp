@@ -108,7 +108,10 @@ class UpdateRule {
   virtual bool whole_spans() const { return false; }
   /// True when update_or_fail() can fail (a callable that raises): the offloaded
   /// optimizer then makes its step transactional -- a failed step leaves every tensor as
-  /// before it (offload.hpp, "A rule that fails"). Default false.
+  /// before it (offload.hpp, "A rule that fails"). Default false. A rule that says false
+  /// but whose update_or_fail() fails anyway fails the step with that status, without a
+  /// transaction: tensors may be partly updated, so checkpoint() and close() refuse
+  /// (FailedPrecondition) and a reopen resumes the last checkpoint (offload.hpp).
   virtual bool may_fail() const { return false; }
   /// update() for rules whose update can fail; apply_update() calls this one. On error
   /// the spans may be partly updated (the caller restores them). Default: update(), OK.
