@@ -315,9 +315,11 @@ Result<StepStats> OffloadedOptimizer::Impl::step_impl(const StepOptions& o,
   const auto t0 = Clock::now();
   StepStats stats;
   STRATA_RETURN_IF_ERROR(check_open("offload step"));
-  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale) || !(o.grad_scale > 0.0f)) {
+  // grad_scale 0 is a gradient scaled to nothing (a clip coefficient that underflowed, as
+  // torch's clip_grad_norm_ would multiply by it); a negative one would ascend.
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.grad_scale) || o.grad_scale < 0.0f) {
     return invalid_argument("offload step: max_grad_norm must be >= 0 and grad_scale finite "
-                            "and > 0, got max_grad_norm " + std::to_string(o.max_grad_norm) +
+                            "and >= 0, got max_grad_norm " + std::to_string(o.max_grad_norm) +
                             ", grad_scale " + std::to_string(o.grad_scale));
   }
   if (o.grad_summary && o.grad_summary->grad_norm < 0.0) {

@@ -743,7 +743,7 @@ typedef struct strata_step_options {
   size_t struct_size;   /**< sizeof(strata_step_options_t) */
   double max_grad_norm; /**< > 0: clip by global L2 norm (clip_grad_norm_). Default 0 */
   float grad_scale;     /**< every gradient is multiplied by it (1/loss_scale); finite and
-                             > 0. Default 1 */
+                             >= 0. Default 1 */
   int skip_if_nonfinite; /**< 1: skip the step when a gradient holds inf/NaN. Default 1 */
   /** 1: the gate's inputs below were computed by the caller over all of the step's gradients
    *  (gradients partitioned over ranks: all-reduce the squared norms and the overflow flag
@@ -755,7 +755,7 @@ typedef struct strata_step_options {
 #define STRATA_STEP_OPTIONS_INIT {sizeof(strata_step_options_t), 0.0, 1.0f, 1, 0, 0.0, 0}
 
 /** strata_optimizer_step() with every option. `options` NULL = the defaults.
- *  \error INVALID_ARGUMENT (max_grad_norm < 0 or NaN, grad_scale <= 0 or not finite, a
+ *  \error INVALID_ARGUMENT (max_grad_norm < 0 or NaN, grad_scale < 0 or not finite, a
  *      negative summary_grad_norm, uninitialized options); store errors; a custom rule's
  *      status (see strata_rule_t.may_fail). */
 STRATA_C_API strata_status_t strata_optimizer_step_with(strata_optimizer_t* optimizer,
