@@ -8,7 +8,9 @@
 #                                 by an empty tmpfs in a private mount namespace (unshare -m;
 #                                 skipped where the kernel or the sandbox refuses it), the same
 #                                 checks
-# All run tests/base/gpu_libraries/check.cmake with MODE set.
+# All run tests/base/gpu_libraries/check.cmake with MODE set. Label `consumer` (not `base`):
+# they check the built libraries and programs as a client sees them, which the sanitizer
+# runs (labels base, store, optimizer, collectives; scripts/sanitizers.sh) do not build.
 add_executable(strata_cpu_only_host ${CMAKE_CURRENT_SOURCE_DIR}/base/gpu_libraries/cpu_only_host.c)
 target_link_libraries(strata_cpu_only_host PRIVATE strata::c)
 target_compile_options(strata_cpu_only_host PRIVATE -Wall -Wextra -Werror)
@@ -29,6 +31,6 @@ foreach(_mode not_needed unloadable_env hidden)
            COMMAND ${CMAKE_COMMAND} -DMODE=${_mode} ${_gpu_lib_args}
                    -DWORK=${CMAKE_CURRENT_BINARY_DIR}/gpu_libraries_${_mode}
                    -P ${CMAKE_CURRENT_SOURCE_DIR}/base/gpu_libraries/check.cmake)
-  set_tests_properties(gpu_libraries.${_mode} PROPERTIES LABELS base TIMEOUT 120
+  set_tests_properties(gpu_libraries.${_mode} PROPERTIES LABELS consumer TIMEOUT 120
                        SKIP_REGULAR_EXPRESSION "SKIP: ")
 endforeach()
