@@ -93,6 +93,23 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
   for (size_t i = 0; i < numels.size(); ++i) refs.emplace_back(*rule, values(i, numels[i]));
   auto factory = must(builtin_rule_factory("adamw"));
   const int kSteps = 5, kCheckpointAt = 2;
+  // Steps first..last on `opt` and on the references, each compared after the step.
+  auto run_steps = [&](OffloadedOptimizer& opt, int first, int last) {
+    std::vector<std::vector<float>> grads(numels.size());  // attached until the step
+    for (int s = first; s <= last; ++s) {
+      for (size_t i = 0; i < numels.size(); ++i) {
+        grads[i] = grad_for(static_cast<uint32_t>(i), s, numels[i]);
+        OFFLOAD_ASSERT_OK(opt.set_grad(static_cast<ParamHandle>(i), grads[i].data(),
+                                       DType::kFloat32));
+        refs[i].step(*rule, grads[i]);
+      }
+      OFFLOAD_ASSERT_OK(opt.step().status());
+      for (size_t i = 0; i < numels.size(); ++i) {
+        expect_matches(opt, static_cast<ParamHandle>(i), refs[i],
+                       "step " + std::to_string(s) + " w" + std::to_string(i));
+      }
+    }
+  };
   {
     std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
     auto opt = must(OffloadedOptimizer::create(store, factory, kAdamW, bf16_options(sg)));
@@ -103,19 +120,7 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
     }
     EXPECT_EQ(opt->param_info(1)->placement, Placement::kHost);
     std::vector<std::vector<float>> grads(numels.size());
-    for (int s = 1; s <= kCheckpointAt; ++s) {
-      for (size_t i = 0; i < numels.size(); ++i) {
-        grads[i] = grad_for(static_cast<uint32_t>(i), s, numels[i]);
-        OFFLOAD_ASSERT_OK(opt->set_grad(static_cast<ParamHandle>(i), grads[i].data(),
-                                        DType::kFloat32));
-        refs[i].step(*rule, grads[i]);
-      }
-      OFFLOAD_ASSERT_OK(opt->step().status());
-      for (size_t i = 0; i < numels.size(); ++i) {
-        expect_matches(*opt, static_cast<ParamHandle>(i), refs[i],
-                       "step " + std::to_string(s) + " w" + std::to_string(i));
-      }
-    }
+    run_steps(*opt, 1, kCheckpointAt);
     OFFLOAD_ASSERT_OK(opt->checkpoint());
     // One more step that is never checkpointed: the resume must not see it.
     for (size_t i = 0; i < numels.size(); ++i) {
@@ -157,20 +162,7 @@ TEST(OffloadBf16States, BitIdenticalToFp32WithMomentsRoundedToBf16NvmeHostResume
       EXPECT_EQ(must(opt->step_count(static_cast<ParamHandle>(i))), kCheckpointAt);
       expect_matches(*opt, static_cast<ParamHandle>(i), refs[i], "resumed w" + std::to_string(i));
     }
-    std::vector<std::vector<float>> grads(numels.size());
-    for (int s = kCheckpointAt + 1; s <= kSteps; ++s) {
-      for (size_t i = 0; i < numels.size(); ++i) {
-        grads[i] = grad_for(static_cast<uint32_t>(i), s, numels[i]);
-        OFFLOAD_ASSERT_OK(opt->set_grad(static_cast<ParamHandle>(i), grads[i].data(),
-                                        DType::kFloat32));
-        refs[i].step(*rule, grads[i]);
-      }
-      OFFLOAD_ASSERT_OK(opt->step().status());
-      for (size_t i = 0; i < numels.size(); ++i) {
-        expect_matches(*opt, static_cast<ParamHandle>(i), refs[i],
-                       "step " + std::to_string(s) + " w" + std::to_string(i));
-      }
-    }
+    run_steps(*opt, kCheckpointAt + 1, kSteps);
     OFFLOAD_ASSERT_OK(opt->close());
   }
 }
