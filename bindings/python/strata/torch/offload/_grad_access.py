@@ -22,14 +22,17 @@ class GradAccess:
 
     # ---- gradients (the GradientStore ``grads``) -------------------------------------------
 
-    def bind_optimizer(self, p: torch.Tensor) -> None:
+    def bind_optimizer(self, p: torch.Tensor, fp32_sums: bool = False) -> None:
         """A strata optimizer holds ``p``: its gradients go to the store from now on, moved
         there as soon as torch has accumulated each (with their L2 norms and finiteness),
-        and ``p.grad`` is the stored gradient (offload/_grad_tensor.py). Called by
-        OffloadAdam/AdamW at registration and at each step; idempotent.
+        and ``p.grad`` is the stored gradient (offload/_grad_tensor.py). ``fp32_sums``: an
+        fp16/bf16 ``p``'s micro-batch gradients are summed in fp32 in the store from the
+        next backward on (the optimizer's ``grad_accumulation_dtype=torch.float32``;
+        offload/_grad_sum.py); False: in ``p``'s dtype, as torch. Called by OffloadAdam/AdamW
+        at registration and at each step; idempotent.
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
-        self.grads.bind(self._record(p))
+        self.grads.bind(self._record(p), fp32_sums)
 
     def grad_info(self, p: torch.Tensor) -> GradInfo:
         """What is known of ``p``'s gradient since the last zero_grad without reading it:
@@ -41,12 +44,14 @@ class GradAccess:
     @traced("read_grad", "store")
     def read_grad(self, p: torch.Tensor) -> torch.Tensor:
         """``p``'s accumulated gradient as the optimizer steps it: a new 1-d CPU tensor of
-        ``state_numel(p)`` elements of ``p``'s dtype (this rank's reduced slice with a
-        communicator; zeros after ``zero_grad(set_to_none=False)``). Only for a parameter
-        with ``grad_info(p).has_grad``.
+        ``state_numel(p)`` elements (this rank's reduced slice with a communicator; zeros
+        after ``zero_grad(set_to_none=False)``), fp32 when it is the fp32 sum of an
+        fp16/bf16 ``p``'s micro-batch gradients and ``p.grad`` was not edited since
+        (offload/_grad_sum.py), else of ``p``'s dtype. Only for a parameter with
+        ``grad_info(p).has_grad``.
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
-        return self.grads.read(self._record(p))
+        return self.grads.read_for_step(self._record(p))
 
     def grad_stored(self, p: torch.Tensor) -> bool:
         """``p``'s gradient values can be read (False when an update in backward took it

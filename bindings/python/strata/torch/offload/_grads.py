@@ -16,6 +16,7 @@ import torch
 
 from .._common import all_finite, host_grad, no_torch_function as _no_tf, watch_accumulation
 from .._trace import TRACE
+from ._grad_sum import note_sum, read_sum, sum_base, wants_fp32
 from ._grad_tensor import OffloadedGrad, make_grad
 from ._record import ParamRecord, tensor_of
 
@@ -29,7 +30,10 @@ class GradInfo(NamedTuple):
     #: every element is finite (True without a gradient)
     finite: bool
     #: ``torch.norm(grad, 2.0)`` (0-d, the gradient's dtype; this rank's slice when
-    #: partitioned) when known without reading the gradient, else None (it was edited)
+    #: partitioned) when known without reading the gradient, else None (it was edited).
+    #: The gradient here is the step's: the fp32 sum of an fp16/bf16 parameter's
+    #: micro-batch gradients while ``p.grad`` is unedited (offload/_grad_sum.py), else what
+    #: ``p.grad`` shows
     norm: Optional[torch.Tensor]
 
 
@@ -42,7 +46,9 @@ class GradientStore:
     ``grad_ops`` (scalings recorded, replayed at the next read), ``grad_mem`` (the
     materialized gradient, shaped, on the parameter's device, or None), ``grad_mark`` (its
     ``_version`` when norm/finite were last taken from it), ``grad_dirty`` (it differs from
-    the stored one), ``grad_obj`` (the OffloadedGrad that ``p.grad`` returns).
+    the stored one), ``grad_obj`` (the OffloadedGrad that ``p.grad`` returns); with fp32
+    accumulation (offload/_grad_sum.py) ``grad_acc32``, ``grad_obj32``, ``grad_sum``,
+    ``sum_norm``, ``sum_finite``.
 
     :param store: the strata.Store holding them (``<key>#grad`` objects).
     :param records: the offload's ParamRecords (the list itself, which the offload edits).
@@ -70,11 +76,14 @@ class GradientStore:
         self._materialized: Dict[int, ParamRecord] = {}  # id(record) -> record, oldest first
         self._materialized_bytes = 0
 
-    def bind(self, s: ParamRecord) -> None:
+    def bind(self, s: ParamRecord, fp32_sums: bool = False) -> None:
         """A strata optimizer holds ``s``'s parameter: its gradients go to the store from
         now on (a gradient already in ``p.grad`` is moved at the next collect()), each with
-        its norm (the finiteness test computes it anyway). Idempotent."""
+        its norm (the finiteness test computes it anyway); ``fp32_sums``: an fp16/bf16
+        parameter's are summed in fp32 from the next backward on (offload/_grad_sum.py).
+        Idempotent."""
         s.to_store = True
+        s.grad_acc32 = wants_fp32(s, fp32_sums)
         p = s.param
         if p.requires_grad and id(s) not in self._accumulators:
             self._accumulators[id(s)] = watch_accumulation(p, lambda s=s: self._grad_ready(s))
@@ -105,22 +114,28 @@ class GradientStore:
             p.grad = None
             g = host_grad(g.detach(), where=f"offloaded parameter {s.name!r}: ",
                           keep_dtype=True)
+            acc32 = s.grad_acc32 and g.dtype == s.dtype
+            if acc32:  # summed in fp32 (offload/_grad_sum.py): a new fp32 tensor
+                g = g.float()
             if self.comm is not None:  # ZeRO-3: every rank gets the sum of its slice
                 g = self._reduce_scatter(s, g)
             if s.has_grad and s.grad_zero and not s.grad_ops and s.grad_mem is None:
                 # torch: zeroed grad += g (-0.0 becomes +0.0); in backward the gradient is
                 # autograd's own new tensor (AccumulateGrad clones one referenced
                 # elsewhere), so in place: no second buffer of it
-                g = g.add_(0.0) if in_backward else g.add(0.0)
+                g = g.add_(0.0) if in_backward or acc32 else g.add(0.0)
             elif s.has_grad:
-                old = self.read(s)
+                old = sum_base(self, s) if acc32 else self.read(s)
                 old.add_(g)
                 g = old
             self._forget_values(s)
             s.has_grad = True
-            s.grad_norm = torch.norm(g, 2.0)
-            s.grad_finite = all_finite(g, s.grad_norm)
-        if (in_backward and s.link is not None and s.grad_finite
+            if acc32:
+                note_sum(s, g)
+            else:
+                s.grad_norm = torch.norm(g, 2.0)
+                s.grad_finite = all_finite(g, s.grad_norm)
+        if (in_backward and s.link is not None and not acc32 and s.grad_finite
                 and s.link.take(p, g.reshape(-1))):
             # the update in backward took it: stored only for a redo
             s.grad_early = "kept" if s.link.keeps_grads else "dropped"
@@ -131,8 +146,8 @@ class GradientStore:
 
     def _reduce_scatter(self, s: ParamRecord, g: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of the elements of ``g`` this rank owns (divided by the
-        number of ranks with average_gradients, as DDP averages), 1-d."""
-        out = torch.empty(s.state_numel, dtype=s.dtype)
+        number of ranks with average_gradients, as DDP averages), 1-d, ``g``'s dtype."""
+        out = torch.empty(s.state_numel, dtype=g.dtype)
         self.comm.reduce_scatter_grads(g, out)
         if self.average_gradients:
             out.div_(self.comm.size)
@@ -143,6 +158,7 @@ class GradientStore:
         flush(), a read, or when the writes in flight exceed their budget)."""
         if s.index in self._writes:
             self._wait(s.index)  # one write per object in flight: they complete in order
+        s.grad_obj32 = g.dtype != s.dtype  # (an fp32 sum of an fp16/bf16 parameter)
         nbytes = g.numel() * g.element_size()
         while self._writes and self._inflight + nbytes > self.inflight_budget:
             self._wait(next(iter(self._writes)))
@@ -197,7 +213,8 @@ class GradientStore:
 
     def _read_stored(self, s: ParamRecord) -> torch.Tensor:
         """The stored gradient with the recorded scalings applied: a new flat CPU tensor of
-        ``s.state_numel`` elements of the parameter's dtype."""
+        ``s.state_numel`` elements of the parameter's dtype (an fp32 sum rounded to it
+        first, nearest even)."""
         self._check_kept(s)
         if s.grad_zero:
             g = torch.zeros(s.state_numel, dtype=s.dtype)
@@ -206,8 +223,11 @@ class GradientStore:
         else:
             if s.index in self._writes:
                 self._wait(s.index)
-            g = tensor_of(self.store.get(s.grad_key), s.dtype)
+            g = tensor_of(self.store.get(s.grad_key),
+                          torch.float32 if s.grad_obj32 else s.dtype)
             self.stats["grad_bytes_read"] += g.numel() * g.element_size()
+            if g.dtype != s.dtype:
+                g = g.to(s.dtype)  # what p.grad shows of the fp32 sum
         for op, c in s.grad_ops:
             getattr(g, op)(c)  # the very torch operation recorded, in the gradient's dtype
         return g
@@ -223,12 +243,24 @@ class GradientStore:
                 return s.grad_mem.detach().reshape(-1).cpu().contiguous()
         return self._read_stored(s)
 
+    def read_for_step(self, s: ParamRecord) -> torch.Tensor:
+        """``s``'s gradient as the step takes it: the fp32 sum (a new flat fp32 CPU tensor)
+        while it is unedited (offload/_grad_sum.py), else :meth:`read`'s."""
+        self._sync_mem(s)
+        if s.grad_sum:
+            self._check_kept(s)
+            return read_sum(self, s)
+        return self.read(s)
+
     def info(self, s: ParamRecord) -> "GradInfo":
         """``s``'s gradient bookkeeping: no I/O unless an edit through ``p.grad`` made its
         finiteness unknown (then it is read)."""
         if not s.has_grad:
             return GradInfo(False, True, None)
         self._sync_mem(s)
+        if s.grad_sum:  # the fp32 sum (offload/_grad_sum.py)
+            norm = s.sum_norm.clone() if s.device.type == "cpu" else None
+            return GradInfo(True, s.sum_finite, norm)
         if s.grad_finite is None:
             g = self._read_stored(s)
             s.grad_finite = all_finite(g)
@@ -272,6 +304,7 @@ class GradientStore:
                                    f"{s.device} (got {list(value.shape)}, {value.dtype}, "
                                    f"{value.device})")
         self._forget_values(s)
+        s.grad_sum = False
         self._hold(s, value)
         s.grad_dirty = True
         s.grad_mark = -1  # norm and finiteness taken from it at the next info()
@@ -279,6 +312,7 @@ class GradientStore:
     def zero_one(self, s: ParamRecord) -> None:
         """``p.grad.zero_()``: the gradient is zeros (nothing read or written)."""
         self._forget_values(s)
+        s.grad_sum = False
         s.grad_zero = True
         s.grad_norm = torch.zeros((), dtype=s.dtype)
         s.grad_finite = True
@@ -290,6 +324,7 @@ class GradientStore:
         if s.grad_mem is not None:
             return False
         cf = float(c)
+        s.grad_sum = False  # edited (even by 1, as in memory): the step takes p.grad
         if (op == "mul_" and cf == 1.0) or (op == "div_" and cf == 1.0):
             if not torch.is_tensor(c) or c.dtype.is_floating_point:
                 return True  # x * 1.0 == x for every x (NaN and -0.0 included): no change
@@ -374,6 +409,7 @@ class GradientStore:
                 s.grad_finite = all_finite(g, s.grad_norm)
             s.grad_mark = g._version
             s.grad_dirty = True
+            s.grad_sum = False  # edited: the step takes p.grad
 
     def _evict(self, s: ParamRecord) -> None:
         """A materialized gradient stored back (when it differs from the stored one) and
@@ -410,6 +446,7 @@ class GradientStore:
         self._release_mem(s)
         s.grad_ops = []
         s.grad_zero = False
+        s.grad_sum = False
 
     def _drop(self, s: ParamRecord) -> None:
         """No stored gradient (``p.grad = None``; the OffloadedGrad of the old one is

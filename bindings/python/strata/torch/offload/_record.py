@@ -109,7 +109,8 @@ class ParamRecord:
                  "fetch_error", "mark", "version", "has_grad", "grad_zero", "grad_finite",
                  "owned", "grad_norm", "to_store", "grad_ops", "grad_mem", "grad_mark",
                  "grad_dirty", "grad_obj", "param", "owner", "stride", "offloaded_from",
-                 "link", "grad_early", "tile", "__weakref__")
+                 "link", "grad_early", "tile", "grad_acc32", "grad_obj32", "grad_sum",
+                 "sum_norm", "sum_finite", "__weakref__")
 
     def __init__(self, index: int, name: str, key: str, p: torch.Tensor, owner: Any):
         self.index = index  # position in the model's named_parameters()
@@ -147,6 +148,12 @@ class ParamRecord:
         self.grad_mark = 0  # grad_mem._version when its norm was taken
         self.grad_dirty = False  # grad_mem differs from the stored gradient
         self.grad_obj: Any = None  # the OffloadedGrad p.grad returns
+        # fp32 accumulation of an fp16/bf16 parameter's gradients (offload/_grad_sum.py)
+        self.grad_acc32 = False  # micro-batch gradients are summed in fp32
+        self.grad_obj32 = False  # the stored gradient object holds fp32 values
+        self.grad_sum = False  # ... the fp32 sum, unedited: what the step takes
+        self.sum_norm: Optional[torch.Tensor] = None  # torch.norm(sum, 2) (fp32, 0-d)
+        self.sum_finite = True  # every element of the fp32 sum is finite
         self.param: Any = p
         self.owner = owner  # the ParameterOffload
         #: ((p._version, p.data_ptr()) just before the offload, whether the offload kept the

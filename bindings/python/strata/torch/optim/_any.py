@@ -23,6 +23,7 @@ import torch
 import strata
 
 from ..._data_dir import make_temp_dir
+from ..offload import is_offloaded, offload_of
 from . import _slice_step as ss
 from ._exchange import bump_version
 from ._any_io import _RECORD, AnyCheckpointMethods, master_numpy
@@ -74,8 +75,9 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         (torch's accumulation in the parameter's dtype); as OffloadAdam's.
     :raises TypeError, ValueError: a class that is not supported (naming why), the class's
         own argument errors, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
-        (naming its index), a bad ``grad_accumulation_dtype``, ``resume`` without
-        store/path or with other parameters.
+        (naming its index), a parameter offloaded by ``strata.torch.offload_parameters``
+        (ValueError: use OffloadAdam/OffloadAdamW), a bad ``grad_accumulation_dtype``,
+        ``resume`` without store/path or with other parameters.
     :raises strata.Error: the store's errors (AlreadyExistsError: a checkpoint is there and
         neither resume nor overwrite was given).
     """
@@ -131,6 +133,14 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                                  "per step (deprecated): list each parameter once")
             seen_ids[id(p)] = i
         for i, p in enumerate(self._params):
+            if is_offloaded(p):
+                name = offload_of(p).name_of(p)
+                raise ValueError(f"OffloadOptimizer: parameter {i} ({name!r}) is offloaded "
+                                 "by strata.torch.offload_parameters; "
+                                 "OffloadOptimizer steps in-memory parameters only (its "
+                                 "gradient and value are not read from the offload's store): "
+                                 "use strata.torch.OffloadAdam / OffloadAdamW over offloaded "
+                                 "parameters")
             if (p.dtype not in (torch.float32,) + LOW_PRECISION or p.device.type != "cpu"
                     or not p.is_contiguous()):
                 raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "

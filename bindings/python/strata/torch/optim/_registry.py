@@ -158,8 +158,9 @@ class ParamRegistry:
     def _bind(self, p: torch.Tensor) -> None:
         """An offloaded parameter's gradients go to its offload's store from now on."""
         o = offload_of(p)
-        if o is not None:
-            o.bind_optimizer(p)
+        if o is not None:  # (fp32 sums: grad_accumulation_dtype, offload/_grad_sum.py)
+            accum = self.table.accum
+            o.bind_optimizer(p, accum is not None and accum.mode == "float32")
 
     def sync_params(self, param_groups: List[Dict[str, Any]], defaults: Dict[str, Any]) -> bool:
         """Follows ``param_groups`` (optim/_param_table.py, optim/_layout.py): checks it

@@ -1,0 +1,78 @@
+"""fp32 gradient accumulation of offloaded fp16/bf16 parameters: the part of the gradient
+store (offload/_grads.py) that keeps an fp32 sum of the micro-batch gradients when the
+strata optimizer holding the parameter asks for it (``grad_accumulation_dtype``, default
+``torch.float32``; docs/guide-optimizers.md "Mixed precision: gradient accumulation"), the
+counterpart of optim/_grad_accum.py for in-memory parameters.
+
+The gradient object ``<key>#grad`` then holds the fp32 sum (4 bytes per element instead of
+2): each backward's gradient ``g`` (the parameter's dtype, as autograd makes it) is widened
+and added as in-memory strata does it by hand::
+
+    sum = g.float()                   (first backward since zero_grad(set_to_none=True))
+    sum = g.float() + 0.0             (after zero_grad(set_to_none=False))
+    sum = sum + g.float()             (otherwise, p.grad unedited since the last backward)
+    sum = p.grad.float() + g.float()  (p.grad edited: scaled, materialized and changed)
+
+``p.grad`` (the OffloadedGrad) shows the sum rounded to the parameter's dtype (nearest
+even); its cached norm and finiteness are that rounded tensor's. The step takes the fp32
+sum (``grad_sum`` True: the record's ``sum_norm`` / ``sum_finite`` are its norm and
+finiteness, what the step's gate uses) until ``p.grad`` is changed: any in-place edit
+(``mul_``/``div_`` even by 1, as ``clip_grad_norm_`` does; ``zero_()``; an edit of the
+materialized values; ``p.grad.data = t``) makes the step take ``p.grad`` as it then is, in
+the parameter's dtype, as for in-memory parameters. With a communicator (ZeRO-3) each
+backward's gradient is widened before the reduce-scatter, so the reduction over ranks and
+the average are fp32 too (4 bytes per element sent instead of 2). Tiled parameters
+(``tile_bytes``) and updates in backward (``overlap_backward``, which defaults to "param")
+keep the parameter's dtype.
+
+Thread-safety: as the gradient store (the training thread; autograd's for the hooks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import all_finite
+from ._record import ParamRecord, tensor_of
+
+#: the dtypes whose offloaded gradients may be summed in fp32
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def wants_fp32(s: ParamRecord, fp32_sums: bool) -> bool:
+    """Whether ``s``'s gradients are summed in fp32: asked for (``fp32_sums``), an fp16/bf16
+    parameter, not tiled, not linked to an update in backward."""
+    return bool(fp32_sums) and s.dtype in LOW_PRECISION and s.tile is None
+
+
+def read_sum(grads: "object", s: ParamRecord) -> torch.Tensor:
+    """The stored fp32 sum of ``s`` (``s.grad_sum`` True): a new flat fp32 CPU tensor of
+    ``s.state_numel`` elements."""
+    if s.state_numel == 0:
+        return torch.zeros(0, dtype=torch.float32)
+    if s.index in grads._writes:
+        grads._wait(s.index)
+    g = tensor_of(grads.store.get(s.grad_key), torch.float32)
+    grads.stats["grad_bytes_read"] += g.numel() * 4
+    return g
+
+
+def sum_base(grads: "object", s: ParamRecord) -> torch.Tensor:
+    """What the next backward's fp32 gradient is added to (``s.has_grad``, not zeroed): the
+    stored fp32 sum while ``p.grad`` is unedited, else ``p.grad``'s values widened (a new
+    flat fp32 tensor either way)."""
+    grads._sync_mem(s)
+    if s.grad_sum:
+        return read_sum(grads, s)
+    return grads.read(s).float()
+
+
+def note_sum(s: ParamRecord, g: torch.Tensor) -> None:
+    """``g`` (flat fp32) is ``s``'s new sum: the norm and finiteness of the sum (the step's)
+    and of the sum rounded to the parameter's dtype (what ``p.grad`` shows)."""
+    r = g.to(s.dtype)
+    s.grad_norm = torch.norm(r, 2.0)
+    s.grad_finite = all_finite(r, s.grad_norm)
+    s.sum_norm = torch.norm(g, 2.0)
+    s.sum_finite = all_finite(g, s.sum_norm)
+    s.grad_sum = True
