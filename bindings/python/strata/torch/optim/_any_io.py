@@ -9,6 +9,7 @@ Thread-safety: like torch optimizers, one thread at a time.
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import chain
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from . import _slice_step as ss
 from ._any_state import as_floats, encode_record
+from ._exchange import bump_version
 
 _RECORD = "torch-record-"  #: name prefix of the record tensors in the C++ optimizer
 
@@ -51,14 +53,26 @@ class AnyCheckpointMethods:
         return [p for h, p in self._by_handle.items()
                 if h in self._scalars or id(p) in self._initial]
 
+    def _entry_with_master(self, p: torch.Tensor) -> Dict[str, Any]:
+        """state_dict()'s entry of ``p``: :meth:`_entry`, and for an fp16/bf16 ``p`` its fp32
+        master as ``master_param`` (as OffloadAdam's state_dict)."""
+        entry = self._entry(p) or {}
+        if p.dtype != torch.float32:
+            entry["master_param"] = torch.from_numpy(
+                self._core.read_param(self._handle[id(p)])).view(p.shape)
+        return entry
+
     def state_dict(self) -> Dict[str, Any]:
         """The class's state_dict format (``state[i]``: its scalars and its state tensors,
-        fp32 CPU, shaped like parameter i; ``param_groups``), read from the store; loads
-        into the class in memory and back."""
+        fp32 CPU, shaped like parameter i; for an fp16/bf16 parameter also
+        ``master_param``, its fp32 master, as OffloadAdam's; ``param_groups``), read from
+        the store; loads into the class in memory (which ignores ``master_param``) and
+        back."""
         self._check_open()
         self._take_changed()
         saved = self.state
-        self.state = defaultdict(dict, {p: self._entry(p) for p in self._with_state()})
+        self.state = defaultdict(dict, {p: self._entry_with_master(p)
+                                        for p in self._with_state()})
         try:
             return super().state_dict()
         finally:
@@ -67,32 +81,59 @@ class AnyCheckpointMethods:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads a state dict of this optimizer or of the class in memory (same groups and
         sizes; torch's checks): its param_groups replace the live ones, each parameter's
-        state is written into the store (a parameter without an entry restarts).
+        state is written into the store, bit for bit (fp32; not cast to an fp16/bf16
+        parameter's dtype as torch's load would), a parameter without an entry restarts.
+        fp32 masters: an fp16/bf16 parameter's from its ``master_param`` when present,
+        else the parameter's current value (as OffloadAdam's load_state_dict); an fp32
+        parameter's ``master_param``, when given, also becomes its value.
 
         :raises ValueError: torch's checks, or a state tensor the optimizer does not keep
-            or of another size (nothing is written then)."""
+            or of another size, or a ``master_param`` of another size (naming the
+            parameter; nothing is written then)."""
         self._check_open()
+        self._take_changed()  # (a model.load_state_dict before: its values, the masters)
         saved = (self.param_groups, self.state)
         super().load_state_dict(state_dict)
-        loaded, self.state = self.state, saved[1]
+        self.state = saved[1]
+        # the entries as given (torch's load casts them to an fp16/bf16 parameter's dtype)
+        ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        given = dict(zip((id(p) for p in self._params), ids))
         plan = []
         try:
             for h, p in self._by_handle.items():
-                st = loaded.get(p)
-                streams, scalars = ss.split_state(st) if st else ({}, None)
+                st = state_dict["state"].get(given.get(id(p)))
+                streams, scalars = (ss.split_state(st) if st else ({}, None))
+                master = streams.pop("master_param", None)
+                if self._seen[h][0] != p.data_ptr() and not p.is_contiguous():
+                    raise ValueError(f"OffloadOptimizer: parameter {h} is no longer "
+                                     "contiguous")
+                if master is not None and master.numel() != p.numel():
+                    raise ValueError(f"OffloadOptimizer.load_state_dict: master_param of "
+                                     f"parameter {h} has {master.numel()} elements, the "
+                                     f"parameter {p.numel()}")
                 for n, t in streams.items():
                     if n not in self._streams or t.numel() != p.numel():
                         raise ValueError(f"OffloadOptimizer.load_state_dict: state {n!r} of "
                                          f"parameter {h} ({t.numel()} elements) is not one "
                                          f"this optimizer keeps ({ss.names(self._streams)}, "
                                          f"{p.numel()} elements)")
-                plan.append((h, streams, scalars))
+                plan.append((h, streams, None if scalars is None else
+                             ss.clone_scalars(scalars), master))
         except BaseException:
             self.param_groups = saved[0]
             raise
         core = self._core
-        for h, streams, scalars in plan:
-            numel = self._by_handle[h].numel()
+        for h, streams, scalars, master in plan:
+            p = self._by_handle[h]
+            if master is not None or p.dtype != torch.float32:
+                if self._seen[h][0] != p.data_ptr():  # p.data = t: the step writes t now
+                    core.set_param_copy(h, p.detach().view(-1))
+                core.write_param(h, master_numpy(p if master is None else master))
+                if p.dtype == torch.float32:
+                    self._master_into(h, p)
+                    bump_version(p)
+                self._seen[h] = self._signature(p)
+            numel = p.numel()
             for k, n in enumerate(self._streams):
                 t = streams.get(n)
                 src = (t.detach().to(torch.float32).reshape(-1).contiguous().numpy()
