@@ -36,8 +36,8 @@ fetch thread is internal.
 Modules: _api.py (offload_parameters, offload_init), _handle.py (ParameterOffload),
 _parameter.py (OffloadedParameter, what autograd saves of it, is_offloaded / offload_of),
 _working_set.py (ParamRecord and its Residency, the WorkingSet: fetch, evict, prefetch),
-_grads.py (the GradientStore), _grad_tensor.py (OffloadedGrad, ``p.grad`` of a stored
-gradient), _fastpath.py (torch's fused fast paths), _copy.py (deepcopy, pickling, repr),
+_grads.py (the GradientStore), _grad_sum.py (fp32 sums of fp16/bf16 gradients),
+_grad_tensor.py (OffloadedGrad, ``p.grad`` of a stored gradient), _fastpath.py (torch's fused fast paths), _copy.py (deepcopy, pickling, repr),
 _hooks.py (the model's hooks), _args.py (argument checks), _memory.py. The optimizer wing
 (strata.torch.optim) imports only the names
 below.
