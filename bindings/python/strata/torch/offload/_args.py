@@ -152,12 +152,16 @@ def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
             if key not in existing:
                 raise strata.NotFoundError(
                     f"offload_parameters(resume=True): rank {handle.comm.rank}'s store holds "
-                    f"no part of parameter {n!r} (key {key!r})")
+                    f"no part of parameter {n!r} (key {key!r})"
+                    + _other_size_hint(handle, existing, handle.comm.size))
+            _check_partition(handle, n, key)
         elif resume:
             if key not in existing:
+                partitioned = f"{key}#partmeta" in handle.store.keys(key)
                 raise strata.NotFoundError(
                     f"offload_parameters(resume=True): the store holds no parameter "
-                    f"{n!r} (key {key!r})")
+                    f"{n!r} (key {key!r})"
+                    + (_other_size_hint(handle, {key}, 1) if partitioned else ""))
             info = handle.store.stat(key)
             if info.nbytes != p.numel() * p.element_size():
                 raise ValueError(f"offload_parameters(resume=True): parameter {n!r} has "
@@ -169,3 +173,42 @@ def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
                 f"{key!r}): pass resume=True to continue from the stored values, "
                 "overwrite=True to replace them, or another key_prefix")
     return named
+
+
+#: the end of the errors of a resume at another world size (also optim/_checkpoints.py)
+UNIVERSAL_ROUTE = ("strata's own checkpoints resume only at the world size they were written at; "
+              "to change it, save with strata.torch.save_universal_checkpoint and load with "
+              "load_universal_checkpoint at the new size (docs/checkpoints.md, 'Optimizer "
+              "state at another world size')")
+
+
+def _other_size_hint(handle: Any, keys: Any, size: int) -> str:
+    """The end of a resume's "holds no part" error: the world size the store's partitioned
+    parameters were written at, when one of ``keys`` records another one than ``size``
+    ("" when none does: the store is simply not this model's)."""
+    from strata.distributed import stat_partitioned
+    for key in sorted(keys):
+        try:
+            info = stat_partitioned(handle.store, key)
+        except strata.Error:
+            continue
+        if info.world_size != size:
+            return (f"; this store holds rank {info.rank}'s part of parameters partitioned "
+                    f"over {info.world_size} rank(s) ({info.key!r}), this run has "
+                    f"{'one process' if size == 1 else f'{size} ranks'}: " + UNIVERSAL_ROUTE)
+    return ""
+
+
+def _check_partition(handle: Any, name: str, key: str) -> None:
+    """resume under ZeRO-3: the part of ``key`` this rank's store holds must be this rank's
+    slice at this world size.
+
+    :raises ValueError: it was written at another world size or by another rank."""
+    from strata.distributed import stat_partitioned
+    info = stat_partitioned(handle.store, key)
+    comm = handle.comm
+    if info.world_size != comm.size or info.rank != comm.rank:
+        raise ValueError(
+            f"offload_parameters(resume=True): rank {comm.rank} of {comm.size}'s store holds "
+            f"rank {info.rank} of {info.world_size}'s part of parameter {name!r} (key "
+            f"{key!r}): " + UNIVERSAL_ROUTE)

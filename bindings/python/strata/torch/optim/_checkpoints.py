@@ -20,6 +20,7 @@ import strata
 
 from . import _hyperparams, _names
 from ._exchange import as_f32_numpy
+from ..offload._args import UNIVERSAL_ROUTE
 from ._param_table import ParamTable, state_numel
 from ._torch_kwargs import TorchFlags
 
@@ -30,6 +31,22 @@ def _numel(t: Any) -> int:
 
 def _step_value(step: Any) -> float:
     return float(step.item() if torch.is_tensor(step) else step)
+
+
+def _world_size_hint(held: int, whole: int, wanted: int) -> str:
+    """The end of check_layout's element-count error when ``held`` elements are what a rank
+    of some other world size owns of a ``whole``-element parameter (ZeRO-3's partition,
+    strata.distributed.partition_layout): "" when no world size up to 1024 gives it."""
+    if wanted == held:
+        return ""
+    for size in range(1, min(whole, 1024) + 1):
+        c = -(-whole // size)
+        # rank r owns [min(r*c, whole), min((r+1)*c, whole)): c elements, or a short last slice
+        if held == c or (held > 0 and held == whole % c):
+            was = ("by one process (not partitioned)" if size == 1 else
+                   f"by ZeRO-3 over {size} ranks (the {whole} elements partitioned)")
+            return f"; it matches a checkpoint written {was}: " + UNIVERSAL_ROUTE
+    return ""
 
 
 class Checkpoints:
@@ -237,7 +254,8 @@ class Checkpoints:
                                  f"parameter {name}")
             if numel != state_numel(p):
                 raise ValueError(f"checkpointed parameter {name} has {numel} elements, the "
-                                 f"model's has {state_numel(p)}")
+                                 f"model's has {state_numel(p)}"
+                                 + _world_size_hint(numel, p.numel(), state_numel(p)))
             if group != gi:
                 raise ValueError(f"checkpointed parameter {name} is in param group "
                                  f"{group}, the model gives it in group {gi}")
