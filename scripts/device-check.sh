@@ -20,7 +20,9 @@
 #   io on the same directory, bench/gpu/device_tier.py), the real client
 #   (examples/hf_gpu_train.py), strata's safetensors import/export against the real
 #   safetensors and transformers packages (tests/bindings/torch_checkpoints/
-#   hf_interop_check.py), then the rest of ctest with the time left; writes
+#   hf_interop_check.py), torch's own optimizer test inputs (optim_db of the machine's
+#   torch 2.x) against OffloadOptimizer (tests/bindings/torch_optim/test_torch_optim_db.py,
+#   JUnit XML in the summary), then the rest of ctest with the time left; writes
 #   $OUT/summary.json and at most 8 files in all to $OUT, and prints a short table last.
 #   Without a GPU it does the same and the GPU steps skip (the summary says so).
 #
@@ -472,11 +474,15 @@ def junit(name):
         elif tc.find("skipped") is not None or status in ("notrun", "disabled"):
             res["skipped"] += 1
             res["skipped_names"].append(tc.get("name"))
+            if tc.find("skipped") is not None and "first_skip" not in res:
+                el = tc.find("skipped")  # pytest: the reason in the text, ctest: none
+                res["first_skip"] = (el.text or el.get("message") or "").strip()[:300]
         else:
             res["passed"] += 1
     return res
 s["tests_gpu"] = junit("ctest-gpu.xml")
 s["tests_rest"] = junit("ctest-rest.xml")
+s["torch_optim_db"] = junit("torch_optim_db.xml")  # pytest's JUnit XML (test_torch_optim_db.py)
 b = {}
 bd = load("bench_device.json")
 fio = load("fio_read.json")
@@ -512,11 +518,12 @@ rows = [("machine", f"{s['facts'].get('nvidia_smi', '?')} | {s['facts'].get('npr
                     f"torch {s['facts'].get('torch')}")]
 for name, v in st.items():
     rows.append((f"step {name}", f"rc {v['rc']}, {v['seconds']} s" + (f" ({v['why']})" if "why" in v else "")))
-for k in ("tests_gpu", "tests_rest"):
+for k in ("tests_gpu", "tests_rest", "torch_optim_db"):
     t = s[k]
     if t and "passed" in t:
         rows.append((k, f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
-                        + (f"; failed: {' '.join(t['failed_names'][:6])}" if t["failed"] else "")))
+                        + (f"; failed: {' '.join(t['failed_names'][:6])}" if t["failed"] else "")
+                        + (f"; skipped: {t['first_skip']}" if not t["passed"] and t.get("first_skip") else "")))
 if s["deps_outside_prefix"]:
     rows.append(("deps outside prefix", " ".join(s["deps_outside_prefix"])))
 if bd:
@@ -594,9 +601,15 @@ cmd_run() {
   tstep hf_interop "$OUT/hf.log" 150 env PYTHONPATH="$BUILD/python" PYTHONUNBUFFERED=1 "$PY" \
     "$ROOT/tests/bindings/torch_checkpoints/hf_interop_check.py" --dir "$DATA/hf_interop" \
     --json "$WORK/hf_interop.json"
+  # torch.optim classes through OffloadOptimizer against torch's optim_db (skips on a torch
+  # without it); the nvme tier under $DATA; left out of ctest_rest below (run once).
+  tstep torch_optim_db "$OUT/run.log" 180 env PYTHONPATH="$BUILD/python" STRATA_CLI="$BUILD/strata" \
+    OMP_NUM_THREADS=2 "$PY" -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+    --basetemp "$DATA/torch_optim_db" --junitxml "$WORK/torch_optim_db.xml" \
+    "$ROOT/tests/bindings/torch_optim/test_torch_optim_db.py"
   if [[ ${STRATA_DEVICE_REST:-1} == 1 && $(left) -gt 60 ]]; then
     step ctest_rest "$OUT/ctest-rest.log" ctest_run rest "$WORK/ctest-rest.xml" $(($(left) - 20)) \
-      -LE gpu -j"$jobs" --timeout 300
+      -LE gpu -E 'bindings\.torch_optim\.test_torch_optim_db$' -j"$jobs" --timeout 300
   else
     skip ctest_rest "STRATA_DEVICE_REST=${STRATA_DEVICE_REST:-1}, $(left) s left"
   fi
