@@ -16,10 +16,10 @@ What is checked (each function asserts; none returns a verdict):
   the parameters and ``state_dict()`` (state and param_groups) are torch.equal to the class in
   memory; then ``state_dict()``/``load_state_dict()`` both ways (the wrapper's state dict into
   a fresh in-memory optimizer, the in-memory one's into a fresh wrapper) and 2 more steps of
-  all four optimizers, still equal. Where the class in memory raises (a flag torch refuses on the CPU,
-  e.g. fused or capturable), the wrapper must raise the same exception type (at construction,
-  where its probe step runs the class, or at its step: the class's exception or the
-  ``__cause__`` of strata's InvalidArgumentError).
+  all four optimizers, still equal. Where the class in memory raises (a flag torch refuses
+  on the CPU, e.g. fused or capturable), the wrapper must raise the same exception type (at
+  construction, where its probe step runs the class, or at its step: the class's exception
+  or the ``__cause__`` of strata's InvalidArgumentError).
 - :func:`check_no_grad_step`: a step with no gradients changes nothing and leaves the state
   dict equal to torch's.
 - :func:`check_repr`: ``repr()`` shows the same param groups as torch's (optimizer printing).
