@@ -11,6 +11,8 @@
 * edits of ``p.grad`` (``mul_`` between micro-batches, ``clip_grad_norm_``, ``zero_grad``
   without set_to_none): the offloaded model steps exactly as the same optimizer over the
   same model in memory (optim/_grad_accum.py), step by step;
+* fp16 under DynamicLossScaler with an overflow injected in one micro-batch: that step
+  skipped, the others bit-identical to torch by hand (scaled losses, fp32 sums unscaled);
 * OffloadOptimizer refuses offloaded parameters (it would not read their store).
 """
 import pytest
@@ -18,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import strata.torch as st
-from strata.torch.optim import OffloadOptimizer
+from strata.torch.optim import DynamicLossScaler, OffloadOptimizer
 
 TIERS = ["nvme", "host"]
 MICRO = 4
@@ -43,23 +45,29 @@ class Net(torch.nn.Module):
         return F.linear(h, self.l2.weight.float(), self.l2.bias.float())
 
 
-def _batches():
+def _batches(inf_at=None):
+    """STEPS steps of MICRO micro-batches (x, y); step ``inf_at``'s third input holds an
+    inf."""
     g = torch.Generator().manual_seed(1)
-    return [[(torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g))
-             for _ in range(MICRO)] for _ in range(STEPS)]
+    out = [[(torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g))
+            for _ in range(MICRO)] for _ in range(STEPS)]
+    if inf_at is not None:
+        out[inf_at][2][0][0, 3] = float("inf")
+    return out
 
 
-def _reference(dtype, make_opt, fp32_sum=True, max_norm=0.0):
+def _reference(dtype, make_opt, fp32_sum=True, max_norm=0.0, scale=1.0, inf_at=None):
     """torch by hand: each micro-batch's gradient (the parameter's dtype, autograd's) summed
     in fp32 (``sum = g.float()``, then ``sum = sum + g.float()``) or by torch in the
     parameter's dtype; ``make_opt(masters)`` steps fp32 masters on the sums (clipped by
-    ``clip_grad_norm_`` when ``max_norm``); the parameters are the masters rounded to
-    nearest even. Returns (params, masters, sums) after each step."""
+    ``clip_grad_norm_`` when ``max_norm``) after dividing them by the loss ``scale``, unless
+    one is not finite (the step skipped); the parameters are the masters rounded to nearest
+    even. Returns (params, masters, sums) after each step."""
     ref = Net(dtype)
     masters = [p.detach().float().clone().requires_grad_() for p in ref.parameters()]
     topt = make_opt(masters)
     out = []
-    for mb in _batches():
+    for mb in _batches(inf_at):
         sums = [None] * len(masters)
         for p in ref.parameters():
             p.grad = None
@@ -67,20 +75,22 @@ def _reference(dtype, make_opt, fp32_sum=True, max_norm=0.0):
             if fp32_sum:
                 for p in ref.parameters():
                     p.grad = None  # this micro-batch's gradient alone
-            F.mse_loss(ref(x), y).backward()
+            (F.mse_loss(ref(x), y) * scale).backward()
             if fp32_sum:
                 sums = [p.grad.float() if t is None else t + p.grad.float()
                         for p, t in zip(ref.parameters(), sums)]
         if not fp32_sum:
             sums = [p.grad.float() for p in ref.parameters()]
-        for m, t in zip(masters, sums):
-            m.grad = t.clone()
-        if max_norm:
-            torch.nn.utils.clip_grad_norm_(masters, max_norm)
-        topt.step()
-        with torch.no_grad():
-            for p, m in zip(ref.parameters(), masters):
-                p.copy_(m)
+        grads = [t / scale for t in sums]
+        if all(bool(torch.isfinite(t).all()) for t in grads):
+            for m, t in zip(masters, grads):
+                m.grad = t
+            if max_norm:
+                torch.nn.utils.clip_grad_norm_(masters, max_norm)
+            topt.step()
+            with torch.no_grad():
+                for p, m in zip(ref.parameters(), masters):
+                    p.copy_(m)
         out.append(([p.detach().clone() for p in ref.parameters()],
                     [m.detach().clone() for m in masters], sums))
     return out
@@ -254,3 +264,38 @@ def test_zero3_two_ranks_reduce_and_sum_in_fp32(tmp_path):
            "--timeout", "200", "--", sys.executable, worker, str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
     _check_ranks(r, "zero3-fp32-accum", range(2), lambda k: f"[rank {k}] ")
+
+
+def _same(a, b):
+    """torch.equal, NaN equal to NaN (an overflowing step's gradients)."""
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_fp16_under_the_loss_scaler_with_an_overflow(tmp_path, tier):
+    # init 1024, window 2, hysteresis 2: step 1 overflows (uses up the hysteresis), no
+    # growth before step 4: every step's scale is 1024 (DeepSpeed's rule, by hand)
+    ref_opt, _, _ = OPTIMIZERS["AdamW"]
+    want = _reference(torch.float16, ref_opt, scale=1024.0, inf_at=1)
+    model = Net(torch.float16)
+    h = st.offload_parameters(model, path=str(tmp_path / "p"), tier=tier, working_set=256)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
+                          path=str(tmp_path / "o"), tier=tier, arithmetic="torch")
+    scaler = DynamicLossScaler(init_scale=1024.0, scale_window=2)
+    for s, mb in enumerate(_batches(inf_at=1)):
+        opt.zero_grad(set_to_none=True)
+        for x, y in mb:
+            scaler.scale(F.mse_loss(model(x), y)).backward()
+        for i, (p, t) in enumerate(zip(model.parameters(), want[s][2])):
+            assert _same(p.grad.clone(), t.to(torch.float16)), (s, i)
+        scaler.step(opt)
+        scaler.update()
+        assert opt.last_step["skipped"] == (s == 1), s
+        for i, (p, r) in enumerate(zip(model.parameters(), want[s][0])):
+            assert torch.equal(h.read(p), r), (s, i)
+    assert scaler.get_scale() == 1024.0 and scaler.overflows == 1
+    other = _reference(torch.float16, ref_opt, fp32_sum=False, scale=1024.0, inf_at=1)
+    assert any(not torch.equal(a, b) for a, b in zip(want[-1][0], other[-1][0]))
+    opt.close()
+    h.close()
