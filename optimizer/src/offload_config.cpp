@@ -20,6 +20,9 @@ OffloadOptions offload_options_from_config(const Config& config, OffloadOptions 
                                         : Placement::kAuto;
   }
   if (c.verify_on_open) o.verify_on_open = *c.verify_on_open;
+  if (c.state_dtype) {  // checked at load: fp32 | bf16
+    o.state_dtype = *c.state_dtype == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+  }
   return o;
 }
 

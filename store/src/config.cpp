@@ -235,6 +235,7 @@ const std::vector<Key<OptimizerConfig>>& optimizer_keys() {
       choice_key<C>("default_placement", &C::default_placement, {"auto", "host", "nvme"}),
       bool_key<C>("verify_on_open", &C::verify_on_open),
       choice_key<C>("arithmetic", &C::arithmetic, {"simd", "torch"}),
+      choice_key<C>("state_dtype", &C::state_dtype, {"fp32", "bf16"}),
       bool_key<C>("overlap_backward", &C::overlap_backward),
       size_key<C>("overlap_bucket_numel", &C::overlap_bucket_numel, 1),
   };

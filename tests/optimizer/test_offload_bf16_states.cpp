@@ -6,7 +6,8 @@
 // tensors, checkpoint + resume, the overlapped step (start_update), a transactional step
 // that fails and rolls back; exact bytes per step (StepStats and the store's NVMe counters);
 // object sizes and dtypes; read_state/write_state; disk space and host bytes; resume with
-// another state dtype refused; fp32 checkpoints unchanged (record version 1).
+// another state dtype refused; fp32 checkpoints unchanged (record version 1); the
+// configuration file's "optimizer.state_dtype" (offload_options_from_config).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "offload_test_util.hpp"
 #include "strata/base/half.hpp"
 #include "strata/optimizer/offload.hpp"
+#include "strata/store/config.hpp"
 
 namespace strata::optimizer {
 namespace {
@@ -471,6 +473,38 @@ TEST(OffloadBf16States, DISABLED_MeasureStep) {
                 static_cast<unsigned long long>(runs[r].nvme_written));
     OFFLOAD_ASSERT_OK(runs[r].opt->close());
   }
+}
+
+TEST(OffloadBf16States, TheConfigFilesStateDtypeKeyBuildsTheOptions) {
+  Config bf16 = must(Config::parse(R"({"optimizer": {"state_dtype": "bf16"}})", "c.json"));
+  Config fp32 = must(Config::parse(R"({"optimizer": {"state_dtype": "fp32"}})", "c.json"));
+  Config none = must(Config::parse(R"({"optimizer": {"num_buffers": 3}})", "c.json"));
+  EXPECT_EQ(bf16.optimizer.state_dtype, "bf16");
+  EXPECT_EQ(offload_options_from_config(bf16).state_dtype, DType::kBFloat16);
+  OffloadOptions base;
+  base.state_dtype = DType::kBFloat16;
+  EXPECT_EQ(offload_options_from_config(fp32, base).state_dtype, DType::kFloat32);
+  EXPECT_EQ(offload_options_from_config(none, base).state_dtype, DType::kBFloat16);  // kept
+  EXPECT_EQ(offload_options_from_config(none).state_dtype, DType::kFloat32);
+  // The round trip keeps the key.
+  EXPECT_EQ(must(Config::parse(bf16.to_json(), "c.json")), bf16);
+  // An optimizer built from those options keeps bf16 state objects.
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  auto opt = must(OffloadedOptimizer::create(store, must(builtin_rule_factory("adamw")), kAdamW,
+                                             offload_options_from_config(bf16)));
+  must(opt->add_param("w", 100, nullptr, 0, Placement::kNvme));
+  OFFLOAD_ASSERT_OK(opt->close());
+  auto s = must(store->stat("optim/p/w/exp_avg"));
+  EXPECT_EQ(s.dtype, DType::kBFloat16);
+  EXPECT_EQ(s.nbytes, 200u);
+  // Other values are refused when the file is read, naming the key and the value.
+  auto bad = Config::parse(R"({"optimizer": {"state_dtype": "float16"}})", "c.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "config file 'c.json': optimizer.state_dtype: expected one of \"fp32\", \"bf16\", "
+            "got \"float16\"");
 }
 
 }  // namespace

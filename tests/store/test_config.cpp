@@ -43,7 +43,7 @@ const char* kFull = R"({
   "optimizer": {"sub_group_numel": 1048576, "num_buffers": 3, "pinned_budget_bytes": "64MiB",
                 "host_budget_bytes": 0, "num_threads": 5, "numa_node": 0,
                 "default_placement": "host", "verify_on_open": true, "arithmetic": "torch",
-                "overlap_backward": true, "overlap_bucket_numel": 1000},
+                "state_dtype": "bf16", "overlap_backward": true, "overlap_bucket_numel": 1000},
   "measured": {"nvme_read_bytes_per_s": 1.5e9, "nvme_write_bytes_per_s": 9e8,
                "store_read_bytes_per_s": 1.125e9, "store_write_bytes_per_s": 6.25e8,
                "memory_copy_bytes_per_s": 1e10, "adam_params_per_s": 2e8,
@@ -95,6 +95,7 @@ TEST(Config, EveryKeyIsParsedAndApplied) {
   EXPECT_EQ(p.default_placement, "host");
   EXPECT_EQ(p.verify_on_open, true);
   EXPECT_EQ(p.arithmetic, "torch");
+  EXPECT_EQ(p.state_dtype, "bf16");
   EXPECT_EQ(p.overlap_backward, true);
   EXPECT_EQ(p.overlap_bucket_numel, 1000u);
   const MeasuredConfig& m = c->measured;
@@ -187,6 +188,12 @@ TEST(Config, BadValuesNameKeyValueAndFile) {
   EXPECT_EQ(error_of(R"({"optimizer": {"num_buffers": 17}})"),
             "config file '/etc/s.json': optimizer.num_buffers: expected an integer in 1..16, "
             "got 17");
+  EXPECT_EQ(error_of(R"({"optimizer": {"state_dtype": "fp16"}})"),
+            "config file '/etc/s.json': optimizer.state_dtype: expected one of \"fp32\", "
+            "\"bf16\", got \"fp16\"");
+  EXPECT_EQ(error_of(R"({"optimizer": {"state_dtype": 2}})"),
+            "config file '/etc/s.json': optimizer.state_dtype: expected one of \"fp32\", "
+            "\"bf16\", got 2");
   EXPECT_EQ(error_of(R"({"measured": {"adam_params_per_s": -1}})"),
             "config file '/etc/s.json': measured.adam_params_per_s: expected a finite number "
             ">= 0, got -1");

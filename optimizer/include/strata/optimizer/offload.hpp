@@ -221,7 +221,7 @@ struct OffloadOptions {
 /// `base` with the fields that the configuration file's "optimizer" section sets
 /// (config.hpp; the section is checked when the file is loaded): sub_group_numel,
 /// num_buffers, pinned_budget_bytes, host_budget_bytes, num_threads, numa_node,
-/// default_placement and verify_on_open. Its other keys (arithmetic, overlap_backward,
+/// default_placement, verify_on_open and state_dtype ("fp32" | "bf16"). Its other keys (arithmetic, overlap_backward,
 /// overlap_bucket_numel) are the bindings'. Precedence: pass what the file may override as
 /// `base`, then set the explicit arguments on the result.
 /// \threadsafety pure.

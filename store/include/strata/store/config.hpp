@@ -85,6 +85,7 @@ struct OptimizerConfig {
   std::optional<std::string> default_placement;  ///< "auto" | "host" | "nvme"
   std::optional<bool> verify_on_open;
   std::optional<std::string> arithmetic;         ///< "simd" | "torch" (bindings)
+  std::optional<std::string> state_dtype;        ///< "fp32" | "bf16" (OffloadOptions::state_dtype)
   std::optional<bool> overlap_backward;          ///< strata.torch only
   std::optional<uint64_t> overlap_bucket_numel;  ///< >= 1, strata.torch only
 
