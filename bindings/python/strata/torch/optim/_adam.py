@@ -101,14 +101,16 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
             before they are handed to strata (int >= 1; default 1: each at once -- strata
             merges what arrives while its previous batch runs).
         :param grad_accumulation_dtype: how the micro-batch gradients of fp16/bf16
-            in-memory parameters add up between steps (optim/_grad_accum.py;
+            parameters add up between steps (optim/_grad_accum.py in memory,
+            offload/_grad_sum.py for parameters offloaded by ``offload_parameters``;
             docs/guide-optimizers.md, "Mixed precision: gradient accumulation"):
             ``torch.float32`` (the default) sums them in an fp32 buffer per parameter (4
             bytes per element, from the first backward after the optimizer holds it to
-            ``zero_grad``) that the step takes, ``p.grad`` showing the sum rounded to the
-            parameter's dtype; ``"param"`` keeps torch's accumulation in the parameter's
-            dtype. fp32 parameters are not affected. Default with ``overlap_backward``:
-            ``"param"`` (torch.float32 is refused with it: ValueError).
+            ``zero_grad``; for an offloaded parameter its gradient object in the store) that
+            the step takes, ``p.grad`` showing the sum rounded to the parameter's dtype;
+            ``"param"`` keeps torch's accumulation in the parameter's dtype (tiled offloaded
+            parameters always do). fp32 parameters are not affected. Default with
+            ``overlap_backward``: ``"param"`` (torch.float32 is refused with it: ValueError).
         :param state_dtype: element type of the moments (exp_avg, exp_avg_sq,
             max_exp_avg_sq) in the store: ``torch.float32`` (default, also None / "fp32") or
             ``torch.bfloat16`` (also "bf16"): bf16 moments, as DeepSpeed's
