@@ -1,6 +1,6 @@
 """What both wings of strata.torch need, once: the autograd hook on a parameter's gradient
 accumulator, the one copy of a gradient to host memory, the finiteness test of a gradient,
-and the dtypes strata's kernels read.
+the dtypes strata's kernels read, and the route a resume at another world size is told.
 
 Imported by ``strata.torch.optim`` (the offloaded optimizers) and ``strata.torch.offload``
 (parameter offload); it imports neither.
@@ -18,6 +18,13 @@ import torch
 #: gradient (and parameter) dtypes strata's kernels read as they are; others are converted
 #: to fp32 on the way in
 GRAD_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+#: the end of the errors of a resume at another world size (offload/_args.py,
+#: optim/_checkpoints.py)
+UNIVERSAL_ROUTE = ("strata's own checkpoints resume only at the world size they were written "
+                   "at; to change it, save with strata.torch.save_universal_checkpoint and "
+                   "load with load_universal_checkpoint at the new size (docs/checkpoints.md, "
+                   "'Optimizer state at another world size')")
 
 #: a context manager turning off ``__torch_function__`` overrides (an offloaded parameter's)
 no_torch_function = torch._C.DisableTorchFunction

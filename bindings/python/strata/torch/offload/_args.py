@@ -15,6 +15,7 @@ import torch
 
 import strata
 
+from .._common import UNIVERSAL_ROUTE
 from ._parameter import record_of
 
 _WHERE = "offload_parameters"
@@ -173,13 +174,6 @@ def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
                 f"{key!r}): pass resume=True to continue from the stored values, "
                 "overwrite=True to replace them, or another key_prefix")
     return named
-
-
-#: the end of the errors of a resume at another world size (also optim/_checkpoints.py)
-UNIVERSAL_ROUTE = ("strata's own checkpoints resume only at the world size they were written at; "
-              "to change it, save with strata.torch.save_universal_checkpoint and load with "
-              "load_universal_checkpoint at the new size (docs/checkpoints.md, 'Optimizer "
-              "state at another world size')")
 
 
 def _other_size_hint(handle: Any, keys: Any, size: int) -> str:

@@ -18,9 +18,9 @@ import torch
 
 import strata
 
+from .._common import UNIVERSAL_ROUTE
 from . import _hyperparams, _names
 from ._exchange import as_f32_numpy
-from ..offload._args import UNIVERSAL_ROUTE
 from ._param_table import ParamTable, state_numel
 from ._torch_kwargs import TorchFlags
 
