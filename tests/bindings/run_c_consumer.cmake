@@ -1,4 +1,4 @@
-# cmake -P script: installs strata into PREFIX, then builds tests/bindings/c_consumer/ (main.c, api_v6.c, api_v7.c)
+# cmake -P script: installs strata into PREFIX, then builds tests/bindings/c_consumer/ (main.c, api_v6.c, api_v7.c, api_v8.c)
 # twice against the installed files — with find_package(strata) + strata::c, and with a
 # plain `cc -std=c99 -Wall -Werror ... -lstrata_c` — and runs both.
 include(${CMAKE_CURRENT_LIST_DIR}/../common/consumer_build.cmake)
@@ -57,7 +57,7 @@ list(LENGTH declared n_declared)
 message(STATUS "libstrata_c exports the ${n_declared} functions strata.h declares")
 # The plain compiler line a C user would type.
 execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic -I${PREFIX}/include
-                        ${SRC}/main.c ${SRC}/api_v6.c ${SRC}/api_v7.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}
+                        ${SRC}/main.c ${SRC}/api_v6.c ${SRC}/api_v7.c ${SRC}/api_v8.c -o ${BIN}/strata_c_consumer_cc -L${PREFIX}/${LIBDIR}
                         -Wl,-rpath,${PREFIX}/${LIBDIR} -lstrata_c -lm
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc)
@@ -73,7 +73,7 @@ if(rc)
                       "${PREFIX}/${LIBDIR}/pkgconfig) failed: ${err}")
 endif()
 separate_arguments(pc_list UNIX_COMMAND "${pc_flags}")
-execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic ${SRC}/main.c ${SRC}/api_v6.c ${SRC}/api_v7.c
+execute_process(COMMAND ${CC} -std=c99 -Wall -Wextra -Werror -pedantic ${SRC}/main.c ${SRC}/api_v6.c ${SRC}/api_v7.c ${SRC}/api_v8.c
                         -o ${BIN}/strata_c_consumer_pc ${pc_list} -lm
                 RESULT_VARIABLE rc ERROR_VARIABLE err)
 if(rc)

@@ -109,6 +109,19 @@ strata_status_t strata_optimizer_create(strata_store_t* store, const strata_opti
     if (o->num_buffers != STRATA_UNDEF_INT) oo.num_buffers = o->num_buffers;
     if (o->host_budget_bytes != STRATA_UNDEF_U64) oo.host_budget_bytes = o->host_budget_bytes;
     if (o->num_threads != STRATA_UNDEF_INT) oo.num_threads = o->num_threads;
+    // state_dtype (version 8): unset or an older struct = the file's, else fp32.
+    if (o->struct_size >= offsetof(strata_optimizer_options_t, state_dtype) + sizeof(int) &&
+        o->state_dtype != STRATA_UNDEF_INT) {
+      if (o->state_dtype == STRATA_FLOAT32) {
+        oo.state_dtype = strata::DType::kFloat32;
+      } else if (o->state_dtype == STRATA_BFLOAT16) {
+        oo.state_dtype = strata::DType::kBFloat16;
+      } else {
+        return invalid("state_dtype must be STRATA_FLOAT32 (" + std::to_string(STRATA_FLOAT32) +
+                       ") or STRATA_BFLOAT16 (" + std::to_string(STRATA_BFLOAT16) + "), got " +
+                       std::to_string(o->state_dtype));
+      }
+    }
     auto opt = resume ? so::OffloadedOptimizer::open(store->store, *factory, oo)
                       : so::OffloadedOptimizer::create(store->store, *factory, hp, oo);
     if (!resume && opt.status().code() == strata::StatusCode::kAlreadyExists) {

@@ -39,5 +39,8 @@ void test_api_v6(const char* dir);
 /* api_v7.c: the version-7 surface (growing pinned pools, a pinned-memory allocator, a CUDA
  * stream's checks); `dir` is a fresh directory. */
 void test_api_v7(const char* dir);
+/* api_v8.c: the version-8 surface (bf16 optimizer states: strata_optimizer_options_t's
+ * state_dtype); `dir` is a fresh directory. */
+void test_api_v8(const char* dir);
 
 #endif

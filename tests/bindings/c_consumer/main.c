@@ -716,6 +716,8 @@ int main(int argc, char** argv) {
   test_api_v6(sub);
   snprintf(sub, sizeof sub, "%s/v7", tmpl);
   test_api_v7(sub);
+  snprintf(sub, sizeof sub, "%s/v8", tmpl);
+  test_api_v8(sub);
   test_comm();
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpl);

@@ -61,8 +61,9 @@ extern "C" {
  *     pinned_alloc_cuda_registered (a framework's pinned-memory allocator), cuda_stream
  *     and strata_store_set_cuda_stream() (a framework's CUDA stream for device-tier
  *     copies); strata_store_stats_t.host_pool_committed_bytes and
- *     staging_pool_committed_bytes. */
-#define STRATA_C_API_VERSION 7
+ *     staging_pool_committed_bytes.
+ *  8: strata_optimizer_options_t.state_dtype (bf16 optimizer states). */
+#define STRATA_C_API_VERSION 8
 
 /* ---- status codes, errors ------------------------------------------------------------- */
 
@@ -536,6 +537,20 @@ typedef struct strata_optimizer_options {
    *  beta1, ...) are passed by those names, so the rule must take them. `arithmetic` must be
    *  NULL or "simd". Pass the same rule again to resume its checkpoint. */
   const strata_rule_t* rule;
+  /* ---- STRATA_C_API_VERSION 8 ---- */
+  /** Element type of the optimizer's state streams in the store
+   *  (strata::optimizer::OffloadOptions::state_dtype), a strata_dtype_t value:
+   *  STRATA_FLOAT32 (4 bytes per element) or STRATA_BFLOAT16 (2 bytes per element, "bf16
+   *  moments"; any rule, custom ones too). Masters stay fp32 and the rule still sees fp32
+   *  spans: a step widens each state slice to fp32 (exact) and rounds the updated states
+   *  back to bf16 to nearest even, i.e. the values of an fp32 run whose states are rounded
+   *  to bf16 after every step. Adam/AdamW on the NVMe tier then read 8 bytes per parameter
+   *  and step (4 master + 2 x 2 moments) instead of 12, and write the same.
+   *  STRATA_UNDEF_INT (default) = the configuration file's "optimizer.state_dtype", else
+   *  STRATA_FLOAT32; a struct from an older header gets that default too. Recorded in the
+   *  checkpoint: a resume with another state dtype is FAILED_PRECONDITION naming both. Any
+   *  other value: INVALID_ARGUMENT naming it. Since STRATA_C_API_VERSION 8. */
+  int state_dtype;
 } strata_optimizer_options_t;
 
 #define STRATA_OPTIMIZER_OPTIONS_INIT                                                       \
@@ -543,7 +558,7 @@ typedef struct strata_optimizer_options {
     sizeof(strata_optimizer_options_t), STRATA_C_API_VERSION, NULL, NULL,                   \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, STRATA_UNDEF_DOUBLE, \
         STRATA_UNDEF_DOUBLE, STRATA_UNDEF_INT, STRATA_UNDEF_U64, STRATA_UNDEF_INT,          \
-        STRATA_UNDEF_U64, STRATA_UNDEF_INT, NULL, NULL                                      \
+        STRATA_UNDEF_U64, STRATA_UNDEF_INT, NULL, NULL, STRATA_UNDEF_INT                    \
   }
 
 /** Creates an offloaded optimizer whose fp32 masters and states live in `store` (which must
@@ -551,8 +566,10 @@ typedef struct strata_optimizer_options {
  *  checkpointed under key_prefix is reopened instead, as of its last checkpoint or close
  *  (hyperparameters then come from the checkpoint).
  *  \error INVALID_ARGUMENT (bad option or hyperparameter, an arithmetic other than "simd"
- *      or "torch", "torch" for an optimizer other than adam/adamw); ALREADY_EXISTS (a checkpoint
- *      exists and resume = 0); NOT_FOUND (resume = 1 and none exists); RESOURCE_EXHAUSTED. */
+ *      or "torch", "torch" for an optimizer other than adam/adamw, a state_dtype other than
+ *      STRATA_FLOAT32 / STRATA_BFLOAT16); ALREADY_EXISTS (a checkpoint exists and resume =
+ *      0); NOT_FOUND (resume = 1 and none exists); FAILED_PRECONDITION (resume = 1 with
+ *      another state_dtype than the checkpoint's); RESOURCE_EXHAUSTED. */
 STRATA_C_API strata_status_t strata_optimizer_create(strata_store_t* store,
                                                      const strata_optimizer_options_t* options,
                                                      int resume, strata_optimizer_t** optimizer);
