@@ -37,7 +37,7 @@ from ._rule import UpdateRule
 class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
     """``OffloadOptimizer(torch.optim.RMSprop, model.parameters(), lr=1e-2, path=...,
     tier="nvme")``: the optimizer class's arithmetic, its state (every element-wise state
-    tensor, fp32) in a strata store, streamed sub-group by sub-group (reads, update,
+    tensor, fp32 or ``state_dtype``) in a strata store, streamed sub-group by sub-group (reads, update,
     writes overlapped) at each ``step()``.
 
     Supported: torch.optim's SGD (momentum, dampening, nesterov, weight_decay, maximize),
@@ -73,8 +73,18 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
     :param grad_accumulation_dtype: ``torch.float32`` (default: the micro-batch gradients
         of fp16/bf16 parameters are summed in fp32, optim/_grad_accum.py) or ``"param"``
         (torch's accumulation in the parameter's dtype); as OffloadAdam's.
+    :param state_dtype: element type of the state tensors in the store: ``torch.float32``
+        (default; also None, "fp32") or ``torch.bfloat16`` ("bf16"; 2 bytes per element
+        instead of 4, masters stay fp32): each step the class's step runs on the states
+        widened to fp32 and they are rounded back to bf16 (nearest even), exactly the
+        class in memory with its state tensors rounded to bf16 after every step. For the
+        classes whose state is moments (SGD, RMSprop, Adadelta, Adamax, NAdam, RAdam, Adam,
+        AdamW) and UpdateRules; refused for Adagrad, ASGD and Rprop (ValueError saying
+        why). ``state[p]``/``state_dict()`` show fp32 tensors of bf16 values; loaded
+        state is rounded to bf16. Recorded in the checkpoint: ``resume`` passes the same
+        (strata.FailedPreconditionError naming both otherwise).
     :raises TypeError, ValueError: a class that is not supported (naming why), the class's
-        own argument errors, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
+        own argument errors, a bad ``state_dtype`` or bf16 for a refused class, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
         (naming its index), a parameter offloaded by ``strata.torch.offload_parameters``
         (ValueError: use OffloadAdam/OffloadAdamW), a bad ``grad_accumulation_dtype``,
         ``resume`` without store/path or with other parameters.
@@ -89,7 +99,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                  tier: str = "nvme", key_prefix: str = "optim/", resume: bool = False,
                  overwrite: bool = False, sub_group_numel: int = 0, num_buffers: int = 4,
                  num_threads: int = 0, chunk_size: Any = None,
-                 grad_accumulation_dtype: Any = None, **hyperparams: Any):
+                 grad_accumulation_dtype: Any = None, state_dtype: Any = None,
+                 **hyperparams: Any):
         self._core: Optional[strata.OffloadedOptimizer] = None
         self._accum: Optional[GradAccumulation] = None
         self._closed = False
@@ -112,6 +123,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         else:
             ss.check_class(optimizer_class)
             self._cls = optimizer_class
+        state_dtype = ss.state_dtype_name(state_dtype, self._cls)  # "fp32" | "bf16"
+        if self._cls is not None:
             reference = optimizer_class(params, **hyperparams)  # the class's own checks
             groups = [{k: v for k, v in g.items()} for g in reference.param_groups]
             defaults = dict(reference.defaults)
@@ -159,7 +172,7 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         try:
             self._open(store, path, tier, key_prefix, resume, overwrite, chunk_size,
                        dict(sub_group_numel=sub_group_numel, num_buffers=num_buffers,
-                            num_threads=num_threads))
+                            num_threads=num_threads, state_dtype=state_dtype))
         except BaseException:
             self.close()
             raise

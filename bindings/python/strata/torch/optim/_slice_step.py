@@ -37,6 +37,38 @@ REFUSED = {
 }
 
 
+#: classes whose state OffloadOptimizer(state_dtype=torch.bfloat16) refuses to keep in bf16,
+#: and why (the others' element-wise state is moments: running averages of gradients)
+BF16_REFUSED = {
+    "Adagrad": "its state 'sum' accumulates squared gradients without decay; in bf16 "
+               "(8-bit significand) an increment below sum * 2^-9 is lost, so the sum -- "
+               "and the learning-rate decay it drives -- stalls",
+    "ASGD": "its state 'ax' is the running average of the parameters (the averaged model), "
+            "which bf16 would hold more coarsely than the fp32 masters",
+    "Rprop": "its state is the previous gradient and per-element step sizes scaled by "
+             "etaminus/etaplus each step, not moments; bf16 would change every scaling",
+}
+
+
+def state_dtype_name(state_dtype: Any, cls: Any) -> str:
+    """strata's name ("fp32" / "bf16") of OffloadOptimizer's ``state_dtype`` for ``cls`` (a
+    torch.optim class, or None for an UpdateRule, whose states are its author's choice).
+
+    :raises ValueError: a dtype other than None / torch.float32 / "fp32" / "float32" /
+        torch.bfloat16 / "bf16" / "bfloat16" (naming it); bf16 for a class in
+        ``BF16_REFUSED`` (naming the class and why)."""
+    if state_dtype is None or state_dtype in (torch.float32, "fp32", "float32"):
+        return "fp32"
+    if state_dtype not in (torch.bfloat16, "bf16", "bfloat16"):
+        raise ValueError(f"OffloadOptimizer: state_dtype must be torch.float32 or "
+                         f"torch.bfloat16 (the state tensors' dtype in the store), got "
+                         f"{state_dtype!r}")
+    if cls is not None and cls.__name__ in BF16_REFUSED:
+        raise ValueError(f"OffloadOptimizer: state_dtype=torch.bfloat16 is refused for "
+                         f"torch.optim.{cls.__name__}: {BF16_REFUSED[cls.__name__]}")
+    return "bf16"
+
+
 def check_class(cls: Any) -> None:
     """Refuses what OffloadOptimizer cannot step.
 
