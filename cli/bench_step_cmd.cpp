@@ -1,9 +1,11 @@
 // `strata bench step`: the offloaded optimizer step (Adam, master weights and states in the
 // NVMe tier) beside its two limits measured in the same run:
-//  - io_seconds: the same bytes (12 B/param read, 12 B/param written) moved by the I/O
-//    engine alone, reads and writes concurrently, chunk-sized requests from pinned memory,
-//    over a probe file striped over the same directories;
-//  - compute_seconds: the Adam kernel alone over the same sub-groups, in memory.
+//  - io_seconds: the same bytes (12 B/param read, 12 B/param written; 8 and 8 with
+//    --state-dtype bf16: fp32 master + two bf16 moments, OffloadOptions::state_dtype) moved
+//    by the I/O engine alone, reads and writes concurrently, chunk-sized requests from pinned
+//    memory, over a probe file striped over the same directories;
+//  - compute_seconds: the Adam kernel alone over the same sub-groups, in memory, on fp32
+//    spans (without the bf16 widening and narrowing a bf16-state step adds).
 // overlap_efficiency = max(io, compute) / step: 1 means the pipeline hides the smaller of
 // the two completely and adds nothing. I/O probe, step and compute probe alternate, K times;
 // each figure is the median of its K runs.
@@ -12,9 +14,9 @@
 // tensors); they share one synthetic gradient buffer (read-only), so the DRAM the run needs
 // is the pinned pipeline buffers plus one tensor's gradient, whatever --params is.
 //
-// Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32), spread over the
-// --path directories, and the I/O probe file 2 x region (region = min(12 x params rounded up
-// to the chunk size, 2 GiB)); the run is refused (ResourceExhausted, naming the path, the
+// Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32; 8 B/param with bf16
+// m and v), spread over the --path directories, and the I/O probe file 2 x region (region =
+// min(state bytes rounded up to the chunk size, 2 GiB)); the run is refused (ResourceExhausted, naming the path, the
 // bytes needed and available) when a file system has less room, before anything is written.
 #include <sys/resource.h>
 
@@ -61,6 +63,7 @@ struct BenchStepArgs {
   bool keep = false;
   bool json = false;
   std::string config;  // --config FILE
+  std::string state_dtype = "fp32";  // --state-dtype: fp32 | bf16
 };
 
 uint64_t peak_rss_bytes() {
@@ -124,10 +127,19 @@ int run_bench_step(const BenchStepArgs& a) {
     return report_error(invalid_argument("--chunk-size '" + a.chunk_size +
                                          "' must be a positive multiple of 4096"));
   }
-  // Sizes: 12 B/param of state on disk (param, m, v in fp32); the gradient of the largest
-  // tensor in DRAM.
-  auto bytes_per_step_r = checked_mul(a.params, 12, "--params " + std::to_string(a.params) +
-                                                        " needs 12 bytes of state each");
+  if (a.state_dtype != "fp32" && a.state_dtype != "bf16") {
+    return report_error(invalid_argument("--state-dtype must be fp32 or bf16, got '" +
+                                         a.state_dtype + "'"));
+  }
+  const DType state_dtype = a.state_dtype == "bf16" ? DType::kBFloat16 : DType::kFloat32;
+  // Sizes: the state on disk per param: the fp32 master (4 B) and Adam's m and v (4 B each in
+  // fp32, 2 B in bf16): 12 or 8 B, each read and written once per step; the gradient of the
+  // largest tensor in DRAM.
+  const uint64_t state_bytes_per_param = a.state_dtype == "bf16" ? 8 : 12;
+  auto bytes_per_step_r =
+      checked_mul(a.params, state_bytes_per_param,
+                  "--params " + std::to_string(a.params) + " needs " +
+                      std::to_string(state_bytes_per_param) + " bytes of state each");
   if (!bytes_per_step_r.ok()) return report_error(bytes_per_step_r.status());
   const uint64_t bytes_per_step = *bytes_per_step_r;
   const uint64_t grad_numel = std::min(a.params, a.tensor_numel);
@@ -201,6 +213,7 @@ int run_bench_step(const BenchStepArgs& a) {
   oo.pinned_budget_bytes = pinned_budget;
   oo.default_placement = opt::Placement::kNvme;
   oo.num_threads = a.threads;
+  oo.state_dtype = state_dtype;
   auto factory = *opt::builtin_rule_factory("adam");
   const opt::Hyperparams hp = {{"lr", 1e-4}};
   const auto t_setup = Clock::now();
@@ -332,6 +345,7 @@ int run_bench_step(const BenchStepArgs& a) {
     const nlohmann::json j = {
         {"benchmark", "step"},
         {"optimizer", "adam"},
+        {"state_dtype", a.state_dtype},
         {"params", a.params},
         {"tensors", ntensors},
         {"paths", a.paths},
@@ -351,6 +365,9 @@ int run_bench_step(const BenchStepArgs& a) {
         {"overlap_efficiency", eff},
         {"bytes_read", last.bytes_read},
         {"bytes_written", last.bytes_written},
+        {"bytes_read_per_param", static_cast<double>(last.bytes_read) / static_cast<double>(a.params)},
+        {"bytes_written_per_param",
+         static_cast<double>(last.bytes_written) / static_cast<double>(a.params)},
         {"step_gbps", step_gbps},
         {"io_gbps", io_gbps},
         {"last_step_update_seconds", last.compute_seconds},
@@ -361,17 +378,19 @@ int run_bench_step(const BenchStepArgs& a) {
         {"w0_0", w0}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("Adam step, %llu params in %llu tensors, state on NVMe (%zu dirs), sub-group %llu, "
-                "%d buffers, %u store workers\n",
+    std::printf("Adam step, %llu params in %llu tensors, %s states on NVMe (%zu dirs), sub-group "
+                "%llu, %d buffers, %u store workers\n",
                 static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
-                a.paths.size(), static_cast<unsigned long long>(sg), a.buffers, so.worker_threads);
+                a.state_dtype.c_str(), a.paths.size(), static_cast<unsigned long long>(sg), a.buffers, so.worker_threads);
     std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
                 step_gbps);
     std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s, io_gbps);
     std::printf("  compute alone:        %8.3f s\n", compute_s);
     std::printf("  overlap efficiency:   %8.3f  (max(io, compute) / step)\n", eff);
-    std::printf("  bytes read/written:   %s / %s per step\n", format_bytes(last.bytes_read).c_str(),
-                format_bytes(last.bytes_written).c_str());
+    std::printf("  bytes read/written:   %s / %s per step (%.2f / %.2f B/param)\n",
+                format_bytes(last.bytes_read).c_str(), format_bytes(last.bytes_written).c_str(),
+                static_cast<double>(last.bytes_read) / static_cast<double>(a.params),
+                static_cast<double>(last.bytes_written) / static_cast<double>(a.params));
     std::printf("  checkpoint:           %8.3f s\n", checkpoint_seconds);
     std::printf("  peak RSS:             %s\n", format_bytes(rss).c_str());
   }
@@ -385,8 +404,8 @@ void register_bench_step(Registry& r) {
                   "offloaded Adam step with state on NVMe vs. I/O alone and compute alone", args,
                   run_bench_step);
   add_defaulted(sub, "--params", args->params,
-                "fp32 parameters (disk: 12 B each plus the I/O probe file of up to 4 GiB, "
-                "checked before the run)");
+                "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, plus the I/O "
+                "probe file of up to 4 GiB, checked before the run)");
   sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
       ->required();
   add_defaulted(sub, "--host-budget", args->host_budget,
@@ -397,6 +416,9 @@ void register_bench_step(Registry& r) {
   add_defaulted(sub, "--chunk-size", args->chunk_size, "store chunk size");
   add_defaulted(sub, "--tensor-numel", args->tensor_numel,
                 "largest tensor (the model is cut into tensors)");
+  add_defaulted(sub, "--state-dtype", args->state_dtype,
+                "element type of Adam's m and v in the store: fp32 or bf16 (bf16 moments; the "
+                "master stays fp32)");
   add_defaulted(sub, "--threads", args->threads, "kernel threads (0 = one per core)");
   add_defaulted(sub, "--store-workers", args->store_workers,
                 "store worker threads (0 = the store default, 4)");

@@ -300,6 +300,28 @@ def test_bench_step_json(disk_dir):
     # for the whole run (ru_maxrss, KiB), and all but what printing the result added.
     assert j["peak_rss_bytes"] <= rusage.ru_maxrss * 1024
     assert j["peak_rss_bytes"] == pytest.approx(rusage.ru_maxrss * 1024, rel=0.05)
+    assert j["state_dtype"] == "fp32"
+    assert (j["bytes_read_per_param"], j["bytes_written_per_param"]) == (12.0, 12.0)
+
+
+def test_bench_step_with_bf16_states_moves_8_bytes_per_parameter(disk_dir):
+    j = run_json("bench", "step", "--params", "2000000", "--path", disk_dir, "--host-budget",
+                 "256MiB", "--steps", "2", "--chunk-size", "1MiB", "--tensor-numel", "1000000",
+                 "--state-dtype", "bf16")
+    assert (j["params"], j["state_dtype"]) == (2000000, "bf16")
+    # The fp32 master (4 B) and Adam's m and v as bf16 (2 B each), read and written once.
+    assert (j["bytes_read"], j["bytes_written"]) == (8 * 2000000, 8 * 2000000)
+    assert (j["bytes_read_per_param"], j["bytes_written_per_param"]) == (8.0, 8.0)
+    assert j["w0_0"] > 0
+    assert os.listdir(disk_dir) == []
+
+
+def test_bench_step_refuses_a_bad_state_dtype(disk_dir):
+    p = run("bench", "step", "--params", "10", "--path", disk_dir, "--state-dtype", "fp16",
+            check=False)
+    assert (p.returncode, p.stderr, p.stdout) == (
+        1, "strata: error: InvalidArgument: --state-dtype must be fp32 or bf16, got 'fp16'\n", "")
+    assert os.listdir(disk_dir) == []
 
 
 @pytest.mark.parametrize("args, needle", [
