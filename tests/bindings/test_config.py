@@ -123,5 +123,28 @@ def test_torch_optimizer_settings_from_the_file(tmp_path):
     try:  # no file: the built-in defaults
         s = opt.settings
         assert (s["num_buffers"], s["num_threads"], s["tier"], s["arithmetic"]) == (4, 0, "nvme", "simd")
+        assert s["state_dtype"] == "fp32"
     finally:
         opt.close()
+
+
+def test_the_files_state_dtype_gives_bf16_moments_unless_an_argument_says_otherwise(tmp_path):
+    f = write(tmp_path / "c.json", {"optimizer": {"state_dtype": "bf16"}})
+    for i, (arg, want, nbytes) in enumerate([(None, "bf16", 2 * 1000),
+                                             (torch.float32, "fp32", 4 * 1000)]):
+        p = torch.nn.Parameter(torch.ones(1000))
+        opt = st.OffloadAdamW([p], path=str(tmp_path / f"o{i}"), config=f, state_dtype=arg)
+        try:
+            assert opt.settings["state_dtype"] == want
+            p.grad = torch.full_like(p, 0.5)
+            opt.step()
+            info = opt.store.stat("optim/p/p0/exp_avg")
+            assert (info.dtype, info.nbytes) == (want, nbytes)
+        finally:
+            opt.close()
+    bad = write(tmp_path / "bad.json", {"optimizer": {"state_dtype": "fp16"}})
+    with pytest.raises(strata.InvalidArgumentError,
+                       match="optimizer.state_dtype: expected one of \"fp32\", \"bf16\", "
+                             "got \"fp16\""):
+        st.OffloadAdamW([torch.nn.Parameter(torch.ones(10))], path=str(tmp_path / "o9"),
+                        config=bad)

@@ -123,7 +123,9 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
             so state dicts stay interchangeable with torch.optim); a ``load_state_dict`` or
             an edit of ``state[p]`` rounds them to bf16. Recorded in the checkpoint: a
             ``resume`` passes the same (strata.FailedPreconditionError otherwise).
-            Another dtype: ValueError.
+            Another dtype: ValueError. None: the configuration file's
+            ``optimizer.state_dtype`` ("fp32" | "bf16"), else fp32; ``settings["state_dtype"]``
+            shows the one in effect.
         :param arithmetic: ``"simd"`` (default; vectorized kernels, each step within 1-2 ulp
             of torch per element) or ``"torch"`` (torch.optim's exact rounding, scalar: for
             bit-identical comparisons with torch.optim.Adam/AdamW).
@@ -179,8 +181,10 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
                      sub_group_numel=sub_group_numel, num_buffers=num_buffers,
                      num_threads=num_threads, arithmetic=arithmetic,
                      overlap_backward=overlap_backward,
-                     overlap_bucket_numel=overlap_bucket_numel, chunk_size=chunk_size)
+                     overlap_bucket_numel=overlap_bucket_numel, chunk_size=chunk_size,
+                     state_dtype=state_dtype)
         settings = _settings.resolve(config, store, given)
+        settings["state_dtype"] = _state_dtype(settings["state_dtype"], type(self).__name__)
         chunk_size = settings.pop("chunk_size")
         _hyperparams.check(self._RULE, dict(lr=lr, eps=eps, betas=betas,
                                              weight_decay=weight_decay, amsgrad=amsgrad,
@@ -203,7 +207,7 @@ class _OffloadAdamBase(OffloadedTorchOptimizer):
                          key_prefix=key_prefix, max_grad_norm=float(max_grad_norm),
                          resume=resume, overwrite=overwrite,
                          grad_accumulation=grad_accumulation,
-                         state_dtype=_state_dtype(state_dtype, type(self).__name__))
+                         state_dtype=settings["state_dtype"])
 
 
 def _state_dtype(state_dtype: Any, who: str) -> str:

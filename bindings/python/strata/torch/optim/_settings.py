@@ -35,8 +35,8 @@ def resolve(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[st
         ``$STRATA_CONFIG``).
     :param store: the strata.Store given to the optimizer, or None.
     :param given: the constructor's tier, host_budget, pinned_budget, sub_group_numel,
-        num_buffers, num_threads, arithmetic, overlap_backward, overlap_bucket_numel and
-        chunk_size (None: not given).
+        num_buffers, num_threads, arithmetic, overlap_backward, overlap_bucket_numel,
+        chunk_size and (optional) state_dtype (None: not given).
     :returns: those keys resolved (``chunk_size`` from the "store" section's chunk_bytes,
         default 4 MiB) plus ``config``.
     :raises ValueError: an unknown tier, or a count that is not an int >= 0.
@@ -48,7 +48,7 @@ def resolve(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[st
     oconf = conf.get("optimizer", {})
 
     def pick(key: str, conf_key: str, default: Any) -> Any:
-        value = given[key]
+        value = given.get(key)
         return value if value is not None else oconf.get(conf_key, default)
 
     out = dict(tier=pick("tier", "default_placement", "nvme"),
@@ -60,6 +60,7 @@ def resolve(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[st
                arithmetic=pick("arithmetic", "arithmetic", "simd"),
                overlap_backward=pick("overlap_backward", "overlap_backward", False),
                overlap_bucket_numel=pick("overlap_bucket_numel", "overlap_bucket_numel", 1),
+               state_dtype=pick("state_dtype", "state_dtype", "fp32"),
                config=config)
     chunk_size = given["chunk_size"]
     out["chunk_size"] = (chunk_size if chunk_size is not None
