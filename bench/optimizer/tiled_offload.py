@@ -9,9 +9,10 @@ Two child processes (this script with a hidden --child flag, driven one iteratio
 command over stdin/stdout pipes) train it from the same seed on the same batches:
 
   T. tiled: a working set of --working-set bytes (less than the table), the table in
-     blocks of --tile-bytes (read in turn by the embedding and by the head, in forward and
-     in the head's backward; its gradient written block by block and stepped from the
-     store);
+     blocks of --tile-bytes (the embedding reads only its ids' rows; the head reads every
+     block in forward and in its backward, the first ones read ahead of each use; its
+     gradient written block by block, the embedding's rows added to it, and stepped from
+     the store);
   W. whole: a working set that holds the whole table (--working-set + the table's bytes),
      nothing tiled: the table is fetched whole, its gradient materialized whole.
 
@@ -22,8 +23,9 @@ is each child's VmHWM since its start.
 
 ``--json`` prints one object: ``tiled_iteration_seconds`` (T), ``whole_iteration_seconds``
 (W), ``tiled_ratio`` (T / W; the issue's goal: at most 1.10), ``table_bytes``,
-``tile_bytes``, ``tile_blocks_fetched``, ``tile_fetch_seconds``, ``tile_stall_seconds``
-(per iteration of T), ``bytes_fetched`` of each, ``peak_rss_bytes`` (T) and
+``tile_bytes``, ``tile_blocks_fetched``, ``tile_blocks_ahead``, ``tile_fetch_seconds``,
+``tile_stall_seconds``, ``grad_bytes_written``, ``grad_bytes_read`` (per iteration of T),
+``bytes_fetched`` of each, ``peak_rss_bytes`` (T) and
 ``peak_rss_bytes_whole`` (W), ``max_abs_loss_difference`` (T's losses against W's: the
 tied head's summation order, docs/offload.md "Tiling"). Everything under --path is removed
 on exit.
@@ -182,6 +184,9 @@ def main() -> int:
            "table_bytes": 4 * args.vocab * args.d_model,
            "tile_bytes": strata.parse_size(args.tile_bytes),
            "tile_blocks_fetched": int(med("tiled", "tile_blocks_fetched")),
+           "tile_blocks_ahead": int(med("tiled", "tile_blocks_ahead")),
+           "grad_bytes_written": int(med("tiled", "grad_bytes_written")),
+           "grad_bytes_read": int(med("tiled", "grad_bytes_read")),
            "tile_fetch_seconds": med("tiled", "tile_fetch_seconds"),
            "tile_stall_seconds": med("tiled", "tile_stall_seconds"),
            "bytes_fetched": int(med("tiled", "bytes_fetched")),

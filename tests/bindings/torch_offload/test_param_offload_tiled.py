@@ -88,7 +88,9 @@ def test_embedding_forward_and_gradient_are_bit_identical(tmp_path):
         assert torch.equal(b.grad, a.grad), n  # no strata optimizer: gradients in p.grad
     assert torch.equal(model.emb.weight.grad[3], torch.zeros(D))  # padding_idx
     st_ = h.stats()
-    assert st_["tile_blocks_fetched"] == 8  # forward reads each block once; backward none
+    # forward reads only the rows the ids use, no block; backward reads nothing
+    assert st_["tile_blocks_fetched"] == 0
+    assert st_["bytes_fetched"] == len(torch.unique(idx)) * D * 4 + (4 * D + 4) * 4
     assert st_["resident_bytes"] <= h.working_set_bytes
 
 
@@ -419,3 +421,171 @@ def test_a_step_on_zeroed_gradients_is_torchs(tmp_path):
         o.step()
     for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
         assert torch.equal(h.read(b), a.detach()), n
+
+
+def _count_ranges(h):
+    """Wraps h.store.read_range: the (offset, nbytes) of each call, in a list."""
+    calls, real = [], h.store.read_range
+
+    def read_range(key, offset, nbytes):
+        calls.append((key, offset, nbytes))
+        return real(key, offset, nbytes)
+
+    h.store.read_range = read_range
+    return calls
+
+
+def test_embedding_forward_reads_only_its_rows_adjacent_ones_as_one_range(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Embedding(V, D)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path)
+    idx = torch.tensor([[5, 6, 7, 7, 20], [999, 0, 5, 6, 21]])
+    h.reset_stats()
+    calls = _count_ranges(h)
+    with torch.no_grad():
+        out = model(idx)
+    assert torch.equal(out, ref(idx).detach())
+    rows = D * 4
+    assert sorted((o // rows, n // rows) for _, o, n in calls) == [(0, 1), (5, 3), (20, 2),
+                                                                   (999, 1)]
+    st_ = h.stats()
+    assert st_["bytes_fetched"] == 7 * rows and st_["tile_blocks_fetched"] == 0
+    out = model(idx)  # with autograd: the same rows
+    assert torch.equal(out, ref(idx))
+    assert h.stats()["bytes_fetched"] == 14 * rows
+
+
+def test_embedding_rows_beyond_a_block_are_read_in_groups(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Embedding(V, D)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path, working_set=64 * 1024, tile_bytes=200 * 1024)
+    idx = torch.arange(V - 1, -1, -3).view(2, -1)  # 334 rows, none adjacent: 3 groups of 128
+    h.reset_stats()
+    calls = _count_ranges(h)
+    with torch.no_grad():
+        out = model(idx)
+    assert torch.equal(out, ref(idx).detach())
+    assert len(calls) == 334 and h.stats()["bytes_fetched"] == 334 * D * 4
+    assert h.stats()["peak_working_set_bytes"] <= 64 * 1024
+
+
+class TiedLM(nn.Module):
+    """The bench's shape: an embedding whose weight is the output head, a Linear between."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.mid = nn.Linear(D, D)
+
+    def forward(self, idx):
+        return F.linear(torch.tanh(self.mid(self.emb(idx))), self.emb.weight)
+
+
+def test_first_blocks_of_a_use_are_read_ahead_along_the_recorded_uses(tmp_path):
+    torch.manual_seed(0)
+    ref, model = TiedLM(), TiedLM()
+    model.load_state_dict(ref.state_dict())
+    h = offload(model, tmp_path, working_set="512KiB")
+    for step in range(3):
+        idx, _ = batch(step)
+        h.reset_stats()
+        for m in (ref, model):
+            m.zero_grad()
+            m(idx).square().mean().backward()
+        for (n, a), b in zip(ref.named_parameters(), model.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=n)
+        st_ = h.stats()
+        # head forward and head backward read 8 blocks each; from the second iteration on
+        # the first 2 of each are read ahead (after the embedding; after the head forward)
+        assert st_["tile_blocks_fetched"] == 16
+        assert st_["tile_blocks_ahead"] == (0 if step == 0 else 4), step
+        assert st_["peak_working_set_bytes"] <= h.working_set_bytes
+
+
+def test_blocks_read_ahead_of_a_changed_value_are_dropped(tmp_path):
+    torch.manual_seed(0)
+    ref = nn.Linear(D, V)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path)
+    x = torch.randn(4, D)
+    for step in range(2):
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ref(x1).sum().backward()
+        out = model(x2)
+        if step == 1:
+            assert h.tile_reads.ahead is not None  # the backward's first blocks
+            h.ws.records[0].version += 1  # (as a step or an edit does)
+        h.reset_stats()
+        out.sum().backward()
+        torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-5, atol=1e-6)
+        assert h.stats()["tile_blocks_ahead"] == 0
+        assert h.stats()["tile_blocks_fetched"] == 8
+    assert h.ws.staged_bytes == 0
+
+
+def _tied_grads(tmp_path, name, by_rows):
+    """TiedLM's gradients after one backward with OffloadAdamW (gradients in the store),
+    the embedding's contribution added by rows or (by_rows False) block by block."""
+    from strata.torch.offload._tiled_grads import BlockWriter
+    torch.manual_seed(0)
+    model = TiedLM()
+    h = offload(model, tmp_path / name)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-3, store=h.store)
+    idx = batch(0)[0] % 300  # blocks 0..2 (of 8) only: the others get zeros
+    h.reset_stats()
+    real = BlockWriter.by_rows
+    if not by_rows:
+        BlockWriter.by_rows = property(lambda self: False)
+    try:
+        model(idx).square().mean().backward()
+    finally:
+        BlockWriter.by_rows = real
+    stats = h.stats()  # (before p.grad reads the gradients)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats, opt
+
+
+def test_tied_gradient_reads_and_writes_only_the_embeddings_rows(tmp_path):
+    rows = len(torch.unique(batch(0)[0] % 300)) * D * 4
+    g_rows, st_rows, _ = _tied_grads(tmp_path, "a", True)
+    g_dense, st_dense, _ = _tied_grads(tmp_path, "b", False)
+    for n in g_dense:
+        assert torch.equal(g_rows[n], g_dense[n]), n  # the same values as whole blocks
+    assert st_dense["grad_bytes_read"] == V * D * 4
+    assert st_rows["grad_bytes_read"] == rows  # the head's blocks, then only the rows
+    assert st_rows["grad_bytes_written"] - st_dense["grad_bytes_written"] == rows - V * D * 4
+
+
+def test_a_block_holding_negative_zero_is_added_whole(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Embedding(V, D)
+    h = offload(model, tmp_path)
+    st.OffloadAdamW(model.parameters(), lr=1e-3, store=h.store)
+    s = h.ws.records[0]
+    first = torch.randn(V, D)
+    first[300, 5] = -0.0  # block 2 (rows 256..383)
+    w = h.tiled_grads.writer(s)
+    for i in range(s.tile.nblocks):
+        r0, r1 = s.tile.rows_of(i)
+        w.add(i, first[r0:r1].clone())
+    assert w.end() is None
+    w = h.tiled_grads.writer(s)
+    assert w.by_rows
+    add = torch.zeros(V, D)
+    for i in range(s.tile.nblocks):
+        r0, r1 = s.tile.rows_of(i)
+        rows = torch.tensor([r0 + 1, r0 + 2, r0 + 50])
+        vals = torch.randn(3, D)
+        add[rows] = vals
+        if w.add_rows(i, rows, vals.clone()):
+            assert i != 2
+        else:
+            assert i == 2
+            w.add(i, add[r0:r1].clone())
+    w.end()
+    want = first + add
+    assert torch.equal(model.weight.grad, want)
+    assert model.weight.grad[300, 5].item() == 0.0 and not torch.signbit(
+        model.weight.grad[300, 5])
+    torch.testing.assert_close(s.grad_norm, torch.norm(want), rtol=1e-6, atol=0)

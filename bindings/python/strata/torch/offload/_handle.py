@@ -102,6 +102,7 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         self.fast = FastPaths(self)  # torch's fused fast paths (offload/_fastpath.py)
         self.tiled_grads = TiledGrads(self)
         self.block_reader: Any = None  # the block thread of tiled parameters (lazily)
+        self.tile_reads: Any = None  # tiled uses, reads ahead (offload/_tile_reads.py; lazily)
         self.stats_ref = self._stats
         #: a deepcopy's offload (offload/_copy.py): the source's key_prefix (else None)
         self.copy_of_prefix: Optional[str] = None
@@ -353,7 +354,7 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
                   "prefetch_misses", "resident_hits", "trace_mismatches",
                   "peak_working_set_bytes", "bytes_written_back", "param_bytes_written",
                   "grad_bytes_written", "grad_bytes_read", "tile_blocks_fetched",
-                  "tile_fetch_seconds", "tile_stall_seconds"):
+                  "tile_fetch_seconds", "tile_stall_seconds", "tile_blocks_ahead"):
             self._stats[k] = 0 if not k.endswith("seconds") else 0.0
 
     def stats(self) -> Dict[str, Any]:
@@ -373,7 +374,9 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         (gradients to / from the store, bytes); tiled parameters (offload/_tiled.py):
         ``tile_blocks_fetched`` (blocks read, their bytes also in ``bytes_fetched``),
         ``tile_fetch_seconds`` (time reading them, on the block thread),
-        ``tile_stall_seconds`` (time the operators waited for a block).
+        ``tile_stall_seconds`` (time the operators waited for a block or rows),
+        ``tile_blocks_ahead`` (blocks an operator found read ahead of its use, also in
+        ``tile_blocks_fetched``; offload/_tile_reads.py).
         """
         out = dict(self._stats)
         out[f"bytes_fetched_{self.tier}"] = out["bytes_fetched"]
@@ -423,6 +426,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
             for s in self.ws.records:
                 self.unlink_master(s.param)
             self.ws.stop()
+            if self.tile_reads is not None:
+                self.tile_reads.close()
             if self.block_reader is not None:
                 self.block_reader.shutdown()
             for h in self._hook_handles:

@@ -2,7 +2,9 @@
 that ``F.linear`` or ``F.embedding`` uses is never materialized whole. Its store object
 (the row-major value, the same key) is read in *blocks* of whole rows (dim 0: a Linear's
 output features, an Embedding's entries), at most ``tile_bytes`` each; the operator is
-computed block by block while the next block is read on the offload's block thread; in
+computed block by block while the next blocks are read on the offload's block thread (the
+first ones ahead of the use: offload/_tile_reads.py), ``F.embedding`` reads only the rows
+its ids use (byte ranges of the object); in
 backward each block's weight gradient goes straight into the parameter's gradient object
 (offload/_tiled_grads.py), and the optimizer's step streams it from there (ZeRO-Infinity's
 memory-centric tiling, SC21 section 5.1.3, without rewriting the model: the module, its
@@ -15,7 +17,7 @@ What is exact (tests/bindings/torch_offload/test_param_offload_tiled.py compares
   whole operator, which the test finds bit-identical on this CPU's BLAS; the **input
   gradient** sums the blocks' ``g[:, r0:r1] @ W[r0:r1]`` one after another instead of in one
   matrix product: another summation order (docs/offload.md gives the measured difference).
-* ``F.embedding``: rows are copied (exact); the weight gradient of each block is
+* ``F.embedding``: the rows its ids use are read and copied (exact); the weight gradient of each block is
   ``index_add_`` of the gradient rows in their order of occurrence, as torch's CPU backward
   sums them: bit-identical.
 * in-place initialization and edits without autograd (``nn.init.normal_``/``uniform_``/
@@ -33,16 +35,15 @@ on the offload's block thread.
 from __future__ import annotations
 
 import math
-import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .._common import no_torch_function as _no_tf
-from .._trace import TRACE
-from ._record import IN_MEMORY, ParamRecord, dense_stride, tensor_of
+from ._record import IN_MEMORY, ParamRecord, dense_stride
+from ._tile_reads import blocks, embedding_rows, reads_of
+from ._tile_reads import read_block  # noqa: F401 (offload/_tiled_grads.py imports it here)
 
 
 class TileLayout:
@@ -101,90 +102,13 @@ def plan_tile(p: torch.Tensor, tile_bytes: Optional[int], comm: Any,
     return TileLayout(tuple(p.shape), p.element_size(), block)
 
 
-# ---- reading blocks ------------------------------------------------------------------------
-
-
-def _executor(owner: Any) -> ThreadPoolExecutor:
-    ex = owner.block_reader
-    if ex is None:
-        ex = owner.block_reader = ThreadPoolExecutor(1, thread_name_prefix="strata-blocks")
-    return ex
-
-
-def read_block(owner: Any, s: ParamRecord, i: int, key: Optional[str] = None) -> torch.Tensor:
-    """Block ``i`` of ``s``'s stored value (``key``: another object of the same layout),
-    a new tensor of shape ``[r1 - r0, *shape[1:]]``."""
-    t = s.tile
-    off, n = t.span(i)
-    r0, r1 = t.rows_of(i)
-    arr = owner.store.read_range(key or s.value_key, off * t.elem, n * t.elem)
-    return tensor_of(arr, s.dtype).view((r1 - r0,) + s.shape[1:])
-
-
-def blocks(owner: Any, s: ParamRecord, need_values: bool = True
-           ) -> Iterator[Tuple[int, int, int, Optional[torch.Tensor]]]:
-    """``(i, r0, r1, W[r0:r1])`` for every block of tiled ``s``, in order: from memory when
-    ``s`` is materialized (an edit in place is seen), else read from the store with the
-    next block in flight on the block thread (two blocks counted in the working set, which
-    evicts for them). ``need_values`` False: no reads, ``None`` as the block."""
-    t = s.tile
-    if not need_values:
-        for i in range(t.nblocks):
-            r0, r1 = t.rows_of(i)
-            yield i, r0, r1, None
-        return
-    if s.state in IN_MEMORY:
-        with _no_tf():
-            data = s.resident.detach()
-        for i in range(t.nblocks):
-            r0, r1 = t.rows_of(i)
-            yield i, r0, r1, data[r0:r1]
-        return
-    ws, stats = owner.ws, owner.stats_ref
-    if s.pending is not None:
-        ws.drain()
-    ws.touch(s)
-    reserve = min(2, t.nblocks) * t.block_bytes  # counted as staged bytes meanwhile
-    ws._make_room(reserve, protect=-1, before=None)
-    ws.staged_bytes += reserve
-    ws._peak()
-    ex = _executor(owner)
-    nxt = None
-    try:
-        nxt = ex.submit(_timed_read, owner, s, 0)
-        for i in range(t.nblocks):
-            t0 = time.perf_counter()
-            fut = nxt
-            nxt = None
-            block, seconds = fut.result()
-            stats["tile_stall_seconds"] += time.perf_counter() - t0
-            stats["tile_fetch_seconds"] += seconds
-            stats["tile_blocks_fetched"] += 1
-            stats["bytes_fetched"] += block.numel() * t.elem
-            if i + 1 < t.nblocks:
-                nxt = ex.submit(_timed_read, owner, s, i + 1)
-            r0, r1 = t.rows_of(i)
-            yield i, r0, r1, block
-    finally:
-        if nxt is not None:
-            nxt.exception()  # (wait: the buffer must not be read into after this)
-        ws.staged_bytes -= reserve
-
-
-def _timed_read(owner: Any, s: ParamRecord, i: int) -> Tuple[torch.Tensor, float]:
-    t0 = time.perf_counter()
-    out = read_block(owner, s, i)
-    if TRACE.on: TRACE.instant(f"block {s.name}[{i}]", "fetch", {"i": i})  # noqa: E701
-    return out, time.perf_counter() - t0
-
-
 # ---- the operators -----------------------------------------------------------------------
 
 
 def _linear_forward(owner: Any, s: ParamRecord, x: torch.Tensor,
                     bias: Optional[torch.Tensor]) -> torch.Tensor:
     out = None
-    for _, r0, r1, w in blocks(owner, s):
+    for _, r0, r1, w in blocks(owner, s, use="linear"):
         y = F.linear(x, w, None if bias is None else bias[r0:r1])
         if out is None:
             out = torch.empty(tuple(x.shape[:-1]) + (s.shape[0],), dtype=y.dtype,
@@ -225,7 +149,7 @@ class _TiledLinear(torch.autograd.Function):
         gx = None
         writer = owner.tiled_grads.writer(s, whole=not need_w) if need_w is not None else None
         try:
-            for i, r0, r1, w in blocks(owner, s, need_values=need_x):
+            for i, r0, r1, w in blocks(owner, s, need_values=need_x, use="linear_bwd"):
                 gb = g2[:, r0:r1]
                 if need_x:
                     part = gb.to(acc).mm(w.to(cast).to(acc))
@@ -258,22 +182,6 @@ def _weight_grad(ctx: Any, k: int, edge: int) -> Optional[bool]:
     return True
 
 
-def _embedding_forward(owner: Any, s: ParamRecord, idx: torch.Tensor) -> torch.Tensor:
-    flat = idx.reshape(-1)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= s.shape[0]):
-        raise IndexError(f"index out of range in self (tiled parameter {s.name!r} has "
-                         f"{s.shape[0]} rows; indices from {int(flat.min())} to "
-                         f"{int(flat.max())})")
-    out = None
-    for _, r0, r1, w in blocks(owner, s):
-        if out is None:
-            out = torch.empty((flat.numel(),) + s.shape[1:], dtype=w.dtype)
-        sel = ((flat >= r0) & (flat < r1)).nonzero().squeeze(1)
-        if sel.numel():
-            out[sel] = w.index_select(0, flat[sel] - r0)
-    return out.view(tuple(idx.shape) + s.shape[1:])
-
-
 class _TiledEmbedding(torch.autograd.Function):
     """``F.embedding(idx, W, padding_idx)`` with tiled ``W``."""
 
@@ -283,7 +191,7 @@ class _TiledEmbedding(torch.autograd.Function):
         ctx.record = record
         ctx.padding_idx = padding_idx
         ctx.save_for_backward(idx)
-        return _embedding_forward(record.owner, record, idx)
+        return embedding_rows(record.owner, record, idx)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
@@ -303,6 +211,13 @@ class _TiledEmbedding(torch.autograd.Function):
                 if ctx.padding_idx is not None:
                     m &= flat != ctx.padding_idx
                 sel = m.nonzero().squeeze(1)
+                if writer.full is None and writer.by_rows:  # only its rows (_tiled_grads.py)
+                    rows, pos = torch.unique(flat[sel], sorted=True, return_inverse=True)
+                    vals = torch.zeros((len(rows),) + s.shape[1:], dtype=g.dtype)
+                    if len(rows):
+                        vals.view(len(rows), -1).index_add_(0, pos, g2[sel])  # (same sums)
+                    if writer.add_rows(i, rows, vals):
+                        continue
                 blk = torch.zeros((r1 - r0,) + s.shape[1:], dtype=g.dtype)
                 if sel.numel():
                     blk.view(r1 - r0, -1).index_add_(0, flat[sel] - r0, g2[sel])
@@ -341,6 +256,7 @@ def _edit_blocks(func: Any, s: ParamRecord, args: Tuple[Any, ...], kwargs: dict)
     owner, t = s.owner, s.tile
     if s.pending is not None:  # a whole-parameter prefetch in flight: dropped first, so
         owner.ws.drain()  # that its (old) value never lands after the blocks are written
+    reads_of(owner).drop(s)  # (so are blocks read ahead)
     owner.ws.touch(s)
     with _no_tf():
         for i, r0, r1, w in blocks(owner, s, need_values=name in _EDITS):
@@ -440,7 +356,7 @@ def tiled_call(func: Any, args: Tuple[Any, ...], kwargs: dict) -> Any:
         with _no_tf():
             if torch.is_grad_enabled() and w.requires_grad:
                 return _TiledEmbedding.apply(a["input"], w, s, pad)
-            return _embedding_forward(s.owner, s, a["input"])
+            return embedding_rows(s.owner, s, a["input"])
     if name == "linear" and func in _LINEARS:
         a = dict(zip(("input", "weight", "bias"), args), **kwargs)
         s = _is_tiled(a.get("weight"))

@@ -9,7 +9,13 @@ a strata optimizer (the gradient goes to the store) the contributions of one par
 as torch's ``p.grad += g`` does: the first backward after ``zero_grad(set_to_none=True)``
 writes the blocks as they come, after ``zero_grad(set_to_none=False)`` adds them to zeros
 (``g + 0.0``), later ones read the block, replay recorded scalings (``p.grad.mul_(c)``) and
-add. Its norm is ``torch.norm`` of the stacked block norms (``clip_grad_norm_``'s rule one
+add. An embedding's contribution (zeros but for its ids' rows) added to a gradient the
+previous writer of this object left unchanged since (no scaling, no other write; e.g. a
+tied output head's, earlier in the same backward) reads and writes only its rows
+(:meth:`BlockWriter.add_rows`, byte ranges), in each block that holds no ``-0.0`` (where
+``x + 0.0`` would change a row it does not touch; such a block is read and written whole):
+the same values as adding the whole block. Its norm is ``torch.norm`` of the stacked row
+norms (``torch.linalg.vector_norm`` of each row in fp32; ``clip_grad_norm_``'s rule one
 level down): the same value up to summation order, not bit-identical to ``torch.norm`` of
 the whole gradient. Without a strata optimizer the blocks are assembled into one gradient
 tensor that torch accumulates into ``p.grad`` (memory of the whole parameter).
@@ -19,13 +25,13 @@ Thread-safety: as ParameterOffload (one thread at a time).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .._common import all_finite, no_torch_function as _no_tf
-from ._record import IN_MEMORY, ParamRecord
+from ._record import IN_MEMORY, ParamRecord, tensor_of
 from ._tiled import read_block
 
 
@@ -37,6 +43,29 @@ def put_zeros(owner: Any, s: ParamRecord, key: str) -> None:
     block = np.zeros(owner.store.chunk_bytes // np.dtype(np_dtype).itemsize, dtype=np_dtype)
     owner.store.put_repeated(key, block, s.numel, overwrite=True,
                              dtype="bf16" if s.dtype == torch.bfloat16 else None)
+
+
+class _Rows:
+    """What the last writer of a tiled gradient object knows of it: ``token`` (the
+    ``grad_norm`` tensor it set: the object is unchanged while ``s.grad_norm`` is it),
+    ``norms`` (fp32 norm of each row), ``negzero`` (blocks holding a ``-0.0``), ``finite``."""
+
+    __slots__ = ("token", "norms", "negzero", "finite")
+
+    def __init__(self, token: torch.Tensor, norms: torch.Tensor, negzero: set, finite: bool):
+        self.token, self.norms, self.negzero, self.finite = token, norms, negzero, finite
+
+
+def _has_negzero(val: torch.Tensor) -> bool:
+    """``val`` (a float tensor) holds a ``-0.0`` (its bit pattern: the sign bit alone)."""
+    bits = {4: (torch.int32, -2 ** 31), 2: (torch.int16, -2 ** 15), 8: (torch.int64, -2 ** 63)}
+    dt, neg = bits[val.element_size()]
+    return bool((val.reshape(-1).view(dt) == neg).any())
+
+
+def _row_norms(val: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(val.reshape(val.shape[0], -1), 2.0, dim=1,
+                                    dtype=torch.float32)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -68,8 +97,18 @@ class BlockWriter:
             self.mode = "add"
         self.ops = list(s.grad_ops)
         tiled.ensure_grad_object(s)
-        self.norms: List[torch.Tensor] = []
+        self.norms: List[Optional[torch.Tensor]] = [None] * s.tile.nblocks
+        self.negzero: set = set()
         self.finite = True
+        prev = tiled.rows.pop(id(s), None)
+        #: what the previous writer left, when the object is unchanged since (add_rows)
+        self.prev = prev if (self.mode == "add" and not self.ops and prev is not None
+                             and s.grad_norm is not None and prev.token is s.grad_norm) else None
+
+    @property
+    def by_rows(self) -> bool:
+        """:meth:`add_rows` may be used (the object is what the previous writer left)."""
+        return self.prev is not None
 
     def add(self, i: int, blk: torch.Tensor) -> None:
         """Block ``i``'s gradient ``blk`` (shape ``[r1 - r0, *shape[1:]]``, the parameter's
@@ -98,9 +137,46 @@ class BlockWriter:
         off, _ = t.span(i)
         owner.store.write_range(s.grad_key, off * t.elem, val.reshape(-1))
         owner.stats_ref["grad_bytes_written"] += val.numel() * t.elem
-        n = torch.norm(val, 2.0)
-        self.norms.append(n)
-        self.finite = self.finite and all_finite(val, n)
+        rn = _row_norms(val)
+        self.norms[i] = rn
+        if _has_negzero(val):
+            self.negzero.add(i)
+        self.finite = self.finite and all_finite(val, torch.norm(rn, 2.0))
+
+    def add_rows(self, i: int, rows: torch.Tensor, vals: torch.Tensor) -> bool:
+        """Adds ``vals`` (shape ``[k, *shape[1:]]``, the parameter's dtype) to rows ``rows``
+        (sorted distinct row numbers of block ``i``, an int64 tensor of ``k``) and zeros to
+        the block's other rows, reading and writing only those rows; False (nothing done:
+        use :meth:`add`) when the block holds a ``-0.0`` or :attr:`by_rows` is False."""
+        prev, s = self.prev, self.s
+        if prev is None or i in prev.negzero:
+            return False
+        t = s.tile
+        r0, r1 = t.rows_of(i)
+        rn = prev.norms[r0:r1].clone()
+        if len(rows):
+            owner = self.tiled.owner
+            st, stats = owner.store, owner.stats_ref
+            nb = t.row_numel * t.elem
+            rl = rows.tolist()
+            cut = (torch.nonzero(rows[1:] - rows[:-1] != 1).squeeze(1) + 1).tolist()
+            bounds = [0] + cut + [len(rl)]
+            new = []
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                arr = st.read_range(s.grad_key, rl[a] * nb, (b - a) * nb)
+                val = tensor_of(arr, s.dtype).view((b - a,) + s.shape[1:])
+                val.add_(vals[a:b])  # old + g; the block's other rows: old + 0.0 == old
+                st.write_range(s.grad_key, rl[a] * nb, val.reshape(-1))
+                new.append(val)
+            stats["grad_bytes_read"] += len(rl) * nb
+            stats["grad_bytes_written"] += len(rl) * nb
+            val = new[0] if len(new) == 1 else torch.cat(new)
+            n = _row_norms(val)
+            rn[rows - r0] = n
+            self.finite = self.finite and all_finite(val, torch.norm(n, 2.0))
+        self.norms[i] = rn
+        self.finite = self.finite and prev.finite  # (a non-finite element stays so)
+        return True
 
     def end(self) -> Optional[torch.Tensor]:
         """The gradient is complete: the bookkeeping of a stored gradient (returns None), or
@@ -113,8 +189,10 @@ class BlockWriter:
         g = self.s.owner.grads
         g._forget_values(s)
         s.has_grad = True
-        s.grad_norm = torch.norm(torch.stack(self.norms), 2.0)
+        norms = torch.cat(self.norms)
+        s.grad_norm = torch.norm(norms, 2.0).to(s.dtype)
         s.grad_finite = self.finite
+        self.tiled.rows[id(s)] = _Rows(s.grad_norm, norms, self.negzero, self.finite)
         return None
 
     def abort(self) -> None:
@@ -130,6 +208,8 @@ class TiledGrads:
     def __init__(self, owner: Any):
         self.owner = owner
         self._ready: set = set()  # ids of records whose gradient object exists, full size
+        #: id(record) -> _Rows: what the last BlockWriter of its gradient object left
+        self.rows: Dict[int, _Rows] = {}
 
     def writer(self, s: ParamRecord, whole: bool = False) -> BlockWriter:
         """A :class:`BlockWriter` for one backward's gradient of tiled ``s`` (``whole``:
@@ -158,6 +238,7 @@ class TiledGrads:
     def forget(self, s: ParamRecord) -> None:
         """``s``'s gradient object may be gone (its key changed)."""
         self._ready.discard(id(s))
+        self.rows.pop(id(s), None)
 
     def for_step(self, s: ParamRecord) -> Tuple[str, str]:
         """``s``'s gradient object made to hold the gradient exactly as the step takes it
