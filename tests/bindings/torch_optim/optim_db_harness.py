@@ -449,13 +449,6 @@ def base_params(infos) -> List[Any]:
             for i, inp in enumerate(inputs_of(info)) if inp.params is None]
 
 
-#: known differences from torch, each an xfail(strict=True): fixed, the case fails as XPASS
-LONE_TENSOR = pytest.mark.xfail(
-    strict=True, reason="OffloadOptimizer lists a lone tensor given as params (its rows, "
-    "non-leaf views) before the class sees it: ValueError \"can't optimize a non-leaf "
-    "Tensor\" instead of torch's TypeError (optim/_any.py, list(params))")
-
-
 def error_params(infos) -> List[Any]:
     """pytest.param(cls, error_input) for every supported class's error inputs."""
     out = []
@@ -463,8 +456,7 @@ def error_params(infos) -> List[Any]:
         if info.optim_cls.__name__ not in SUPPORTED:
             continue
         for i, ei in enumerate(error_inputs_of(info)):
-            lone = isinstance(ei.optimizer_error_input.params, torch.Tensor)
-            out.append(pytest.param(info.optim_cls, ei, marks=[LONE_TENSOR] if lone else [],
+            out.append(pytest.param(info.optim_cls, ei,
                                     id=case_id(info, i, ei.optimizer_error_input.desc)))
     return out
 

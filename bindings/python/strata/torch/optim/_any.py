@@ -110,6 +110,9 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         self.store: Optional[strata.Store] = None
         self._rule: Optional[UpdateRule] = None
         self._cls: Any = None
+        if isinstance(params, torch.Tensor):  # as torch.optim.Optimizer refuses it
+            raise TypeError("params argument given to the optimizer should be an iterable "
+                            "of Tensors or dicts, but got " + torch.typename(params))
         params = list(params)
         mode = check_option(grad_accumulation_dtype)
         if isinstance(optimizer_class, UpdateRule):
