@@ -12,15 +12,16 @@
   without set_to_none): the offloaded model steps exactly as the same optimizer over the
   same model in memory (optim/_grad_accum.py), step by step;
 * fp16 under DynamicLossScaler with an overflow injected in one micro-batch: that step
-  skipped, the others bit-identical to torch by hand (scaled losses, fp32 sums unscaled);
-* OffloadOptimizer refuses offloaded parameters (it would not read their store).
+  skipped, the others bit-identical to torch by hand (scaled losses, fp32 sums unscaled).
+(OffloadOptimizer over offloaded parameters: tests/bindings/torch_optim/
+test_any_optimizer_offloaded.py.)
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
 import strata.torch as st
-from strata.torch.optim import DynamicLossScaler, OffloadOptimizer
+from strata.torch.optim import DynamicLossScaler
 
 TIERS = ["nvme", "host"]
 MICRO = 4
@@ -235,16 +236,6 @@ def test_edits_of_p_grad_as_for_in_memory_parameters(tmp_path, tier):
     assert any(not torch.equal(a.detach(), b) for a, b in zip(plain.parameters(), want[0][1]))
     for o in (mopt, opt, popt):
         o.close()
-    h.close()
-
-
-def test_offload_optimizer_refuses_offloaded_parameters(tmp_path):
-    model = Net(torch.bfloat16)
-    h = st.offload_parameters(model, path=str(tmp_path / "p"), tier="host")
-    with pytest.raises(ValueError, match=r"parameter 0 \('l1.weight'\) is offloaded.*"
-                                         r"OffloadAdam"):
-        OffloadOptimizer(torch.optim.SGD, model.parameters(), lr=0.1, momentum=0.9,
-                         path=str(tmp_path / "o"))
     h.close()
 
 

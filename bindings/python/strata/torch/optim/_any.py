@@ -23,7 +23,8 @@ import torch
 import strata
 
 from ..._data_dir import make_temp_dir
-from ..offload import is_offloaded, offload_of
+from ..offload import is_offloaded, note_checkpoint_value
+from . import _any_offloaded as aof
 from . import _slice_step as ss
 from ._exchange import bump_version
 from ._any_io import _RECORD, AnyCheckpointMethods, master_numpy
@@ -56,6 +57,9 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
     the optimizer (``model.load_state_dict``, ``p.copy_()``)
     are stepped from their new value (``p.data`` edits in place are not seen).
     ``optimizer.state[p]`` reads p's state from the store (copies, optim/_any_state.py).
+    Parameters offloaded by ``strata.torch.offload_parameters`` are stepped through the
+    offload's store as OffloadAdam steps them: gradients read from it, new values stored
+    there, in batches bounded by its working set (optim/_any_offloaded.py).
 
     :param optimizer_class: a torch.optim class, or an UpdateRule.
     :param params: as torch.optim (tensors or param-group dicts).
@@ -85,8 +89,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         (strata.FailedPreconditionError naming both otherwise).
     :raises TypeError, ValueError: a class that is not supported (naming why), the class's
         own argument errors, a bad ``state_dtype`` or bf16 for a refused class, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
-        (naming its index), a parameter offloaded by ``strata.torch.offload_parameters``
-        (ValueError: use OffloadAdam/OffloadAdamW), a bad ``grad_accumulation_dtype``,
+        (naming its index), a parameter offloaded with a communicator (ZeRO-3; ValueError:
+        use OffloadAdam/OffloadAdamW), a bad ``grad_accumulation_dtype``,
         ``resume`` without store/path or with other parameters.
     :raises strata.Error: the store's errors (AlreadyExistsError: a checkpoint is there and
         neither resume nor overwrite was given).
@@ -149,16 +153,10 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                                  "per step (deprecated): list each parameter once")
             seen_ids[id(p)] = i
         for i, p in enumerate(self._params):
-            if is_offloaded(p):
-                name = offload_of(p).name_of(p)
-                raise ValueError(f"OffloadOptimizer: parameter {i} ({name!r}) is offloaded "
-                                 "by strata.torch.offload_parameters; "
-                                 "OffloadOptimizer steps in-memory parameters only (its "
-                                 "gradient and value are not read from the offload's store): "
-                                 "use strata.torch.OffloadAdam / OffloadAdamW over offloaded "
-                                 "parameters")
+            if is_offloaded(p):  # its value and gradient in the offload's store
+                aof.check(p, i)
             if (p.dtype not in (torch.float32,) + LOW_PRECISION or p.device.type != "cpu"
-                    or not p.is_contiguous()):
+                    or not (p.is_contiguous() or is_offloaded(p))):
                 raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
                                  f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}"
                                  "; it takes contiguous float32, float16 or bfloat16 CPU "
@@ -179,9 +177,11 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         except BaseException:
             self.close()
             raise
-        #: fp32 sums of fp16/bf16 parameters' micro-batch gradients (optim/_grad_accum.py)
+        #: fp32 sums of fp16/bf16 parameters' micro-batch gradients (optim/_grad_accum.py;
+        #: offloaded parameters': their offload's, offload/_grad_sum.py)
         self._accum = GradAccumulation(mode)
         self._accum.watch(self._params)
+        aof.prepare(self._params, mode == "float32")
         #: torch's per-parameter state, read from the store (optim/_any_state.py)
         self.state = AnyStateView(_weak(self, "_entry"), _weak(self, "_with_state"))  # type: ignore
         strata._lifetime.register(self.store, self)
@@ -222,7 +222,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             self._resume(core)
         else:
             for i, p in enumerate(self._params):
-                h = core.add_param(f"p{i}", p.numel(), master_numpy(p))
+                h = (aof.add(core, f"p{i}", p) if is_offloaded(p) else
+                     core.add_param(f"p{i}", p.numel(), master_numpy(p)))
                 self._bind(i, p, h)
         self._seen = {h: self._signature(p) for h, p in self._by_handle.items()}
 
@@ -231,11 +232,15 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         self._by_handle[h] = p
         self._group_of[h] = next(gi for gi, g in enumerate(self.param_groups)
                                  if any(q is p for q in g["params"]))
-        self._core.set_param_copy(h, p.detach().view(-1))  # fp16/bf16: rounded by strata
+        if not is_offloaded(p):  # (an offloaded one's copy: a buffer at each step)
+            self._core.set_param_copy(h, p.detach().view(-1))  # fp16/bf16: rounded by strata
 
     def _master_into(self, h: int, p: torch.Tensor) -> None:
         """The fp32 master of handle ``h`` into ``p`` (fp16/bf16: rounded to nearest
-        even, as strata's parameter copy)."""
+        even, as strata's parameter copy; offloaded: into its store)."""
+        if is_offloaded(p):
+            aof.master_into(self._core, h, p)
+            return
         with torch.no_grad():
             if p.dtype == torch.float32:
                 self._core.read_param(h, out=p.detach().view(-1).numpy())
@@ -271,7 +276,9 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                              for h, s in rec["scalars"].items()}
         for h, p in self._by_handle.items():
             self._master_into(h, p)
-            bump_version(p)
+            if not is_offloaded(p):  # a later offload_parameters(resume=True) keeps it
+                bump_version(p)
+                note_checkpoint_value(p)
 
     def _current_layout(self) -> List[List[int]]:
         return [[id(p) for p in g["params"]] for g in self.param_groups]
@@ -295,7 +302,7 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
 
     @staticmethod
     def _signature(p: torch.Tensor):
-        return (p.data_ptr(), p._version)
+        return aof.signature(p) if is_offloaded(p) else (p.data_ptr(), p._version)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -344,7 +351,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             param_groups; a hyperparameter change needing a state tensor the optimizer was
             not created with (e.g. SGD's momentum from 0).
         :raises strata.InvalidArgumentError: the class's step raised on a slice (its
-            exception the ``__cause__``); the step is rolled back (nothing changed)."""
+            exception the ``__cause__``); the step is rolled back (nothing changed; over
+            offloaded parameters, the batches stepped before keep their updates)."""
         self._check_open()
         loss = None
         if closure is not None:
@@ -361,7 +369,12 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                                  f"state {ss.names(missing)}, which the optimizer was not "
                                  f"created with (it keeps {ss.names(self._streams)})")
         core, stepped, grads = self._core, [], []
+        aof.prepare(self._params, self._accum.mode == "float32")
+        offloaded = [(h, p) for h, p in self._by_handle.items() if is_offloaded(p)]
+        aof.take_changed(core, offloaded, self._seen)  # changed outside: stored value
         for h, p in self._by_handle.items():
+            if is_offloaded(p):  # (its gradient is read from the store, batch by batch)
+                continue
             if self._seen[h] != self._signature(p):  # changed outside: its value is the master
                 if self._seen[h][0] != p.data_ptr():
                     if not p.is_contiguous():
@@ -381,9 +394,26 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             grads.append(g)
             core.set_grad(h, g.numpy())
             stepped.append((h, p))
-        self._pending, scale = {}, self._grad_scale  # scale: set by a DynamicLossScaler
+        scale = self._grad_scale  # set by a DynamicLossScaler
+        # offloaded parameters in batches bounded by the working set (optim/_any_offloaded.py);
+        # the in-memory ones in the first
+        batches = aof.batches(aof.with_grad(offloaded, scale is not None)) or [[]]
+        for k, batch in enumerate(batches):
+            st = self._step_batch(stepped if k == 0 else [], batch, scale)
+            self.last_step = st if k == 0 else aof.add_stats(self.last_step, st)
+            if st["skipped"]:  # (nothing changed: a skip can only be the first batch's)
+                break
+        return loss
+
+    def _step_batch(self, stepped, batch, scale) -> Dict[str, Any]:
+        """One step of strata's optimizer over the in-memory parameters ``stepped`` (their
+        gradients attached) and the offloaded ``batch`` (handle, p): their gradients read
+        from the store, their new values stored; returns strata's step statistics."""
+        core = self._core
+        held = [(h, p) + aof.attach(core, h, p) for h, p in batch]
+        self._pending = {}
         try:  # under a loss scaler: 1/scale in the slices, skipped on inf/NaN (as Adam's)
-            self.last_step = core.step(0.0, 1.0 if scale is None else scale, scale is not None)
+            st = core.step(0.0, 1.0 if scale is None else scale, scale is not None)
         except BaseException:
             self._pending = {}
             for h, p in stepped:  # the parameter copies written before the failure
@@ -392,20 +422,29 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         finally:
             for h, _ in stepped:
                 core.set_grad(h, None)
-        if self.last_step["skipped"]: return loss  # noqa: E701 (nothing changed)
-        for h, p in stepped:
+            for h, *_ in held:
+                core.set_grad(h, None)
+                core.set_param_copy(h, None)
+        if st["skipped"]: return st  # noqa: E701 (nothing changed)
+        for h, p, *rest in stepped + held:
             if p.numel() == 0:  # no slice was streamed: the class's step on empty tensors
                 group = self.param_groups[self._group_of[h]]
                 self._pending[h] = self._step_slice(h, group, torch.empty(0), torch.empty(0), {
                     n: torch.empty(0) for n in self._group_streams(group)}, core.step_count(h))
             self._scalars[h] = self._pending.get(h, {})
-            bump_version(p)
+            if rest:
+                aof.store_value(p, rest[1])
+            else:
+                bump_version(p)
             self._seen[h] = self._signature(p)
         self._pending = {}
-        return loss
+        return st
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """As torch.optim.Optimizer.zero_grad; the fp32 gradient sums start again."""
+        """As torch.optim.Optimizer.zero_grad (offloaded parameters' stored gradients too,
+        through their ``p.grad``); the fp32 gradient sums start again."""
+        for o in aof.offloads(self._params):
+            o.flush_grads()  # a write in flight fails here, not at an unrelated later call
         if self._accum is not None:
             self._accum.clear()
         super().zero_grad(set_to_none)

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..offload import is_offloaded
+from . import _any_offloaded as aof
 from . import _slice_step as ss
 from ._any_state import as_floats, encode_record
 from ._exchange import bump_version
@@ -104,7 +106,8 @@ class AnyCheckpointMethods:
                 st = state_dict["state"].get(given.get(id(p)))
                 streams, scalars = (ss.split_state(st) if st else ({}, None))
                 master = streams.pop("master_param", None)
-                if self._seen[h][0] != p.data_ptr() and not p.is_contiguous():
+                if (not is_offloaded(p) and self._seen[h][0] != p.data_ptr()
+                        and not p.is_contiguous()):
                     raise ValueError(f"OffloadOptimizer: parameter {h} is no longer "
                                      "contiguous")
                 if master is not None and master.numel() != p.numel():
@@ -125,7 +128,11 @@ class AnyCheckpointMethods:
         core = self._core
         for h, streams, scalars, master in plan:
             p = self._by_handle[h]
-            if master is not None or p.dtype != torch.float32:
+            if is_offloaded(p):  # the stored value (already the master unless given)
+                if master is not None or p.dtype != torch.float32:
+                    aof.load_master(core, h, p, master)
+                self._seen[h] = self._signature(p)
+            elif master is not None or p.dtype != torch.float32:
                 if self._seen[h][0] != p.data_ptr():  # p.data = t: the step writes t now
                     core.set_param_copy(h, p.detach().view(-1))
                 core.write_param(h, master_numpy(p if master is None else master))
@@ -148,7 +155,11 @@ class AnyCheckpointMethods:
                 core.set_step_count(h, max(1, int(float(step))))
 
     def _take_changed(self) -> None:
+        aof.take_changed(self._core, [(h, p) for h, p in self._by_handle.items()
+                                      if is_offloaded(p)], self._seen)
         for h, p in self._by_handle.items():
+            if is_offloaded(p):
+                continue
             if self._seen[h] != self._signature(p) and self._seen[h][0] == p.data_ptr():
                 self._core.write_param(h, master_numpy(p))
                 self._seen[h] = self._signature(p)

@@ -1,0 +1,183 @@
+"""OffloadOptimizer (optim/_any.py) over parameters offloaded by
+``strata.torch.offload_parameters``: the same seam of the offload as OffloadAdam's step
+(optim/_offloaded_step.py, optim/_registry.py) -- ``bind_optimizer`` (gradients go to the
+offload's store, fp16/bf16 ones summed in fp32 with ``grad_accumulation_dtype=float32``),
+``read_grad`` (the gradient the step takes), ``read_state`` / ``write`` (the value) -- so an
+offloaded parameter steps exactly as the class in memory steps it:
+
+* its fp32 master starts from its stored value (widened exactly), and takes the stored
+  value again when it changed outside the optimizer (the offload's version count: edits
+  written back, ``model.load_state_dict``);
+* at a step, its gradient is read from the store, its updated master is rounded to the
+  parameter's dtype by strata (as an in-memory parameter's copy) and stored as its value;
+* parameters are stepped in batches whose gradients and new values take at most the
+  working set's bytes (each tensor keeps its own step count: batching changes no value);
+  the working set is released first (the step changes every value).
+
+Offloaded parameters partitioned over ranks (``comm=``, ZeRO-3) are refused (the class's
+state is shaped like the whole parameter). Only package-level names of strata.torch.offload.
+
+Thread-safety: the optimizer's (one thread at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..offload import is_offloaded, offload_of
+from ._exchange import as_f32_numpy, copy_master_to_param, master_from_blocks
+from ._param_table import offloads
+
+
+def check(p: torch.Tensor, i: int) -> None:
+    """ValueError naming parameter ``i`` when offloaded ``p`` is partitioned over ranks."""
+    o = offload_of(p)
+    if o.state_numel(p) != p.numel():
+        raise ValueError(f"OffloadOptimizer: parameter {i} ({o.name_of(p)!r}) is offloaded "
+                         "with a communicator (ZeRO-3: this rank holds a slice of it); "
+                         "OffloadOptimizer steps whole parameters: use OffloadAdam / "
+                         "OffloadAdamW")
+
+
+def signature(p: torch.Tensor) -> Tuple[Any, int]:
+    """What tells a change of offloaded ``p``'s value: its offload's version count."""
+    return ("offloaded", offload_of(p).version(p))
+
+
+def bind(p: torch.Tensor, fp32_sums: bool) -> None:
+    """``p``'s gradients go to its offload's store (fp16/bf16: summed in fp32 when
+    ``fp32_sums``); idempotent."""
+    offload_of(p).bind_optimizer(p, fp32_sums)
+
+
+def add(core: Any, name: str, p: torch.Tensor) -> int:
+    """A new strata tensor for offloaded ``p``, its master from the stored value."""
+    o = offload_of(p)
+    if o.tiled(p):  # block by block: never the whole value in memory
+        h = core.add_param(name, p.numel(), None)
+        master_from_blocks(core, h, p)
+        return h
+    return core.add_param(name, p.numel(), as_f32_numpy(o.read_state(p)))
+
+
+def take_value(core: Any, h: int, p: torch.Tensor) -> None:
+    """Offloaded ``p``'s stored value (widened exactly) into the master of handle ``h``."""
+    o = offload_of(p)
+    if o.tiled(p):
+        master_from_blocks(core, h, p)
+    else:
+        core.write_param(h, as_f32_numpy(o.read_state(p)))
+
+
+def master_into(core: Any, h: int, p: torch.Tensor) -> None:
+    """The master of handle ``h`` stored as offloaded ``p``'s value (rounded to its dtype)."""
+    copy_master_to_param(core, h, p)
+
+
+def take_changed(core: Any, params: List[Tuple[int, torch.Tensor]],
+                 seen: Dict[int, Any]) -> None:
+    """Edits of materialized offloaded parameters written back, then each of ``params``
+    ((handle, p), offloaded) whose value changed since ``seen[h]`` taken as its master --
+    except one offloaded after the optimizer took it in memory, unchanged since (``seen[h]``
+    its in-memory signature (data_ptr, version)) and whose stored value is that one: the
+    master already holds it (a bf16 parameter's master keeps its precision)."""
+    for o in offloads([p for _, p in params]):
+        o.write_back()
+    for h, p in params:
+        now = signature(p)
+        if seen[h] == now:
+            continue
+        was = offload_of(p).offloaded_from(p)
+        old = seen[h]
+        if not (old[0] != "offloaded" and was is not None and not was[1]
+                and was[0] == (old[1], old[0])):
+            take_value(core, h, p)
+        seen[h] = now
+
+
+def load_master(core: Any, h: int, p: torch.Tensor, master: Optional[torch.Tensor]) -> None:
+    """load_state_dict's master of offloaded ``p``: ``master`` (its ``master_param``), else
+    the stored value; an fp32 ``p``'s given master also becomes its value."""
+    if master is None:
+        take_value(core, h, p)
+        return
+    core.write_param(h, as_f32_numpy(master))
+    if p.dtype == torch.float32:
+        master_into(core, h, p)
+
+
+def prepare(params: List[torch.Tensor], fp32_sums: bool) -> None:
+    """Before a step: every offloaded parameter bound (also one offloaded after the
+    optimizer took it: its gradient, still in ``p.grad``, goes to the store), gradients
+    still in ``p.grad`` moved to the store, writes in flight waited for."""
+    for p in params:
+        if is_offloaded(p):
+            bind(p, fp32_sums)
+    for o in offloads(params):
+        o.collect_grads()
+
+
+def with_grad(entries: List[Tuple[int, torch.Tensor]], scaled: bool
+              ) -> List[Tuple[int, torch.Tensor]]:
+    """The offloaded ``entries`` (handle, p) with a gradient; under a loss scaler
+    (``scaled``) those with an inf or NaN first (the first batch's step then skips: the
+    whole step is skipped before any batch changed anything)."""
+    out = [(h, p) for h, p in entries if offload_of(p).grad_info(p).has_grad]
+    if scaled:
+        out.sort(key=lambda e: bool(offload_of(e[1]).grad_info(e[1]).finite))
+    return out
+
+
+def batches(entries: List[Tuple[int, torch.Tensor]]) -> List[List[Tuple[int, torch.Tensor]]]:
+    """``entries`` (handle, offloaded p) in batches whose fp32 gradients and new values
+    take at most the smallest working set of their offloads (a larger one alone), after
+    every offload's working set is released."""
+    holders = offloads([p for _, p in entries])
+    for o in holders:
+        o.release_all()
+    if not entries:
+        return []
+    budget = min(o.working_set_bytes for o in holders)
+    out: List[List[Tuple[int, torch.Tensor]]] = [[]]
+    used = 0
+    for h, p in entries:
+        need = p.numel() * (4 + p.element_size())
+        if out[-1] and used + need > budget:
+            out.append([])
+            used = 0
+        out[-1].append((h, p))
+        used += need
+    return out
+
+
+def attach(core: Any, h: int, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Offloaded ``p``'s gradient (fp32, from the store) attached to handle ``h``, and a
+    buffer of ``p``'s dtype for strata's copy of the updated master; returns both (kept
+    alive until the step ends)."""
+    g = offload_of(p).read_grad(p).to(torch.float32).contiguous().view(-1)
+    copy = torch.empty(p.numel(), dtype=p.dtype)
+    core.set_grad(h, g.numpy())
+    core.set_param_copy(h, copy)
+    return g, copy
+
+
+def store_value(p: torch.Tensor, copy: torch.Tensor) -> None:
+    """The step's new value of offloaded ``p`` (``copy``, its dtype) into its store."""
+    if copy.numel():
+        offload_of(p).write(p, copy)
+
+
+#: strata's step statistics that add up over batches
+_SUMMED = ("bytes_read", "bytes_written", "tensors_updated", "numel_updated", "seconds",
+           "compute_seconds", "io_wait_seconds", "sub_groups")
+
+
+def add_stats(total: Dict[str, Any], st: Dict[str, Any]) -> Dict[str, Any]:
+    """``total`` with a later batch's statistics ``st`` added (its counts and times)."""
+    out = dict(total)
+    for k in _SUMMED:
+        if k in st and k in out:
+            out[k] = out[k] + st[k]
+    return out
