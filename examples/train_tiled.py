@@ -13,8 +13,9 @@ each in its own process, from the same seed on the same batches, with AdamW:
      parameter stored as it is registered; the embedding built with ``device="meta"``, so
      its table is made in the store and initialized by ``normal_`` block by block, never
      allocated), a working set of --working-set bytes, the embedding tiled in
-     blocks of --tile-bytes (read in turn for the forward, its gradient written block by
-     block, stepped by OffloadAdamW from the store): the table is never whole in memory;
+     blocks of --tile-bytes (the forward reads only its ids' rows, its gradient written
+     block by block, stepped by OffloadAdamW from the store): the table is never whole in
+     memory;
   2. the same training in memory, without the limit (the reference);
   3. the in-memory training under the same limit: killed for memory, which shows the
      limit is real (skip with --no-oom-demo).

@@ -25,7 +25,8 @@ ranges read in parallel (``ROW_THREADS`` threads), in groups of at most a block'
 the output rows are copied from them (exact, bit-identical to ``F.embedding``).
 
 Counters: block and row bytes in ``bytes_fetched``; blocks in ``tile_blocks_fetched``, those
-a use found read ahead also in ``tile_blocks_ahead``; reading time in ``tile_fetch_seconds``; waits in ``tile_stall_seconds``.
+a use found read ahead also in ``tile_blocks_ahead``; reading time (summed over the reading
+threads) in ``tile_fetch_seconds``; waits in ``tile_stall_seconds``.
 
 Thread-safety: one thread at a time (torch's forward/backward thread); reads run on the
 offload's block thread and row threads.

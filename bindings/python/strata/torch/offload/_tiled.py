@@ -17,9 +17,10 @@ What is exact (tests/bindings/torch_offload/test_param_offload_tiled.py compares
   whole operator, which the test finds bit-identical on this CPU's BLAS; the **input
   gradient** sums the blocks' ``g[:, r0:r1] @ W[r0:r1]`` one after another instead of in one
   matrix product: another summation order (docs/offload.md gives the measured difference).
-* ``F.embedding``: the rows its ids use are read and copied (exact); the weight gradient of each block is
-  ``index_add_`` of the gradient rows in their order of occurrence, as torch's CPU backward
-  sums them: bit-identical.
+* ``F.embedding``: the rows its ids use are read and copied (exact); the weight gradient
+  of each block is ``index_add_`` of the gradient rows in their order of occurrence, as
+  torch's CPU backward sums them (added to an unchanged earlier gradient by rows only:
+  offload/_tiled_grads.py): bit-identical.
 * in-place initialization and edits without autograd (``nn.init.normal_``/``uniform_``/
   ``zeros_``/``trunc_normal_``, ``fill_``, ``mul_``, ``copy_`` as ``load_state_dict`` does):
   applied block by block and stored (elementwise, so exact; random fills draw the same
