@@ -223,6 +223,34 @@ def test_out_of_range_index_is_an_index_error(tmp_path):
         model(torch.tensor([1, V]))
 
 
+def test_float_ids_are_torchs_runtime_error(tmp_path):
+    model = nn.Embedding(V, D)
+    offload(model, tmp_path)
+    with pytest.raises(RuntimeError) as got:
+        model(torch.tensor([1.0, 2.0]))
+    with pytest.raises(RuntimeError) as want:
+        nn.Embedding(V, D)(torch.tensor([1.0, 2.0]))
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0)])
+def test_empty_ids_train_as_torch(tmp_path, shape):
+    """An empty id tensor's forward is empty and its backward adds nothing (torch: a zero
+    gradient); the step after it is torch's."""
+    torch.manual_seed(0)
+    ref = nn.Embedding(V, D)
+    model = copy.deepcopy(ref)
+    h = offload(model, tmp_path)
+    opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=h.store, arithmetic="torch")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for m, o in ((ref, ref_opt), (model, opt)):
+        empty = m(torch.zeros(shape, dtype=torch.long))
+        assert empty.shape == shape + (D,)
+        (empty.sum() + m(torch.tensor([5, 900])).sum()).backward()
+        o.step()
+    assert torch.equal(model.weight.detach(), ref.weight.detach())
+
+
 def test_offload_init_initializes_tiled_parameters_block_by_block(tmp_path):
     """nn.init's random fills on blocks draw what they draw on the whole tensor."""
     torch.manual_seed(0)

@@ -256,8 +256,13 @@ def embedding_rows(owner: Any, s: ParamRecord, idx: torch.Tensor) -> torch.Tenso
     """``F.embedding(idx, W)`` for tiled ``W`` (record ``s``), reading only the rows ``idx``
     uses (see the module doc): shape ``[*idx.shape, *W.shape[1:]]``, ``W``'s dtype; exact.
 
+    :raises RuntimeError: ``idx`` not int64/int32 (torch's message).
     :raises IndexError: an id outside ``[0, rows)`` (as torch's message).
     :raises strata errors: of ``Store.read_range``."""
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the "
+                           "following scalar types: Long, Int; but got "
+                           f"{idx.type()} instead (while checking arguments for embedding)")
     flat = idx.reshape(-1)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= s.shape[0]):
         raise IndexError(f"index out of range in self (tiled parameter {s.name!r} has "

@@ -204,7 +204,7 @@ class _TiledEmbedding(torch.autograd.Function):
         if need_w is None:
             return None, None, None, None
         flat = idx.reshape(-1)
-        g2 = g.reshape(flat.numel(), -1)
+        g2 = g.reshape(flat.numel(), -1 if flat.numel() else int(math.prod(s.shape[1:])))
         writer = owner.tiled_grads.writer(s, whole=not need_w)
         try:  # every block: torch's backward makes the whole gradient (zeros where unused)
             for i, r0, r1, _ in blocks(owner, s, need_values=False):
