@@ -64,3 +64,25 @@ def test_two_ranks_resumed_on_three_is_refused(tmp_path):
 def test_resume_at_the_same_size_still_works(tmp_path):
     _check_ranks(_launch(2, "train", tmp_path), "train", range(2), lambda k: f"[rank {k}] ")
     _check_ranks(_launch(2, "resume", tmp_path), "resume", range(2), lambda k: f"[rank {k}] ")
+
+
+def test_one_process_resumed_on_two_is_refused(tmp_path):
+    assert _alone("train", tmp_path) == "OK train rank 0"
+    r = _launch(2, "resume", tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert ("[rank 0] ERR NotFoundError: NotFound: offload_parameters(resume=True): rank 0's "
+            "store holds no part of parameter '0.weight' (key 'params/0.weight'); it holds the "
+            "whole parameter, written by one process: " + ROUTE) in out, out
+
+
+def test_swapped_rank_stores_are_named(tmp_path):
+    _check_ranks(_launch(2, "train", tmp_path), "train", range(2), lambda k: f"[rank {k}] ")
+    r = _launch(2, "swapped", tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for k in range(2):
+        assert (f"[rank {k}] ERR ValueError: offload_parameters(resume=True): rank {k} of 2's "
+                f"store holds rank {1 - k}'s part of parameter '0.weight' (key "
+                f"'params/0.weight'): each rank must open the store it wrote (rank {1 - k}'s "
+                f"store path given to rank {k}?)\n") in out, out

@@ -8,6 +8,8 @@ process):
         message ("ERR <type>: <message>") or OK.
     python world_size_worker.py fresh ROOT      one process: the parameters offloaded anew
         (overwrite=True), the optimizer resumed: prints the optimizer's error the same way.
+    python world_size_worker.py swapped ROOT    as resume, rank r opening rank (size-1-r)'s
+        store.
 """
 import os
 import sys
@@ -26,10 +28,11 @@ def main():
     rank = comm.rank if comm is not None else 0
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 13), torch.nn.Linear(13, 4))
-    store = strata.Store.open(os.path.join(root, f"rank{rank}"), durability="flush")
+    which = size - 1 - rank if mode == "swapped" else rank
+    store = strata.Store.open(os.path.join(root, f"rank{which}"), durability="flush")
     try:
         h = st.offload_parameters(model, store, working_set=4096, comm=comm,
-                                  resume=(mode == "resume"), overwrite=(mode == "fresh"))
+                                  resume=(mode in ("resume", "swapped")), overwrite=(mode == "fresh"))
         opt = st.OffloadAdamW(model.parameters(), lr=1e-2, store=store,
                               resume=(mode != "train"))
     except (ValueError, strata.Error) as e:

@@ -144,9 +144,9 @@ def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
                              "floating-point parameters only")
         if p.is_sparse:
             raise ValueError(f"offload_parameters: parameter {n!r} is sparse")
-    existing = set(handle.store.keys(handle.key_prefix))
+    existing = raw = set(handle.store.keys(handle.key_prefix))
     if handle.comm is not None:  # partitioned objects: named by their meta records
-        existing = {k[:-len("#partmeta")] for k in existing if k.endswith("#partmeta")}
+        existing = {k[:-len("#partmeta")] for k in raw if k.endswith("#partmeta")}
     for n, p in named:
         key = f"{handle.key_prefix}{n}"
         if resume and handle.comm is not None:
@@ -154,7 +154,9 @@ def check_model(handle: Any, model: Any, resume: bool, overwrite: bool
                 raise strata.NotFoundError(
                     f"offload_parameters(resume=True): rank {handle.comm.rank}'s store holds "
                     f"no part of parameter {n!r} (key {key!r})"
-                    + _other_size_hint(handle, existing, handle.comm.size))
+                    + (f"; it holds the whole parameter, written by one process: "
+                       + UNIVERSAL_ROUTE if key in raw else
+                       _other_size_hint(handle, existing, handle.comm.size)))
             _check_partition(handle, n, key)
         elif resume:
             if key not in existing:
@@ -197,11 +199,18 @@ def _check_partition(handle: Any, name: str, key: str) -> None:
     """resume under ZeRO-3: the part of ``key`` this rank's store holds must be this rank's
     slice at this world size.
 
-    :raises ValueError: it was written at another world size or by another rank."""
+    :raises ValueError: it was written at another world size, or by another rank (each
+        named)."""
     from strata.distributed import stat_partitioned
     info = stat_partitioned(handle.store, key)
     comm = handle.comm
-    if info.world_size != comm.size or info.rank != comm.rank:
+    if info.world_size == comm.size and info.rank != comm.rank:
+        raise ValueError(
+            f"offload_parameters(resume=True): rank {comm.rank} of {comm.size}'s store holds "
+            f"rank {info.rank}'s part of parameter {name!r} (key {key!r}): each rank must "
+            f"open the store it wrote (rank {info.rank}'s store path given to rank "
+            f"{comm.rank}?)")
+    if info.world_size != comm.size:
         raise ValueError(
             f"offload_parameters(resume=True): rank {comm.rank} of {comm.size}'s store holds "
             f"rank {info.rank} of {info.world_size}'s part of parameter {name!r} (key "
