@@ -429,3 +429,28 @@ def test_close_keeps_parameters_changed_outside_and_state_edits(tmp_path, tier):
         assert torch.equal(v, pretrained[k]), k
     assert torch.equal(r.state[fresh.weight]["exp_avg"], torch.full_like(fresh.weight, 0.25))
     r.close()
+
+
+@pytest.mark.parametrize("make", ["OffloadAdamW", "OffloadOptimizer"])
+@pytest.mark.parametrize("how", ["copy", "deepcopy"])
+def test_copies_are_refused_saying_how_to_get_a_second_optimizer(tmp_path, make, how):
+    import copy
+    model = _linear()
+    if make == "OffloadAdamW":
+        opt = st.OffloadAdamW(model.parameters(), lr=0.1, path=str(tmp_path / "s"))
+    else:
+        opt = st.optim.OffloadOptimizer(torch.optim.SGD, model.parameters(), lr=0.1,
+                                        path=str(tmp_path / "s"))
+    _set_grads(list(model.parameters()), 0)
+    opt.step()
+    with pytest.raises(TypeError) as e:
+        getattr(copy, how)(opt)
+    assert str(e.value) == (
+        f"{make} cannot be copied: its state lives in strata's store, which a copy would "
+        f"share; make another {make} over the parameters (its own store or key_prefix) and "
+        "load_state_dict(opt.state_dict()) into it")
+    # the optimizer is untouched: another step and a state dict still work
+    _set_grads(list(model.parameters()), 1)
+    opt.step()
+    assert opt.state_dict()["state"][0]
+    opt.close()

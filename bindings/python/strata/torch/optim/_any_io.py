@@ -20,6 +20,7 @@ from . import _any_offloaded as aof
 from . import _slice_step as ss
 from ._any_state import as_floats, encode_record
 from ._exchange import bump_version
+from ._optimizer_io import refuse_copy
 
 _RECORD = "torch-record-"  #: name prefix of the record tensors in the C++ optimizer
 
@@ -33,6 +34,9 @@ def master_numpy(p: torch.Tensor) -> np.ndarray:
 class AnyCheckpointMethods:
     """OffloadOptimizer's state-dict and checkpoint methods (it defines ``_check_open``,
     ``_core``, ``_by_handle``, ``_scalars`` and the members used here)."""
+
+    __copy__ = refuse_copy
+    __deepcopy__ = refuse_copy
 
     # ---- state dicts, checkpoints --------------------------------------------------------
 
@@ -155,8 +159,7 @@ class AnyCheckpointMethods:
                 core.set_step_count(h, max(1, int(float(step))))
 
     def _take_changed(self) -> None:
-        aof.take_changed(self._core, [(h, p) for h, p in self._by_handle.items()
-                                      if is_offloaded(p)], self._seen)
+        aof.take_changed(self._core, list(self._by_handle.items()), self._seen)
         for h, p in self._by_handle.items():
             if is_offloaded(p):
                 continue

@@ -1,6 +1,7 @@
 """The checkpoint and state-dict methods of OffloadedTorchOptimizer (optim/_optimizer.py),
 a mixin over its members: ``checkpoint()``, ``state_dict()``, ``load_state_dict()``,
-``__setstate__``; the work is optim/_checkpoints.py's.
+``__setstate__``, and the refusal of copies (``refuse_copy``, OffloadOptimizer's too); the
+work is optim/_checkpoints.py's.
 
 Thread-safety: like torch optimizers, one thread at a time.
 """
@@ -12,10 +13,25 @@ from typing import Any, Dict
 from . import _layout
 
 
+def refuse_copy(opt: Any, *_: Any) -> None:
+    """``copy.copy`` / ``copy.deepcopy`` of a strata optimizer: its state lives in its store
+    under its key prefix, which a copy would share (and a deepcopy would duplicate the
+    offloaded parameters' objects into), so neither is made.
+
+    :raises TypeError: always, naming the class and the way to get a second optimizer."""
+    name = type(opt).__name__
+    raise TypeError(f"{name} cannot be copied: its state lives in strata's store, which a "
+                    f"copy would share; make another {name} over the parameters (its own "
+                    "store or key_prefix) and load_state_dict(opt.state_dict()) into it")
+
+
 class CheckpointMethods:
     """OffloadedTorchOptimizer's checkpoint and state-dict methods (it defines
     ``_check_open``, ``_abort_overlap``, ``_sync_all``, ``_sync_params`` and the members
     used here)."""
+
+    __copy__ = refuse_copy
+    __deepcopy__ = refuse_copy
 
     # ---- checkpoints and state dicts (optim/_checkpoints.py) ------------------------------
 
