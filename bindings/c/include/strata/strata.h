@@ -549,7 +549,10 @@ typedef struct strata_optimizer_options {
    *  STRATA_UNDEF_INT (default) = the configuration file's "optimizer.state_dtype", else
    *  STRATA_FLOAT32; a struct from an older header gets that default too. Recorded in the
    *  checkpoint: a resume with another state dtype is FAILED_PRECONDITION naming both. Any
-   *  other value: INVALID_ARGUMENT naming it. Since STRATA_C_API_VERSION 8. */
+   *  other value: INVALID_ARGUMENT naming it. Any optimizer takes STRATA_BFLOAT16, but
+   *  "adagrad"'s undecayed sum of squared gradients stops growing in bf16 once an
+   *  increment is below sum * 2^-9 (Python's OffloadOptimizer refuses it for Adagrad).
+   *  Since STRATA_C_API_VERSION 8. */
   int state_dtype;
 } strata_optimizer_options_t;
 

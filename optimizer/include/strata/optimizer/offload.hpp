@@ -214,7 +214,11 @@ struct OffloadOptions {
   /// (UpdateRule::state_init_value) and write_state() values are rounded to bf16;
   /// read_state() returns them widened to fp32. Recorded in the checkpoint: open() with
   /// another state_dtype than the record's fails with FailedPrecondition naming both (no
-  /// silent conversion). Any other dtype: InvalidArgument at create()/open().
+  /// silent conversion). Any other dtype: InvalidArgument at create()/open(). Every rule
+  /// takes kBFloat16, built-in "adagrad" too, but a state that is not a running average
+  /// suffers: adagrad's undecayed sum of squared gradients stops growing once an increment
+  /// is below sum * 2^-9 (strata.torch's OffloadOptimizer refuses bf16 for torch's
+  /// Adagrad, ASGD and Rprop for such reasons).
   DType state_dtype = DType::kFloat32;
 };
 
