@@ -13,6 +13,11 @@ offload's store, fp32 masters in the optimizer's store, updated values stored ba
   model with other weights) continues bit-identically;
 * a parameter edited outside the optimizer (``model.load_state_dict``) is stepped from its
   new value, as torch.optim steps it.
+* bf16 parameters, the offload closed after 2 steps (OffloadOptimizer(AdamW) and
+  OffloadAdamW): the fp32 masters stay, 2 more steps torch.equal to the optimizer over the
+  model never offloaded; an edit after the close (in place, ``p.data = t``,
+  ``load_state_dict``) is taken as the master; OffloadAdamW over bf16 parameters offloaded
+  after it took them keeps its masters.
 """
 import pytest
 import torch
@@ -280,6 +285,89 @@ def test_load_state_dict_over_offloaded_parameters(dtype, tmp_path):
         _step(m_mem, mem, batch)
         _step(m_off, off, batch)
         _assert_same(m_mem, mem, m_off, off)
+    for o in (mem, off):
+        o.close()
+    h.close()
+
+
+def _make(kind, model, tmp_path, name):
+    """OffloadOptimizer(AdamW) or OffloadAdamW over ``model`` (same hyperparameters)."""
+    if kind == "OffloadOptimizer":
+        cls, g0, g1 = CLASSES[2]
+        return OffloadOptimizer(cls, _groups(model, g1), path=str(tmp_path / name), **g0)
+    return st.OffloadAdamW([{"params": list(model[0].parameters())},
+                            {"params": list(model[2].parameters()), "lr": 0.02,
+                             "weight_decay": 0.1}], lr=0.01, path=str(tmp_path / name),
+                           num_threads=1, arithmetic="torch")
+
+
+def _masters(opt):
+    return [e["master_param"] for _, e in sorted(opt.state_dict()["state"].items())]
+
+
+KINDS = ["OffloadOptimizer", "OffloadAdamW"]
+
+
+@pytest.mark.parametrize("edit", [None, "in_place", "data", "load_state_dict"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_closed_offload_keeps_the_fp32_masters(kind, edit, tmp_path):
+    """bf16 parameters offloaded, 2 steps, the offload closed (the parameters back in
+    memory: each the rounding of its fp32 master), 2 more steps: the masters stay (not the
+    bf16 values) -- parameters and ``master_param`` torch.equal to the same optimizer over
+    the model never offloaded. An edit after the close (in place, ``p.data = t``,
+    ``model.load_state_dict``; the same on both) is taken as the master, as in memory."""
+    data = _data(4)
+    m_mem, m_off = _model(dtype=torch.bfloat16), _model(dtype=torch.bfloat16)
+    mem = _make(kind, m_mem, tmp_path, "mem")
+    h = _offloaded(m_off, tmp_path, "nvme")
+    off = _make(kind, m_off, tmp_path, "off")
+    for batch in data[:2]:
+        _step(m_mem, mem, batch)
+        _step(m_off, off, batch)
+    h.close()
+    assert not any(is_offloaded(p) for p in m_off.parameters())
+    assert any(not torch.equal(m, p.detach().float().view(-1))  # (masters hold more bits)
+               for m, p in zip(_masters(off), m_off.parameters()))
+    new = _model(seed=7, dtype=torch.bfloat16)
+    for m in (m_mem, m_off):
+        with torch.no_grad():
+            if edit == "in_place":
+                m[2].bias.mul_(0.5)
+            elif edit == "data":
+                m[0].weight.data = new[0].weight.detach().clone()
+            elif edit == "load_state_dict":
+                m.load_state_dict(new.state_dict())
+    for batch in data[2:]:
+        _step(m_mem, mem, batch)
+        _step(m_off, off, batch)
+        for a, b in zip(m_mem.parameters(), m_off.parameters()):
+            assert torch.equal(a.detach(), b.detach())
+        for a, b in zip(_masters(mem), _masters(off)):
+            assert torch.equal(a, b)
+    for o in (mem, off):
+        o.close()
+
+
+def test_offload_adamw_keeps_masters_of_parameters_offloaded_after(tmp_path):
+    """OffloadAdamW over bf16 parameters: 2 steps in memory, then offload_parameters, 2
+    steps: the masters kept (as OffloadOptimizer's, above), torch.equal to the optimizer
+    over the model left in memory."""
+    data = _data(4)
+    m_mem, m_off = _model(dtype=torch.bfloat16), _model(dtype=torch.bfloat16)
+    mem, off = _make("OffloadAdamW", m_mem, tmp_path, "mem"), _make("OffloadAdamW", m_off,
+                                                                    tmp_path, "off")
+    for batch in data[:2]:
+        _step(m_mem, mem, batch)
+        _step(m_off, off, batch)
+    h = _offloaded(m_off, tmp_path, "nvme")
+    for batch in data[2:]:
+        _step(m_mem, mem, batch)
+        _step(m_off, off, batch)
+        for a, b in zip(m_mem.parameters(), m_off.parameters()):
+            assert torch.equal(a.detach(), h.read(b))
+        for a, b in zip(_masters(mem), _masters(off)):
+            assert torch.equal(a, b)
+    assert h.stats()["grad_bytes_read"] > 0
     for o in (mem, off):
         o.close()
     h.close()

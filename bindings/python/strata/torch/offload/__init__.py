@@ -47,7 +47,9 @@ from ._api import offload_init, offload_parameters
 from ._grad_tensor import OffloadedGrad
 from ._grads import GradInfo
 from ._handle import ParameterOffload
-from ._parameter import OffloadedParameter, is_offloaded, note_checkpoint_value, offload_of
+from ._parameter import (OffloadedParameter, is_offloaded, note_checkpoint_value, offload_of,
+                         restored_from)
 
 __all__ = ["offload_parameters", "offload_init", "ParameterOffload", "OffloadedParameter",
-           "GradInfo", "OffloadedGrad", "is_offloaded", "offload_of", "note_checkpoint_value"]
+           "GradInfo", "OffloadedGrad", "is_offloaded", "offload_of", "note_checkpoint_value",
+           "restored_from"]

@@ -29,7 +29,8 @@ from ._grads import GradientStore
 from ._hooks import install_model_hooks, remove_hooks
 from ._master_link import MasterLinks
 from ._memory import fix_mmap_threshold
-from ._parameter import holds_checkpoint_value, make_offloaded, make_plain, record_of
+from ._parameter import (holds_checkpoint_value, make_offloaded, make_plain, note_restored,
+                         record_of)
 from ._record import IN_MEMORY, ParamRecord, shaped
 from ._tiled import plan_tile
 from ._tiled_grads import TiledAccess, TiledGrads, put_zeros
@@ -413,7 +414,10 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         """Ends the offload. ``restore``: the parameters get their values back in memory
         (plain ``torch.nn.Parameter`` objects again, the same objects; a deepcopy's offload
         then deletes its store objects, see offload/_copy.py); else they keep only their
-        stored values (the store stays usable with resume=True). Idempotent."""
+        stored values (the store stays usable with resume=True). Idempotent. A strata optimizer
+        over the parameters goes on in memory: a restored parameter, unchanged since, keeps
+        the optimizer's fp32 master (an fp16/bf16 value is its rounding: offload/_parameter.py,
+        restored_from); one changed after the close is taken as the master, as ever."""
         if self._closed:
             return
         self._closed = True
@@ -447,8 +451,10 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
             raise error
 
     def _restore(self, s: ParamRecord) -> None:
-        """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object)."""
+        """``s``'s parameter in memory again, a plain torch.nn.Parameter (same object); an
+        optimizer whose master it is the rounding of keeps that master (restored_from)."""
         make_plain(s.param, shaped(s, self.ws.read(s).to(s.device)))
+        note_restored(s.param, s.version)
 
     def _close_store(self) -> None:
         if self._owns_store and self.store is not None and not self.store.closed:

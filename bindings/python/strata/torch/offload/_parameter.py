@@ -152,6 +152,38 @@ def holds_checkpoint_value(p: torch.Tensor) -> bool:
 _CHECKPOINT_VALUES: dict = {}
 
 
+def note_restored(p: torch.Tensor, version: int) -> None:
+    """``p`` was just put back in memory by its offload's close() holding its stored value,
+    whose change count (ParameterOffload.version) was ``version``: see :func:`restored_from`.
+    The entry goes when ``p`` is garbage collected."""
+    key = id(p)
+    with _no_tf():
+        _RESTORED[key] = (weakref.ref(p, lambda _r: _RESTORED.pop(key, None)), version,
+                          (p._version, p.data_ptr()))
+
+
+def restored_from(p: Any) -> Optional[int]:
+    """For an optimizer that held ``p`` while it was offloaded: when a ParameterOffload's
+    close() put ``p`` back in memory (a plain parameter again) and ``p`` is unchanged in
+    memory since (its ``_version`` and ``data_ptr()``: no in-place edit, ``p.data = t``,
+    ``load_state_dict``), the offload's version count of the value it restored
+    (ParameterOffload.version at the close; counts are unique to each offloaded parameter,
+    offload/_record.py) -- equal to the optimizer's mark of that value when the optimizer
+    wrote or read it last, so its fp32 master (of which the value is the rounding) stays
+    the master. Else None (also for an offloaded parameter and any other object).
+    Thread-safety: as the offload (one thread at a time)."""
+    entry = _RESTORED.get(id(p))
+    if entry is None or entry[0]() is not p or type(p) is OffloadedParameter:
+        return None
+    with _no_tf():
+        return entry[1] if (p._version, p.data_ptr()) == entry[2] else None
+
+
+#: id(parameter) -> (weak reference, the version restored, (_version, data_ptr) after the
+#: restore): note_restored
+_RESTORED: dict = {}
+
+
 def make_offloaded(p: torch.nn.Parameter, record: ParamRecord) -> None:
     """``p`` becomes an OffloadedParameter of ``record`` (the same object, released: its
     data is the record's placeholder)."""

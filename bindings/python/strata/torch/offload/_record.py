@@ -13,6 +13,7 @@ sets ``fetched``/``fetch_error`` under the working set's lock).
 from __future__ import annotations
 
 import enum
+import itertools
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -94,6 +95,10 @@ class OptimizerLink:
     """
 
 
+#: where each ParamRecord's ``version`` count starts: 2**32 counts apart (an int: no overflow)
+_VERSION_STARTS = itertools.count(0, 1 << 32)
+
+
 class ParamRecord:
     """One offloaded parameter: its store object, where its data is (``state``) and its
     gradient's bookkeeping (kept by the gradient store, offload/_grads.py).
@@ -101,7 +106,9 @@ class ParamRecord:
     ``resident``: the tensor the parameter's data is while RESIDENT/ADOPTED (else None);
     ``pending``: the fetch in flight while FETCHING (an Event set by the fetch thread, or a
     collective fetch); ``version``: counts the changes of the stored value (a write-back, a
-    step).
+    step), from a start no other record has (:data:`_VERSION_STARTS`): a count names its
+    record too, so an optimizer's mark ``("offloaded", version)`` of one offload's value is
+    never matched by another offload's (offload/_parameter.py, ``restored_from``).
     """
 
     __slots__ = ("index", "name", "key", "grad_key", "shape", "dtype", "device", "numel",
@@ -136,7 +143,7 @@ class ParamRecord:
         self.fetched: Optional[torch.Tensor] = None  # set by the fetch thread
         self.fetch_error: Optional[BaseException] = None
         self.mark = 0  # p._version when materialized or last stored
-        self.version = 0
+        self.version = next(_VERSION_STARTS)
         # the gradient's bookkeeping (offload/_grads.py, GradientStore's doc)
         self.has_grad = False  # a gradient of this step is in the store (grad_key)
         self.grad_zero = False  # ... zeroed by zero_grad(set_to_none=False): all zeros

@@ -371,7 +371,7 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         core, stepped, grads = self._core, [], []
         aof.prepare(self._params, self._accum.mode == "float32")
         offloaded = [(h, p) for h, p in self._by_handle.items() if is_offloaded(p)]
-        aof.take_changed(core, offloaded, self._seen)  # changed outside: stored value
+        aof.take_changed(core, list(self._by_handle.items()), self._seen)  # offloaded, restored
         for h, p in self._by_handle.items():
             if is_offloaded(p):  # (its gradient is read from the store, batch by batch)
                 continue

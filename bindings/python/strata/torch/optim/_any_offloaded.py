@@ -7,7 +7,8 @@ offloaded parameter steps exactly as the class in memory steps it:
 
 * its fp32 master starts from its stored value (widened exactly), and takes the stored
   value again when it changed outside the optimizer (the offload's version count: edits
-  written back, ``model.load_state_dict``);
+  written back, ``model.load_state_dict``); after the offload's close() it keeps its
+  master while the restored parameter is unchanged in memory (:func:`keep_restored`);
 * at a step, its gradient is read from the store, its updated master is rounded to the
   parameter's dtype by strata (as an in-memory parameter's copy) and stored as its value;
 * parameters are stepped in batches whose gradients and new values take at most the
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..offload import is_offloaded, offload_of
+from ..offload import is_offloaded, offload_of, restored_from
 from ._exchange import as_f32_numpy, copy_master_to_param, master_from_blocks
 from ._param_table import offloads
 
@@ -78,14 +79,19 @@ def master_into(core: Any, h: int, p: torch.Tensor) -> None:
 
 def take_changed(core: Any, params: List[Tuple[int, torch.Tensor]],
                  seen: Dict[int, Any]) -> None:
-    """Edits of materialized offloaded parameters written back, then each of ``params``
-    ((handle, p), offloaded) whose value changed since ``seen[h]`` taken as its master --
-    except one offloaded after the optimizer took it in memory, unchanged since (``seen[h]``
-    its in-memory signature (data_ptr, version)) and whose stored value is that one: the
-    master already holds it (a bf16 parameter's master keeps its precision)."""
+    """Of ``params`` ((handle, p), every parameter): edits of materialized offloaded ones
+    written back, then each offloaded one whose value changed since ``seen[h]`` taken as its
+    master -- except one offloaded after the optimizer took it in memory, unchanged since
+    (``seen[h]`` its in-memory signature (data_ptr, version)) and whose stored value is that
+    one: the master already holds it (a bf16 parameter's master keeps its precision). An
+    in-memory one put back by its offload's close() (:func:`keep_restored`) keeps its master
+    too; other in-memory ones are left to the caller."""
     for o in offloads([p for _, p in params]):
         o.write_back()
     for h, p in params:
+        if not is_offloaded(p):
+            keep_restored(core, h, p, seen)
+            continue
         now = signature(p)
         if seen[h] == now:
             continue
@@ -95,6 +101,23 @@ def take_changed(core: Any, params: List[Tuple[int, torch.Tensor]],
                 and was[0] == (old[1], old[0])):
             take_value(core, h, p)
         seen[h] = now
+
+
+def keep_restored(core: Any, h: int, p: torch.Tensor, seen: Dict[int, Any]) -> bool:
+    """In-memory ``p`` (handle ``h``), last seen offloaded (``seen[h]`` its offload's
+    version), put back in memory by the offload's close() with the value of that version and
+    unchanged since (``restored_from``): that value is its master rounded to ``p``'s dtype,
+    so the master stays (an fp16/bf16 parameter's fp32 master keeps its precision); strata's
+    copy of the master goes to ``p``'s new memory and ``seen[h]`` becomes its in-memory
+    signature (data_ptr, version). Returns whether so; else nothing changes (an edit after
+    the close: the caller takes the value)."""
+    old = seen[h]
+    if (old[0] != "offloaded" or restored_from(p) != old[1] or p.device.type != "cpu"
+            or not p.is_contiguous()):
+        return False
+    core.set_param_copy(h, p.detach().view(-1))
+    seen[h] = (p.data_ptr(), p._version)  # (OffloadOptimizer._signature of in-memory p)
+    return True
 
 
 def load_master(core: Any, h: int, p: torch.Tensor, master: Optional[torch.Tensor]) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from .._common import GRAD_DTYPES
-from ..offload import is_offloaded, offload_of
+from ..offload import is_offloaded, offload_of, restored_from
 from ._exchange import as_f32_numpy, master_from_blocks
 
 
@@ -215,6 +215,19 @@ class ParamTable:
         self.mark(h)
         return True
 
+    def _restored_since(self, p: torch.Tensor, h: int) -> bool:
+        """``p`` was last marked offloaded (its offload's version) and the offload's close()
+        put it back in memory with that version's value, unchanged since (restored_from):
+        the value is the master rounded to ``p``'s dtype and the master stays (an fp16/bf16
+        parameter's fp32 master keeps its precision). Returns True when so (marked)."""
+        old = self._marks[h]
+        if not isinstance(old, tuple) or not old or old[0] != "offloaded":
+            return False
+        if restored_from(p) != old[1]:
+            return False  # changed after the close: take it
+        self.mark(h)
+        return True
+
     def take_changed(self) -> int:
         """Every changed parameter of param_groups: its current value (widened to fp32)
         into its master in ``core`` (one out of groups is taken when it comes back);
@@ -226,7 +239,7 @@ class ParamTable:
         for p in self.params:
             h = self.handle[id(p)]
             if self.changed(h):
-                if self._offloaded_since(p, h):
+                if self._offloaded_since(p, h) or self._restored_since(p, h):
                     continue
                 if is_offloaded(p) and offload_of(p).tiled(p):  # block by block
                     master_from_blocks(opt, h, p)
