@@ -1,7 +1,7 @@
 """examples/train_activations.py --quick (saved activations 4x a memory cgroup's limit,
 bit-identical to torch in memory, torch killed under the limit; skipped where no memory
 cgroup can be made) and bench/optimizer/activation_offload.py on a small model (every
-field, sane values; not a timing test)."""
+field, sane values, the children's allocator settings; --no-spill; not a timing test)."""
 import json
 import os
 import subprocess
@@ -51,3 +51,28 @@ def test_bench_small(tmp_path):
     h = d["host_pool"]
     assert h["activation_bytes"] == d["activation_bytes"] and h["activation_bytes_spilled"] == 0
     assert os.listdir(tmp_path / "b") == []
+    for k in ("paired_ratio", "cpu_seconds", "offloaded_ratio"):
+        assert isinstance(h[k], float) and h[k] > 0, k
+    for k in ("minor_faults", "minor_faults_in_memory"):
+        assert isinstance(d[k], int) and d[k] >= 0, k
+    assert isinstance(h["minor_faults"], int) and d["cpu_seconds_in_memory"] > 0
+    # every child got the same pinned allocator (the bench's default)
+    assert d["config"]["malloc"] == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                     "MALLOC_TRIM_THRESHOLD_": str(64 << 30)}
+    assert len(d["loadavg"]) == 2 and d["config"]["iters"] == 2
+
+
+def test_bench_no_spill_default_malloc(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "optimizer",
+                                                     "activation_offload.py"),
+                        "--tokens", "2048", "--blocks", "2", "--d-model", "32", "--iters", "3",
+                        "--warmup", "1", "--json", "--no-spill", "--malloc", "default",
+                        "--path", str(tmp_path / "b")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert d["iteration_seconds_offloaded"] is None and d["activation_bytes_spilled"] is None
+    h = d["host_pool"]
+    assert h["activation_bytes"] == 4 * 2048 * (16 + 32 + 2 * 9 * 32 + 8)
+    assert isinstance(h["paired_ratio"], float) and h["paired_ratio"] > 0
+    assert d["config"]["malloc"] == {} and d["config"]["no_spill"] is True

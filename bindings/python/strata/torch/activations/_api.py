@@ -44,8 +44,8 @@ def _size(name: str, value: Any, minimum: int) -> int:
 
 
 def _unpack(x: Any) -> Any:
-    if isinstance(x, Saved):
-        return x.unpack()
+    if type(x) is Saved:
+        return x.owner.pool.unpack(x)
     pool = _CURRENT_UNPACKERS[-1] if _CURRENT_UNPACKERS else None
     if pool is not None:
         pool.begin_backward()

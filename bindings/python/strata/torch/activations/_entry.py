@@ -120,25 +120,35 @@ def kept_as_is(t: torch.Tensor) -> bool:
     return False
 
 
+#: the storage accessor that makes no Python object per call: torch 2.x's
+#: ``untyped_storage``, 1.13's ``_storage`` (``Tensor.storage()`` builds a TypedStorage in
+#: Python each time: pack asked for it three times per tensor)
+_UNTYPED = (getattr(torch.Tensor, "untyped_storage", None)
+            or getattr(torch.Tensor, "_storage", None))
+
+
 def storage_of(t: torch.Tensor) -> Any:
-    """``t``'s storage (untyped in torch 2.x, typed in 1.13: both give nbytes())."""
-    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    """``t``'s storage, untyped (``nbytes()`` and ``_weak_ref()`` as StorageWeakRef needs)."""
+    return _UNTYPED(t) if _UNTYPED is not None else t.storage()
 
 
-def extent_of(t: torch.Tensor) -> Tuple[int, int, int]:
-    """(first byte, end byte, storage bytes) of what ``t`` reads of its storage."""
+def extent_of(t: torch.Tensor, snb: int) -> Tuple[int, int]:
+    """(first byte, end byte) of what ``t`` reads of its storage of ``snb`` bytes: the whole
+    storage (0, snb) at once for a contiguous tensor that fills it (the common case)."""
     es = t.element_size()
-    span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.size(), t.stride()))
     lo = t.storage_offset() * es
-    return lo, lo + span * es, storage_of(t).nbytes()
+    if lo == 0 and t.numel() * es == snb and t.is_contiguous():
+        return 0, snb
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.size(), t.stride()))
+    return lo, lo + span * es
 
 
 def flat_bytes(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Bytes [lo, hi) of ``t``'s storage as a flat uint8 view (no copy; no autograd)."""
+    """Bytes [lo, hi) of ``t``'s storage as a flat uint8 view (no copy; no autograd: a
+    detached tensor's views record nothing, no grad-mode switch needed)."""
     es = t.element_size()
-    with torch.no_grad():
-        flat = t.detach().as_strided(((hi - lo) // es,), (1,), lo // es)
-        return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+    flat = t.detach().as_strided(((hi - lo) // es,), (1,), lo // es)
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
 def rebuild(flat: torch.Tensor, h: Saved) -> torch.Tensor:

@@ -116,12 +116,14 @@ class Pool:
         if t.numel() * es < self.min_bytes or StorageWeakRef is None:
             self.stats["tensors_kept"] += 1
             return t
-        lo, hi, snb = extent_of(t)
+        storage = storage_of(t)
+        snb = storage.nbytes()
+        lo, hi = extent_of(t, snb)
         if snb % es == 0 and 2 * (hi - lo) >= snb:
             lo, hi = 0, snb
-        sref = StorageWeakRef(storage_of(t))
+        sref = StorageWeakRef(storage)
         version = t._version
-        dk = (sref.cdata, lo, hi, version, str(t.device))
+        dk = (sref.cdata, lo, hi, version, t.get_device())
         with self._lock:
             self._drain()
             e = self._dedupe.get(dk)
@@ -129,22 +131,22 @@ class Pool:
                 del self._dedupe[dk]
                 e = None
             if e is None:
-                e = self._new_entry(t, lo, hi, version, sref, dk)
+                e = self._new_entry(t, lo, hi, snb, version, sref, dk)
             else:
                 self.stats["tensors_deduplicated"] += 1
             e.refs += 1
             self.stats["tensors_packed"] += 1
         return Saved(self._owner(), e, t, (t.storage_offset() * es - lo) // es)
 
-    def _new_entry(self, t: torch.Tensor, lo: int, hi: int, version: int, sref: Any,
-                   dk: Any) -> Entry:
+    def _new_entry(self, t: torch.Tensor, lo: int, hi: int, snb: int, version: int,
+                   sref: Any, dk: Any) -> Entry:
         seg = self.segment
         self._count += 1
         e = Entry(self._count, seg, len(seg.entries), f"{self.key_prefix}{self._count}",
                   hi - lo, lo, t.device)
         src = flat_bytes(t, lo, hi)
         if t.device.type == "cpu":
-            if lo == 0 and hi == storage_of(t).nbytes():
+            if lo == 0 and hi == snb:
                 e.data, e.adopted = src, True
             else:
                 e.data = host_buffer(hi - lo, False)
@@ -193,6 +195,7 @@ class Pool:
         self._writing_bytes += e.nbytes
         self.stats["bytes_spilled"] += e.nbytes
         self.stats["spills"] += 1
+        e.segment.spilled += 1
 
     def _poll_writes(self) -> None:
         while self._writing and self._writing[0].future.done():
@@ -281,7 +284,8 @@ class Pool:
             raise RuntimeError("strata.torch.offload_activations: the offload was closed "
                                "while a graph still holds activations it saved (close() it "
                                "after the last backward)")
-        self.begin_backward()
+        if not self.in_backward:
+            self.begin_backward()
         with self._lock:
             self._drain()
             self._poll_writes()

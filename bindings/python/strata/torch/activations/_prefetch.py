@@ -35,7 +35,8 @@ class Segment:
     """One ``with`` block's forward: its entries by pack index, their sizes (the
     signature), and the order of first unpack recorded in its backward."""
 
-    __slots__ = ("entries", "sizes", "order", "seen", "follow", "pos", "positions")
+    __slots__ = ("entries", "sizes", "order", "seen", "follow", "pos", "positions",
+                 "spilled")
 
     def __init__(self) -> None:
         self.entries: List[Entry] = []
@@ -45,6 +46,9 @@ class Segment:
         self.follow: Optional[List[int]] = None  # the trace followed (None: on demand)
         self.pos = 0
         self.positions: Dict[int, int] = {}
+        #: entries of this segment ever spilled: none, nothing to read ahead (the scan of
+        #: the rest of the trace per first unpack, O(entries^2) per backward, is skipped)
+        self.spilled = 0
 
 
 class Prefetcher:
@@ -92,7 +96,8 @@ class Prefetcher:
             seg.follow = None
             return
         seg.pos = p + 1
-        self._ahead(seg)
+        if seg.spilled:
+            self._ahead(seg)
 
     def end_backward(self, seg: Segment) -> None:
         """A backward through ``seg`` ended (a reentrant checkpoint's inner one too): the
