@@ -523,7 +523,7 @@ for k in ("tests_gpu", "tests_rest", "torch_optim_db"):
     if t and "passed" in t:
         rows.append((k, f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
                         + (f"; failed: {' '.join(t['failed_names'][:6])}" if t["failed"] else "")
-                        + (f"; skipped: {t['first_skip']}" if not t["passed"] and t.get("first_skip") else "")))
+                        + (f"; first skip: {t['first_skip']}" if t["skipped"] and t.get("first_skip") else "")))
 if s["deps_outside_prefix"]:
     rows.append(("deps outside prefix", " ".join(s["deps_outside_prefix"])))
 if bd:
