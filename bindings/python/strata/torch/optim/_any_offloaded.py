@@ -27,9 +27,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..offload import is_offloaded, offload_of, restored_from
+from ..offload import is_offloaded, offload_of
 from ._exchange import as_f32_numpy, copy_master_to_param, master_from_blocks
-from ._param_table import offloads
+from ._param_table import offloaded_unchanged, offloads, restored_unchanged, take_value
 
 
 def check(p: torch.Tensor, i: int) -> None:
@@ -63,15 +63,6 @@ def add(core: Any, name: str, p: torch.Tensor) -> int:
     return core.add_param(name, p.numel(), as_f32_numpy(o.read_state(p)))
 
 
-def take_value(core: Any, h: int, p: torch.Tensor) -> None:
-    """Offloaded ``p``'s stored value (widened exactly) into the master of handle ``h``."""
-    o = offload_of(p)
-    if o.tiled(p):
-        master_from_blocks(core, h, p)
-    else:
-        core.write_param(h, as_f32_numpy(o.read_state(p)))
-
-
 def master_into(core: Any, h: int, p: torch.Tensor) -> None:
     """The master of handle ``h`` stored as offloaded ``p``'s value (rounded to its dtype)."""
     copy_master_to_param(core, h, p)
@@ -95,10 +86,8 @@ def take_changed(core: Any, params: List[Tuple[int, torch.Tensor]],
         now = signature(p)
         if seen[h] == now:
             continue
-        was = offload_of(p).offloaded_from(p)
-        old = seen[h]
-        if not (old[0] != "offloaded" and was is not None and not was[1]
-                and was[0] == (old[1], old[0])):
+        old = seen[h]  # in memory: (data_ptr, version)
+        if old[0] == "offloaded" or not offloaded_unchanged((old[1], old[0]), p):
             take_value(core, h, p)
         seen[h] = now
 
@@ -111,8 +100,7 @@ def keep_restored(core: Any, h: int, p: torch.Tensor, seen: Dict[int, Any]) -> b
     copy of the master goes to ``p``'s new memory and ``seen[h]`` becomes its in-memory
     signature (data_ptr, version). Returns whether so; else nothing changes (an edit after
     the close: the caller takes the value)."""
-    old = seen[h]
-    if (old[0] != "offloaded" or restored_from(p) != old[1] or p.device.type != "cpu"
+    if (not restored_unchanged(seen[h], p) or p.device.type != "cpu"
             or not p.is_contiguous()):
         return False
     core.set_param_copy(h, p.detach().view(-1))

@@ -75,6 +75,36 @@ def _mark(p: torch.Tensor) -> Tuple[Any, int]:
     return (p._version, p.data_ptr())
 
 
+def offloaded_unchanged(before: Tuple[int, int], p: torch.Tensor) -> bool:
+    """``p`` was offloaded (strata.torch.offload_parameters) after an optimizer saw it in
+    memory as ``before`` (``(p._version, p.data_ptr())``), unchanged there since, and the
+    offload stored ``p``'s value (not resume; or resume of a value this optimizer's resumed
+    checkpoint gave p: offload/_parameter.py, note_checkpoint_value): the master and the
+    stored value agree already and the master stays (a bf16 master keeps its precision)."""
+    o = offload_of(p)
+    was = None if o is None else o.offloaded_from(p)
+    return was is not None and was[0] == before and not was[1]
+
+
+def restored_unchanged(old: Any, p: torch.Tensor) -> bool:
+    """An optimizer's mark ``old`` of ``p`` was offloaded (``("offloaded", version)``) and
+    the offload's close() put ``p`` back in memory with that version's value, unchanged
+    since (``restored_from``): the value is the master rounded to ``p``'s dtype and the
+    master stays (an fp16/bf16 parameter's fp32 master keeps its precision)."""
+    return (isinstance(old, tuple) and len(old) == 2 and old[0] == "offloaded"
+            and restored_from(p) == old[1])
+
+
+def take_value(core: Any, h: int, p: torch.Tensor) -> None:
+    """``p``'s current value (widened exactly to fp32) into the master of handle ``h``:
+    an offloaded one's stored value (a tiled one block by block, never whole in memory),
+    else ``p`` itself."""
+    if is_offloaded(p) and offload_of(p).tiled(p):
+        master_from_blocks(core, h, p)
+    else:
+        core.write_param(h, as_f32_numpy(offload_of(p).read_state(p) if is_offloaded(p) else p))
+
+
 class ParamTable:
     """The parameters the optimizer knows and their strata handles.
 
@@ -199,31 +229,20 @@ class ParamTable:
         return self._marks[h] != _mark(self.param_of(h))
 
     def _offloaded_since(self, p: torch.Tensor, h: int) -> bool:
-        """``p`` was offloaded (strata.torch.offload_parameters) after this optimizer took it
-        in memory, unchanged there since the optimizer's last mark, and the offload stored
-        ``p``'s value (not resume; or resume of a value this optimizer's resumed checkpoint
-        gave p: offload/_parameter.py, note_checkpoint_value): the master and the stored
-        value agree already and the master stays (a bf16 master keeps its precision).
+        """:func:`offloaded_unchanged` since this optimizer's in-memory mark of ``p``.
         Returns True when so (marked)."""
         old = self._marks[h]
-        o = offload_of(p)
-        if o is None or not isinstance(old, tuple) or not old or old[0] == "offloaded":
+        if not isinstance(old, tuple) or not old or old[0] == "offloaded":
             return False
-        was = o.offloaded_from(p)
-        if was is None or was[0] != old or was[1]:
+        if not offloaded_unchanged(old, p):
             return False  # changed in memory before, or an earlier run's value: take it
         self.mark(h)
         return True
 
     def _restored_since(self, p: torch.Tensor, h: int) -> bool:
-        """``p`` was last marked offloaded (its offload's version) and the offload's close()
-        put it back in memory with that version's value, unchanged since (restored_from):
-        the value is the master rounded to ``p``'s dtype and the master stays (an fp16/bf16
-        parameter's fp32 master keeps its precision). Returns True when so (marked)."""
-        old = self._marks[h]
-        if not isinstance(old, tuple) or not old or old[0] != "offloaded":
-            return False
-        if restored_from(p) != old[1]:
+        """:func:`restored_unchanged` since this optimizer's offloaded mark of ``p``.
+        Returns True when so (marked)."""
+        if not restored_unchanged(self._marks[h], p):
             return False  # changed after the close: take it
         self.mark(h)
         return True
@@ -241,11 +260,7 @@ class ParamTable:
             if self.changed(h):
                 if self._offloaded_since(p, h) or self._restored_since(p, h):
                     continue
-                if is_offloaded(p) and offload_of(p).tiled(p):  # block by block
-                    master_from_blocks(opt, h, p)
-                else:
-                    value = offload_of(p).read_state(p) if is_offloaded(p) else p
-                    opt.write_param(h, as_f32_numpy(value))
+                take_value(opt, h, p)
                 self.mark(h)
                 n += 1
         return n
