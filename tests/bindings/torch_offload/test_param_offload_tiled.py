@@ -526,10 +526,38 @@ def test_first_blocks_of_a_use_are_read_ahead_along_the_recorded_uses(tmp_path):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=n)
         st_ = h.stats()
         # head forward and head backward read 8 blocks each; from the second iteration on
-        # the first 2 of each are read ahead (after the embedding; after the head forward)
-        assert st_["tile_blocks_fetched"] == 16
-        assert st_["tile_blocks_ahead"] == (0 if step == 0 else 4), step
+        # the forward's first 2 (its last to first order: blocks 7, 6) are read ahead after
+        # the embedding, and the 4 blocks it holds at its end (2 in use and in flight, 2
+        # more with room in the 512 KiB working set: blocks 3..0) are kept for the
+        # backward, which reads only blocks 4..7
+        assert st_["tile_blocks_fetched"] == (16 if step == 0 else 12), step
+        assert st_["tile_blocks_ahead"] == (0 if step == 0 else 2), step
         assert st_["peak_working_set_bytes"] <= h.working_set_bytes
+    assert h.ws.staged_bytes == 0
+
+
+def test_blocks_kept_for_the_backward_give_the_same_bits(tmp_path):
+    """The head's backward with the forward's last blocks kept (recorded order) and with
+    every block read again (order forgotten): the same gradients, bit for bit."""
+    torch.manual_seed(0)
+    model = TiedLM()
+    h = offload(model, tmp_path, working_set="512KiB")
+    idx, _ = batch(0)
+
+    def grads(keep):
+        if not keep and h.tile_reads is not None:
+            h.tile_reads.next_of.clear()  # (nothing recorded: nothing kept)
+        h.reset_stats()
+        model.zero_grad(set_to_none=True)
+        model(idx).square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()], h.stats()["tile_blocks_fetched"]
+
+    grads(False)  # (records the order: forward, then its backward)
+    g1, n1 = grads(True)
+    g0, n0 = grads(False)
+    assert (n1, n0) == (12, 16)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g0))
+    assert h.ws.staged_bytes == 0
 
 
 def test_blocks_read_ahead_of_a_changed_value_are_dropped(tmp_path):

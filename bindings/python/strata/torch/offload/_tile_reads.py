@@ -19,6 +19,17 @@ has not changed since (``version``); otherwise they are dropped (read again: no 
 stale value). Nothing is read ahead from a backward into the next forward (the optimizer's
 step comes between them and changes the value).
 
+Kept blocks. A forward ``F.linear`` use whose next use last time was its own backward (the
+tied output head: forward, the loss, then its backward first) walks its blocks from the
+last to the first (each output column block is computed alone, so the order changes no
+result), and the blocks it holds at its end -- the first ones, as many as its reserve in
+the working set covers: two, more where the working set had room for them without
+evicting (``MAX_DEPTH``) -- stay in memory, counted in the working set, for the backward,
+which walks the blocks from the first on (the input gradient's summation order is
+unchanged) and takes them instead of reading them again (not counted in
+``tile_blocks_fetched``); the blocks read ahead of that backward are then these (same
+rules: a different use or a changed value drops them).
+
 Rows. :func:`embedding_rows` reads only the rows its ids use: the distinct ids, sorted,
 adjacent ones coalesced into one byte range of the store object (``Store.read_range``),
 ranges read in parallel (``ROW_THREADS`` threads), in groups of at most a block's bytes;
@@ -80,15 +91,16 @@ def _timed_read(owner: Any, s: ParamRecord, i: int) -> Tuple[torch.Tensor, float
 
 
 class _Ahead:
-    """Blocks read ahead of one use: its key, the value's version, the futures of blocks
-    0..k-1 and the bytes counted for them in the working set."""
+    """Blocks read ahead of one use (or kept for it): its key, the value's version, the
+    futures of its first k blocks in its order (:meth:`TileReads.order`; a kept block's
+    result is ``(block, None)``) and the bytes counted for them in the working set."""
 
-    __slots__ = ("key", "s", "version", "futs", "reserve")
+    __slots__ = ("key", "s", "version", "blocks", "futs", "reserve", "kept")
 
-    def __init__(self, key: Tuple[Any, ...], s: ParamRecord, futs: List[Future],
-                 reserve: int):
+    def __init__(self, key: Tuple[Any, ...], s: ParamRecord, blocks: List[int],
+                 futs: List[Future], reserve: int, kept: bool = False):
         self.key, self.s, self.version = key, s, s.version
-        self.futs, self.reserve = futs, reserve
+        self.blocks, self.futs, self.reserve, self.kept = blocks, futs, reserve, kept
 
 
 class TileReads:
@@ -103,7 +115,8 @@ class TileReads:
 
     def begin(self, key: Tuple[Any, ...]) -> Optional[_Ahead]:
         """Use ``key`` starts: recorded after the last one; returns what was read ahead
-        for it (the caller owns its futures and reserve), dropping anything else."""
+        for it (the caller owns its futures and reserve; the first blocks of its
+        :meth:`order`), dropping anything else."""
         if self.last is not None and self.last != key:
             self.next_of[self.last] = key
         self.last = key
@@ -111,10 +124,43 @@ class TileReads:
         if a is None:
             return None
         s = a.s
-        if a.key == key and a.version == s.version and s.state not in IN_MEMORY:
+        if (a.key == key and a.version == s.version and s.state not in IN_MEMORY
+                and a.blocks == self.order(key, s.tile.nblocks)[:len(a.blocks)]):
             return a
         self._drop(a)
         return None
+
+    def keeps(self, key: Tuple[Any, ...]) -> bool:
+        """Use ``key`` is a forward ``F.linear`` whose next use last time was its own
+        backward: its blocks are walked last to first and its last ones kept for it."""
+        return key[2] == "linear" and self.next_of.get(key) == (("backward",), key[1],
+                                                                "linear_bwd")
+
+    def order(self, key: Tuple[Any, ...], n: int) -> List[int]:
+        """The order in which use ``key`` walks the ``n`` blocks of its parameter."""
+        return list(range(n - 1, -1, -1)) if self.keeps(key) else list(range(n))
+
+    def keep(self, key: Tuple[Any, ...], s: ParamRecord, kept: Dict[int, torch.Tensor],
+             reserve: int) -> int:
+        """Use ``key`` (:meth:`keeps`) ended holding blocks ``kept`` (index -> block),
+        ``reserve`` bytes counted for them in the working set: the ones that are the first
+        blocks of the next use are kept for it; returns the bytes still counted for them
+        (the caller uncounts the rest)."""
+        nxt = self.next_of[key]
+        first = self.order(nxt, s.tile.nblocks)
+        k = 0
+        while k < len(first) and first[k] in kept:
+            k += 1
+        if k == 0 or self.ahead is not None:
+            return 0
+        futs = []
+        for i in first[:k]:
+            f: Future = Future()
+            f.set_result((kept[i], None))
+            futs.append(f)
+        held = min(reserve, k * s.tile.block_bytes)
+        self.ahead = _Ahead(nxt, s, first[:k], futs, held, kept=True)
+        return held
 
     def end(self, key: Tuple[Any, ...]) -> None:
         """Use ``key`` ended: the first blocks of the use that followed it last time are
@@ -137,8 +183,9 @@ class TileReads:
         ws.staged_bytes += reserve
         ws._peak()
         ex = _executor(owner)
-        self.ahead = _Ahead(nxt, s, [ex.submit(_timed_read, owner, s, i) for i in range(k)],
-                            reserve)
+        first = self.order(nxt, t.nblocks)[:k]
+        self.ahead = _Ahead(nxt, s, first,
+                            [ex.submit(_timed_read, owner, s, i) for i in first], reserve)
 
     def drop(self, s: Optional[ParamRecord] = None) -> None:
         """Drops what is read ahead (of ``s`` only, when given): waited for, uncounted."""
@@ -174,7 +221,8 @@ def reads_of(owner: Any) -> TileReads:
 
 def blocks(owner: Any, s: ParamRecord, need_values: bool = True, use: Optional[str] = None
            ) -> Iterator[Tuple[int, int, int, Optional[torch.Tensor]]]:
-    """``(i, r0, r1, W[r0:r1])`` for every block of tiled ``s``, in order: from memory when
+    """``(i, r0, r1, W[r0:r1])`` for every block of tiled ``s``, in order (last to first for
+    a use that keeps its blocks for its backward: the module doc): from memory when
     ``s`` is materialized (an edit in place is seen), else read from the store with the
     next blocks in flight on the block thread (see the module doc). ``need_values`` False:
     no reads, ``None`` as the block. ``use`` (``"linear"``, ``"linear_bwd"``): the use is
@@ -205,7 +253,8 @@ def blocks(owner: Any, s: ParamRecord, need_values: bool = True, use: Optional[s
         ws.drain()
     ws.touch(s)
     futs: Deque[Future] = collections.deque(ahead.futs if ahead is not None else ())
-    stats["tile_blocks_ahead"] += len(futs)
+    order = reads.order(key, t.nblocks) if use is not None else list(range(t.nblocks))
+    stats["tile_blocks_ahead"] += 0 if ahead is None or ahead.kept else len(futs)
     held = ahead.reserve if ahead is not None else 0
     reserve = max(0, min(2, t.nblocks) * t.block_bytes - held)
     ws._make_room(reserve, protect=-1, before=None)
@@ -220,27 +269,38 @@ def blocks(owner: Any, s: ParamRecord, need_values: bool = True, use: Optional[s
     ws._peak()
     ex = _executor(owner)
     issued = len(futs)
+    n = t.nblocks
+    # a use keeping its blocks for its backward: the last ones it walks, as many as its
+    # reserve covers (those in use and in flight at its end: no more memory than it held)
+    nkeep = min(n, reserve // max(1, t.block_bytes)) if use and reads.keeps(key) else 0
+    kept: Dict[int, torch.Tensor] = {}
+    kept_bytes = 0  # (of the reserve: counted for the blocks kept, from now on)
     try:
-        while issued < min(depth, t.nblocks):
-            futs.append(ex.submit(_timed_read, owner, s, issued))
+        while issued < min(depth, n):
+            futs.append(ex.submit(_timed_read, owner, s, order[issued]))
             issued += 1
-        for i in range(t.nblocks):
+        for j, i in enumerate(order):
             t0 = time.perf_counter()
             block, seconds = futs.popleft().result()
             stats["tile_stall_seconds"] += time.perf_counter() - t0
-            stats["tile_fetch_seconds"] += seconds
-            stats["tile_blocks_fetched"] += 1
-            stats["bytes_fetched"] += block.numel() * t.elem
-            if issued < t.nblocks:
-                futs.append(ex.submit(_timed_read, owner, s, issued))
+            if seconds is not None:  # (None: kept in memory by the use before)
+                stats["tile_fetch_seconds"] += seconds
+                stats["tile_blocks_fetched"] += 1
+                stats["bytes_fetched"] += block.numel() * t.elem
+            if issued < n:
+                futs.append(ex.submit(_timed_read, owner, s, order[issued]))
                 issued += 1
+            if j >= n - nkeep:
+                kept[i] = block
             r0, r1 = t.rows_of(i)
             yield i, r0, r1, block
+        if kept:
+            kept_bytes = reads.keep(key, s, kept, reserve)
     finally:
         for f in futs:
             f.exception()  # (wait: the buffer must not be read into after this)
-        ws.staged_bytes -= reserve
-    if use is not None:
+        ws.staged_bytes -= reserve - kept_bytes
+    if use is not None and not kept_bytes:
         reads.end(key)
 
 
