@@ -22,8 +22,8 @@ materialized values; ``p.grad.data = t``) makes the step take ``p.grad`` as it t
 the parameter's dtype, as for in-memory parameters. With a communicator (ZeRO-3) each
 backward's gradient is widened before the reduce-scatter, so the reduction over ranks and
 the average are fp32 too (4 bytes per element sent instead of 2). Tiled parameters
-(``tile_bytes``) and updates in backward (``overlap_backward``, which defaults to "param")
-keep the parameter's dtype.
+(``tile_bytes``) are summed the same way, block by block (offload/_tiled_grads.py); updates
+in backward (``overlap_backward``, which defaults to "param") keep the parameter's dtype.
 
 Thread-safety: as the gradient store (the training thread; autograd's for the hooks).
 """
@@ -41,8 +41,9 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 def wants_fp32(s: ParamRecord, fp32_sums: bool) -> bool:
     """Whether ``s``'s gradients are summed in fp32: asked for (``fp32_sums``), an fp16/bf16
-    parameter, not tiled, not linked to an update in backward."""
-    return bool(fp32_sums) and s.dtype in LOW_PRECISION and s.tile is None
+    parameter (a tiled one block by block: offload/_tiled_grads.py), not linked to an update
+    in backward."""
+    return bool(fp32_sums) and s.dtype in LOW_PRECISION
 
 
 def read_sum(grads: "object", s: ParamRecord) -> torch.Tensor:
