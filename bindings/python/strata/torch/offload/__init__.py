@@ -22,13 +22,14 @@ update) are seen by its version counter and written back to the store when it is
 Gradients. With strata's OffloadAdam/OffloadAdamW over the parameters, each gradient is
 moved to the store as soon as torch has accumulated it (a hook on the parameter's
 AccumulateGrad node): backward never holds the whole model's gradients, and micro-batches
-accumulate in the store exactly as torch's ``p.grad += g`` would. Between backward and step
-``p.grad`` is an :class:`OffloadedGrad` standing for the stored gradient: reads, in-place
-edits, ``clip_grad_norm_``, ``p.grad = None`` / ``= t`` and ``zero_grad`` give torch's
-results (offload/_grad_tensor.py; what each costs: docs/offload.md, "Gradients between
-backward and step"). :meth:`ParameterOffload.grad` reads one. With any other optimizer
-gradients stay in ``p.grad`` as torch leaves them (its update then materializes each
-parameter).
+accumulate in the store exactly as torch's ``p.grad += g`` would (within
+``grad_host_budget`` bytes they stay in host memory instead: offload/_grad_host.py).
+Between backward and step ``p.grad`` is an :class:`OffloadedGrad` standing for the stored
+gradient: reads, in-place edits, ``clip_grad_norm_``, ``p.grad = None`` / ``= t`` and
+``zero_grad`` give torch's results (offload/_grad_tensor.py; what each costs:
+docs/offload.md, "Gradients between backward and step"). :meth:`ParameterOffload.grad`
+reads one. With any other optimizer gradients stay in ``p.grad`` as torch leaves them (its
+update then materializes each parameter).
 
 Thread-safety: one thread at a time (torch's forward/backward thread); the working set's
 fetch thread is internal.
@@ -37,6 +38,7 @@ Modules: _api.py (offload_parameters, offload_init), _handle.py (ParameterOffloa
 _parameter.py (OffloadedParameter, what autograd saves of it, is_offloaded / offload_of),
 _working_set.py (ParamRecord and its Residency, the WorkingSet: fetch, evict, prefetch),
 _grads.py (the GradientStore), _grad_sum.py (fp32 sums of fp16/bf16 gradients),
+_grad_host.py (gradients held in host memory within ``grad_host_budget``),
 _grad_tensor.py (OffloadedGrad, ``p.grad`` of a stored gradient), _fastpath.py (torch's fused fast paths), _copy.py (deepcopy, pickling, repr),
 _hooks.py (the model's hooks), _args.py (argument checks), _memory.py. The optimizer wing
 (strata.torch.optim) imports only the names

@@ -22,7 +22,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
                        tier: str = "nvme", key_prefix: str = "params/", prefetch: bool = True,
                        resume: bool = False, overwrite: bool = False, comm: Any = None,
                        average_gradients: bool = True,
-                       tile_bytes: Optional[Union[int, str]] = None) -> ParameterOffload:
+                       tile_bytes: Optional[Union[int, str]] = None,
+                       grad_host_budget: Union[int, str] = 0) -> ParameterOffload:
     """Moves every parameter of ``model`` into a strata store; they are materialized in a
     working set of at most ``working_set`` bytes while forward and backward use them (see
     the module doc). ``model(x)``, ``loss.backward()`` and the optimizer calls stay as
@@ -62,11 +63,24 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         there: neither is ever whole in memory (docs/offload.md, "Tiling"). Only with
         ``tier="nvme"`` (the host tier holds parameters in memory anyway: nothing is
         tiled). Default None: nothing is tiled.
+    :param grad_host_budget: bytes (int or "256MiB") of gradients a strata optimizer holds
+        that stay in host memory between micro-batches and until the step instead of going
+        to the store: each gradient about to be stored is held when its bytes (fp32 sums of
+        fp16/bf16 parameters: 4 per element; under ZeRO-3 this rank's slice) fit in what is
+        left, first come first held, never more than the budget in all; the others go to
+        the store. A held gradient costs no store bytes: an fp32 parameter's gradient over
+        ``k`` micro-batches moves 0 bytes per element instead of ``4k`` written and ``4k``
+        read (``stats()``: ``grad_bytes_written``/``grad_bytes_read``; ``grad_host_bytes``
+        is what is held). Tiled parameters' gradients are never held. Default 0: every
+        gradient goes to the store, so memory stays bounded by ``working_set`` unless the
+        caller grants more (docs/offload.md, "Gradients held in host memory").
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
-    :raises TypeError: ``model`` is not a Module.
+    :raises TypeError: ``model`` is not a Module; a size argument (``working_set``,
+        ``tile_bytes``, ``grad_host_budget``) neither an int nor a size string.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
-        offloaded already, ``working_set`` <= 0, an unknown tier, resume with overwrite,
-        resume without a store or path, a stored parameter of another size (resume).
+        offloaded already, ``working_set`` <= 0, ``grad_host_budget`` < 0, an unknown tier,
+        resume with overwrite, resume without a store or path, a stored parameter of
+        another size (resume).
     :raises strata.AlreadyExistsError: the store holds a parameter under the prefix (neither
         resume nor overwrite).
     :raises strata.NotFoundError: resume and a parameter missing from the store.
@@ -75,7 +89,7 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         raise ValueError("offload_parameters: resume=True keeps the stored parameters that "
                          "overwrite=True replaces: pass one of them")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients, tile_bytes)
+                              comm, average_gradients, tile_bytes, grad_host_budget)
     try:
         return handle.attach(model, resume=resume, overwrite=overwrite)
     except BaseException:
@@ -88,7 +102,8 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
                  working_set: Union[int, str] = "1GiB", tier: str = "nvme",
                  key_prefix: str = "params/", prefetch: bool = True,
                  resume: bool = False, comm: Any = None, average_gradients: bool = True,
-                 tile_bytes: Optional[Union[int, str]] = None) -> Iterator[ParameterOffload]:
+                 tile_bytes: Optional[Union[int, str]] = None,
+                 grad_host_budget: Union[int, str] = 0) -> Iterator[ParameterOffload]:
     """Constructs a model whose parameters never all exist in memory (the counterpart of
     DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
     block is stored and released at once, so construction takes the largest parameter's
@@ -116,7 +131,7 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     if _INIT_ACTIVE:
         raise ValueError("offload_init: already inside an offload_init block")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients, tile_bytes)
+                              comm, average_gradients, tile_bytes, grad_host_budget)
     original = torch.nn.Module.register_parameter
 
     def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:

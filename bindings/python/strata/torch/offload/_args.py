@@ -41,6 +41,27 @@ def working_set_bytes(value: Any, name: str = "working_set") -> int:
 
     :raises TypeError: None, a bool, a float or another type.
     :raises ValueError: <= 0, or a string that is not a size."""
+    n = _byte_size(value, name)
+    if n <= 0:
+        raise ValueError(f"{_WHERE}: {name} must be > 0 bytes, got {value!r}")
+    return n
+
+
+def grad_host_budget_bytes(value: Any) -> int:
+    """The ``grad_host_budget`` argument as bytes (int >= 0; 0: no gradient is kept in
+    memory): an int, or a size string such as "256MiB" (strata.parse_size).
+
+    :raises TypeError: None, a bool, a float or another type.
+    :raises ValueError: < 0, or a string that is not a size."""
+    n = _byte_size(value, "grad_host_budget")
+    if n < 0:
+        raise ValueError(f"{_WHERE}: grad_host_budget must be >= 0 bytes (0: every "
+                         f"gradient goes to the store), got {value!r}")
+    return n
+
+
+def _byte_size(value: Any, name: str) -> int:
+    """``value`` (int, or a size string) as an int, unchecked in sign."""
     if isinstance(value, str):
         try:
             n = strata.parse_size(value)
@@ -52,8 +73,6 @@ def working_set_bytes(value: Any, name: str = "working_set") -> int:
     else:
         raise _bad_type(name, value, "bytes as an int (e.g. 67108864) or a size "
                         "string (e.g. '64MiB')")
-    if n <= 0:
-        raise ValueError(f"{_WHERE}: {name} must be > 0 bytes, got {value!r}")
     return n
 
 

@@ -16,6 +16,7 @@ import torch
 
 from .._common import all_finite, host_grad, no_torch_function as _no_tf, watch_accumulation
 from .._trace import TRACE
+from ._grad_host import HostGrads
 from ._grad_sum import note_sum, read_sum, sum_base, wants_fp32
 from ._grad_tensor import OffloadedGrad, make_grad
 from ._record import ParamRecord, tensor_of
@@ -48,7 +49,8 @@ class GradientStore:
     ``_version`` when norm/finite were last taken from it), ``grad_dirty`` (it differs from
     the stored one), ``grad_obj`` (the OffloadedGrad that ``p.grad`` returns); with fp32
     accumulation (offload/_grad_sum.py) ``grad_acc32``, ``grad_obj32``, ``grad_sum``,
-    ``sum_norm``, ``sum_finite``.
+    ``sum_norm``, ``sum_finite``. ``host`` (HostGrads, offload/_grad_host.py) holds the
+    gradients that stay in host memory instead of the store, within ``host_budget``.
 
     :param store: the strata.Store holding them (``<key>#grad`` objects).
     :param records: the offload's ParamRecords (the list itself, which the offload edits).
@@ -59,11 +61,13 @@ class GradientStore:
     :param average_gradients: with ``comm``, divide the reduced sums by the rank count.
     :param stats: the offload's counters (``grad_bytes_written``/``grad_bytes_read``).
     :param on_backward: called first in each gradient hook (the offload's backward phase).
+    :param host_budget: bytes of gradients held in host memory instead of the store
+        (offload_parameters' ``grad_host_budget``; 0: none).
     """
 
     def __init__(self, store: Any, records: List[ParamRecord], tier: str, inflight_budget: int,
                  comm: Any, average_gradients: bool, stats: Dict[str, float],
-                 on_backward: Callable[[], None]):
+                 on_backward: Callable[[], None], host_budget: int = 0):
         self.store, self.tier, self.comm = store, tier, comm
         self.records = records  # the offload's list (records are appended there)
         self.inflight_budget = inflight_budget
@@ -75,6 +79,7 @@ class GradientStore:
         self._accumulators: Dict[int, Any] = {}  # id(record) -> its AccumulateGrad node
         self._materialized: Dict[int, ParamRecord] = {}  # id(record) -> record, oldest first
         self._materialized_bytes = 0
+        self.host = HostGrads(host_budget)  # gradients held in memory (offload/_grad_host.py)
 
     def bind(self, s: ParamRecord, fp32_sums: bool = False) -> None:
         """A strata optimizer holds ``s``'s parameter: its gradients go to the store from
@@ -114,6 +119,7 @@ class GradientStore:
             p.grad = None
             g = host_grad(g.detach(), where=f"offloaded parameter {s.name!r}: ",
                           keep_dtype=True)
+            given = g  # (outside backward maybe the user's ``p.grad = t``: not held as is)
             acc32 = s.grad_acc32 and g.dtype == s.dtype
             if acc32:  # summed in fp32 (offload/_grad_sum.py): a new fp32 tensor
                 g = g.float()
@@ -125,7 +131,9 @@ class GradientStore:
                 # elsewhere), so in place: no second buffer of it
                 g = g.add_(0.0) if in_backward or acc32 else g.add(0.0)
             elif s.has_grad:
-                old = sum_base(self, s) if acc32 else self.read(s)
+                old = self._take_host(s, acc32)
+                if old is None:
+                    old = sum_base(self, s) if acc32 else self.read(s)
                 old.add_(g)
                 g = old
             self._forget_values(s)
@@ -135,6 +143,7 @@ class GradientStore:
             else:
                 s.grad_norm = torch.norm(g, 2.0)
                 s.grad_finite = all_finite(g, s.grad_norm)
+        owned = in_backward or g is not given
         if (in_backward and s.link is not None and not acc32 and s.grad_finite
                 and s.link.take(p, g.reshape(-1))):
             # the update in backward took it: stored only for a redo
@@ -142,7 +151,20 @@ class GradientStore:
             if s.grad_early == "dropped":
                 s.grad_zero = False
                 return
-        self._write(s, g)
+            owned = False  # (the update reads it meanwhile: a held sum is a copy)
+        self._write(s, g, owned)
+
+    def _take_host(self, s: ParamRecord, acc32: bool) -> Optional[torch.Tensor]:
+        """``s``'s gradient held in host memory (offload/_grad_host.py), released, for the
+        next backward's gradient to be added to in place, when it is exactly what
+        :func:`sum_base` / :meth:`read` would give (no recorded scaling, no materialized
+        copy); else None."""
+        self._sync_mem(s)
+        if s.grad_mem is not None or s.grad_ops or s.grad_zero:
+            return None
+        if acc32:
+            return self.host.take(s, torch.float32) if s.grad_sum else None
+        return self.host.take(s, s.dtype)
 
     def _reduce_scatter(self, s: ParamRecord, g: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of the elements of ``g`` this rank owns (divided by the
@@ -153,12 +175,17 @@ class GradientStore:
             out.div_(self.comm.size)
         return out
 
-    def _write(self, s: ParamRecord, g: torch.Tensor) -> None:
-        """Stores ``g`` (flat, CPU) as ``s``'s gradient, asynchronously (waited for at
-        flush(), a read, or when the writes in flight exceed their budget)."""
+    def _write(self, s: ParamRecord, g: torch.Tensor, owned: bool = True) -> None:
+        """Stores ``g`` (flat, CPU) as ``s``'s gradient: held in memory when it fits in the
+        host budget (offload/_grad_host.py; ``owned``: ``g`` is referenced nowhere else,
+        else a copy is held), else written asynchronously (waited for at flush(), a read,
+        or when the writes in flight exceed their budget)."""
         if s.index in self._writes:
             self._wait(s.index)  # one write per object in flight: they complete in order
         s.grad_obj32 = g.dtype != s.dtype  # (an fp32 sum of an fp16/bf16 parameter)
+        if self.host.hold(s, g, owned):
+            s.grad_zero = False
+            return
         nbytes = g.numel() * g.element_size()
         while self._writes and self._inflight + nbytes > self.inflight_budget:
             self._wait(next(iter(self._writes)))
@@ -220,6 +247,9 @@ class GradientStore:
             g = torch.zeros(s.state_numel, dtype=s.dtype)
         elif s.state_numel == 0:
             g = torch.zeros(0, dtype=s.dtype)
+        elif self.host.get(s) is not None:  # held in memory: copied, no store bytes
+            g = self.host.get(s)
+            g = g.clone() if g.dtype == s.dtype else g.to(s.dtype)
         else:
             if s.index in self._writes:
                 self._wait(s.index)
@@ -249,7 +279,8 @@ class GradientStore:
         self._sync_mem(s)
         if s.grad_sum:
             self._check_kept(s)
-            return read_sum(self, s)
+            held = self.host.get(s)  # (the fp32 sum held in memory: a copy)
+            return held.clone() if held is not None else read_sum(self, s)
         return self.read(s)
 
     def info(self, s: ParamRecord) -> "GradInfo":
@@ -439,11 +470,12 @@ class GradientStore:
             s.link.edited(s.param)
 
     def _forget_values(self, s: ParamRecord) -> None:
-        """The gradient's values are replaced: recorded scalings and the materialized copy
-        dropped."""
+        """The gradient's values are replaced: recorded scalings, the materialized copy and
+        the one held in host memory dropped."""
         self._edited(s)
         s.grad_early = None
         self._release_mem(s)
+        self.host.release(s)
         s.grad_ops = []
         s.grad_zero = False
         s.grad_sum = False

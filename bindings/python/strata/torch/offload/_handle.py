@@ -22,7 +22,7 @@ from ..._data_dir import make_temp_dir
 from .._common import no_torch_function as _no_tf
 from .._trace import TRACE, traced
 from ._args import (check_bool, check_comm, check_key_prefix, check_model, check_store_and_path,
-                    check_tier, working_set_bytes)
+                    check_tier, grad_host_budget_bytes, working_set_bytes)
 from ._fastpath import FastPaths
 from ._grad_access import GradAccess
 from ._grads import GradientStore
@@ -42,10 +42,10 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
     """What :func:`offload_parameters` returns: the offloaded parameters of one model.
 
     Attributes: ``store`` (the strata.Store), ``working_set_bytes`` (the budget, bytes),
-    ``tier``, ``key_prefix``, ``comm`` (the Communicator of a ZeRO-3 job, None in one
-    process). Members: ``ws`` (the WorkingSet: which parameters are in memory) and
-    ``grads`` (the GradientStore: gradients a strata optimizer steps). See :meth:`stats`
-    for the counters.
+    ``grad_host_budget`` (bytes), ``tier``, ``key_prefix``, ``comm`` (the Communicator of a
+    ZeRO-3 job, None in one process). Members: ``ws`` (the WorkingSet: which parameters are
+    in memory) and ``grads`` (the GradientStore: gradients a strata optimizer steps). See
+    :meth:`stats` for the counters.
 
     The optimizer wing (strata.torch.optim) reaches offloaded parameters only through the
     public methods below: :meth:`state_numel`, :meth:`read_state`, :meth:`write`,
@@ -60,7 +60,7 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
                  resume: bool = False, comm: Any = None, average_gradients: bool = True,
-                 tile_bytes: Optional[int] = None):
+                 tile_bytes: Optional[int] = None, grad_host_budget: Union[int, str] = 0):
         self._closed = True
         self._owns_store = False
         self._owned_dir: Optional[str] = None
@@ -72,6 +72,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
                            ("average_gradients", average_gradients)):
             check_bool(name, flag)
         comm = check_comm(comm)
+        #: bytes of gradients held in host memory instead of the store (offload/_grad_host.py)
+        self.grad_host_budget = grad_host_budget_bytes(grad_host_budget)
         #: parameters of more bytes are tiled (offload/_tiled.py); None: none
         self.tile_bytes = None if tile_bytes is None else working_set_bytes(tile_bytes,
                                                                             "tile_bytes")
@@ -96,7 +98,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         self.average_gradients = average_gradients
         self.ws = WorkingSet(store, budget, prefetch, self._stats, self.comm)
         self.grads = GradientStore(store, self.ws.records, tier, budget // 2, self.comm,
-                                   average_gradients, self._stats, self.begin_backward)
+                                   average_gradients, self._stats, self.begin_backward,
+                                   self.grad_host_budget)
         self._hook_handles: List[Any] = []
         #: the modules whose hooks are this offload's (offload/_hooks.py), weakly
         self.hooked_modules: List["weakref.ReferenceType[torch.nn.Module]"] = []
@@ -372,7 +375,9 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         stored), ``param_bytes_written`` (parameter values stored by :meth:`write`: an
         optimizer's step or resume, bytes; none for a linked parameter whose step wrote
         its master, which the optimizer's own bytes_written counts), ``grad_bytes_written`` / ``grad_bytes_read``
-        (gradients to / from the store, bytes); tiled parameters (offload/_tiled.py):
+        (gradients to / from the store, bytes), ``grad_host_bytes`` (gradients held in
+        memory now instead of the store, at most ``grad_host_budget``); tiled parameters
+        (offload/_tiled.py):
         ``tile_blocks_fetched`` (blocks read, their bytes also in ``bytes_fetched``),
         ``tile_fetch_seconds`` (time reading them, on the block thread),
         ``tile_stall_seconds`` (time the operators waited for a block or rows),
@@ -383,6 +388,7 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         out[f"bytes_fetched_{self.tier}"] = out["bytes_fetched"]
         out["working_set_bytes"] = self.working_set_bytes
         out["resident_bytes"] = self.ws.resident_bytes
+        out["grad_host_bytes"] = self.grads.host.used
         return out
 
     # ---- lifetime ------------------------------------------------------------------------
