@@ -25,14 +25,13 @@ import strata
 from ..._data_dir import make_temp_dir
 from ..offload import is_offloaded, note_checkpoint_value
 from . import _any_offloaded as aof
+from . import _settings
 from . import _slice_step as ss
 from ._exchange import bump_version
 from ._any_io import _RECORD, AnyCheckpointMethods, master_numpy
 from ._any_state import AnyStateView, decode_record, weak_callback as _callback, weak_method as _weak
-from ._grad_accum import LOW_PRECISION, GradAccumulation, check_option
+from ._grad_accum import GradAccumulation, check_option
 from ._rule import UpdateRule
-
-
 
 
 class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
@@ -67,13 +66,23 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
     :param store: a :class:`strata.Store` (not closed by the optimizer), or None: a store
         at ``path`` (default: a temporary directory, removed by :meth:`close`).
     :param tier: "nvme" (default), "host" or "auto" (strata placement of every tensor).
+        None (the default of this and of ``sub_group_numel``, ``num_buffers``,
+        ``num_threads``, ``state_dtype``): the configuration file's value, else the default.
     :param key_prefix: prefix of the optimizer's keys in the store.
     :param resume: reopen the checkpoint under ``key_prefix`` (same class, same parameters
         in the same order and groups): masters are copied into the parameters, and the
         checkpoint's hyperparameters replace the given ones (as load_state_dict).
     :param overwrite: delete a checkpoint under ``key_prefix`` first.
     :param sub_group_numel, num_buffers, num_threads, chunk_size: pipeline settings
-        (strata.OffloadedOptimizer.create; 0 = auto).
+        (strata.OffloadedOptimizer.create; ints >= 0, 0 = auto; defaults 0, 4, 0; the
+        chunk size of a store the optimizer opens, default its configuration's).
+    :param config: a strata configuration file (docs/configuration.md; default: the one
+        ``store`` was opened with, else ``$STRATA_CONFIG``): its "optimizer" section's
+        ``default_placement``, ``sub_group_numel``, ``num_buffers``, ``num_threads`` and
+        ``state_dtype`` are the defaults of those arguments (an argument given wins; its
+        other keys are OffloadAdam(W)'s), and a store the optimizer opens takes its "store"
+        and "io" sections. ``optimizer.settings`` shows what is in effect: tier,
+        sub_group_numel, num_buffers, num_threads, state_dtype ("fp32" / "bf16"), config.
     :param grad_accumulation_dtype: ``torch.float32`` (default: the micro-batch gradients
         of fp16/bf16 parameters are summed in fp32, optim/_grad_accum.py) or ``"param"``
         (torch's accumulation in the parameter's dtype); as OffloadAdam's.
@@ -88,23 +97,25 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         state is rounded to bf16. Recorded in the checkpoint: ``resume`` passes the same
         (strata.FailedPreconditionError naming both otherwise).
     :raises TypeError, ValueError: a class that is not supported (naming why), the class's
-        own argument errors, a bad ``state_dtype`` or bf16 for a refused class, a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
+        own argument errors, a bad ``state_dtype`` or bf16 for a refused class, an unknown
+        tier or a count that is not an int >= 0 (naming it), a parameter that is not a contiguous fp32/fp16/bf16 CPU tensor
         (naming its index), a parameter offloaded with a communicator (ZeRO-3; ValueError:
         use OffloadAdam/OffloadAdamW), a bad ``grad_accumulation_dtype``,
         ``resume`` without store/path or with other parameters.
     :raises strata.Error: the store's errors (AlreadyExistsError: a checkpoint is there and
-        neither resume nor overwrite was given).
+        neither resume nor overwrite was given); InvalidArgumentError: a malformed
+        configuration file (naming the file, the key and the value; NotFoundError: none).
     """
 
     _grad_scale = None  #: 1/loss scale while a DynamicLossScaler steps (optim/_loss_scale.py)
 
     def __init__(self, optimizer_class: Any, params: Iterable[Any], *,
                  store: Optional[strata.Store] = None, path: Optional[str] = None,
-                 tier: str = "nvme", key_prefix: str = "optim/", resume: bool = False,
-                 overwrite: bool = False, sub_group_numel: int = 0, num_buffers: int = 4,
-                 num_threads: int = 0, chunk_size: Any = None,
-                 grad_accumulation_dtype: Any = None, state_dtype: Any = None,
-                 **hyperparams: Any):
+                 tier: Optional[str] = None, key_prefix: str = "optim/", resume: bool = False,
+                 overwrite: bool = False, sub_group_numel: Optional[int] = None,
+                 num_buffers: Optional[int] = None, num_threads: Optional[int] = None,
+                 chunk_size: Any = None, grad_accumulation_dtype: Any = None,
+                 state_dtype: Any = None, config: Optional[str] = None, **hyperparams: Any):
         self._core: Optional[strata.OffloadedOptimizer] = None
         self._accum: Optional[GradAccumulation] = None
         self._closed = False
@@ -130,7 +141,12 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
         else:
             ss.check_class(optimizer_class)
             self._cls = optimizer_class
-        state_dtype = ss.state_dtype_name(state_dtype, self._cls)  # "fp32" | "bf16"
+        #: the settings in effect (optim/_settings.py: argument, else the file, else default)
+        self.settings: Dict[str, Any] = _settings.resolve_any(config, store, dict(
+            tier=tier, sub_group_numel=sub_group_numel, num_buffers=num_buffers,
+            num_threads=num_threads, state_dtype=state_dtype))
+        s = self.settings
+        state_dtype = s["state_dtype"] = ss.state_dtype_name(s["state_dtype"], self._cls)
         if self._cls is not None:
             reference = optimizer_class(params, **hyperparams)  # the class's own checks
             groups = [{k: v for k, v in g.items()} for g in reference.param_groups]
@@ -145,22 +161,7 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             kind = f"torch.optim.{optimizer_class.__name__}"
         self._kind = kind
         self._params: List[torch.Tensor] = [p for g in self.param_groups for p in g["params"]]
-        seen_ids: Dict[int, int] = {}
-        for i, p in enumerate(self._params):
-            if id(p) in seen_ids:
-                raise ValueError(f"OffloadOptimizer: parameter {i} is parameter "
-                                 f"{seen_ids[id(p)]} again; torch.optim would step it twice "
-                                 "per step (deprecated): list each parameter once")
-            seen_ids[id(p)] = i
-        for i, p in enumerate(self._params):
-            if is_offloaded(p):  # its value and gradient in the offload's store
-                aof.check(p, i)
-            if (p.dtype not in (torch.float32,) + LOW_PRECISION or p.device.type != "cpu"
-                    or not (p.is_contiguous() or is_offloaded(p))):
-                raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
-                                 f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}"
-                                 "; it takes contiguous float32, float16 or bfloat16 CPU "
-                                 "parameters")
+        aof.check_params(self._params)
         self._layout = self._current_layout()
         self._stream_cache: Dict[str, List[str]] = {}
         self._streams = self._union_streams()
@@ -171,9 +172,9 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             raise ValueError("OffloadOptimizer: resume=True needs the store or path of the "
                              "checkpoint")
         try:
-            self._open(store, path, tier, key_prefix, resume, overwrite, chunk_size,
-                       dict(sub_group_numel=sub_group_numel, num_buffers=num_buffers,
-                            num_threads=num_threads, state_dtype=state_dtype))
+            self._open(store, path, s["tier"], key_prefix, resume, overwrite, chunk_size,
+                       dict(sub_group_numel=s["sub_group_numel"], num_buffers=s["num_buffers"],
+                            num_threads=s["num_threads"], state_dtype=state_dtype))
         except BaseException:
             self.close()
             raise
@@ -194,7 +195,8 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
             if path is None:
                 path = self._owned_dir = make_temp_dir("optim-")
             store = strata.Store.open(path, host_budget="64MiB", staging="64MiB",
-                                      chunk_size=chunk_size, create=not resume)
+                                      chunk_size=chunk_size, create=not resume,
+                                      config=self.settings["config"])
         self.store = store
         rule = strata.PythonRule(name=self._kind, update=_callback(self),
                                  state_names=tuple(self._streams))

@@ -42,6 +42,30 @@ def check(p: torch.Tensor, i: int) -> None:
                          "OffloadAdamW")
 
 
+def check_params(params: List[torch.Tensor]) -> None:
+    """OffloadOptimizer's parameters (in param_groups order): each listed once, a
+    contiguous fp32/fp16/bf16 CPU tensor or a parameter offloaded in one process.
+
+    :raises ValueError: naming the parameter's index (and the first listing of one listed
+        twice; the offload's name of one partitioned over ranks)."""
+    seen_ids: Dict[int, int] = {}
+    for i, p in enumerate(params):
+        if id(p) in seen_ids:
+            raise ValueError(f"OffloadOptimizer: parameter {i} is parameter "
+                             f"{seen_ids[id(p)]} again; torch.optim would step it twice "
+                             "per step (deprecated): list each parameter once")
+        seen_ids[id(p)] = i
+    for i, p in enumerate(params):
+        if is_offloaded(p):  # its value and gradient in the offload's store
+            check(p, i)
+        if (p.dtype not in (torch.float32,) + (torch.float16, torch.bfloat16) or p.device.type != "cpu"
+                or not (p.is_contiguous() or is_offloaded(p))):
+            raise ValueError(f"OffloadOptimizer: parameter {i} is {p.dtype} on "
+                             f"{p.device}{'' if p.is_contiguous() else ', not contiguous'}"
+                             "; it takes contiguous float32, float16 or bfloat16 CPU "
+                             "parameters")
+
+
 def signature(p: torch.Tensor) -> Tuple[Any, int]:
     """What tells a change of offloaded ``p``'s value: its offload's version count."""
     return ("offloaded", offload_of(p).version(p))
@@ -120,9 +144,9 @@ def load_master(core: Any, h: int, p: torch.Tensor, master: Optional[torch.Tenso
 
 
 def prepare(params: List[torch.Tensor], fp32_sums: bool) -> None:
-    """Before a step: every offloaded parameter bound (also one offloaded after the
-    optimizer took it: its gradient, still in ``p.grad``, goes to the store), gradients
-    still in ``p.grad`` moved to the store, writes in flight waited for."""
+    """Before a step: every offloaded parameter bound (idempotent: one offloaded after the
+    optimizer took it was bound by the offload, optim/_grad_accum.py param_offloaded),
+    gradients still in ``p.grad`` moved to the store, writes in flight waited for."""
     for p in params:
         if is_offloaded(p):
             bind(p, fp32_sums)

@@ -1,6 +1,8 @@
 """The pipeline settings of strata.torch's optimizers: each from the constructor's argument,
 else the configuration file's "optimizer" section, else strata's default (docs/
-configuration.md), range-checked with messages naming the argument.
+configuration.md), range-checked with messages naming the argument. OffloadAdam(W) take
+every key (:func:`resolve`), OffloadOptimizer those it has arguments for
+(:func:`resolve_any`).
 
 Thread-safety: pure functions.
 """
@@ -79,3 +81,35 @@ def check(settings: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"tier must be 'nvme', 'host' or 'auto', got {settings['tier']!r}")
     return {k: check_count(k, settings[k])
             for k in ("sub_group_numel", "num_buffers", "num_threads")}
+
+
+#: the settings OffloadOptimizer takes from the file (those it has keyword arguments for);
+#: the "optimizer" section's other keys are OffloadAdam(W)'s only
+ANY_KEYS = ("tier", "sub_group_numel", "num_buffers", "num_threads", "state_dtype")
+
+
+def resolve_any(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[str, Any]:
+    """OffloadOptimizer's settings in effect: each of :data:`ANY_KEYS` from ``given`` (its
+    argument, None: not given), else the configuration file's "optimizer" section
+    (``default_placement`` for ``tier``), else the default ("nvme", 0, 4, 0, "fp32"), as
+    :func:`resolve`; the tier and counts checked as :func:`check` does.
+
+    :param config: the configuration file (None: the one ``store`` was opened with, else
+        ``$STRATA_CONFIG``).
+    :param store: the strata.Store given to the optimizer, or None.
+    :param given: the constructor's arguments named in :data:`ANY_KEYS`.
+    :returns: those keys (the counts as ints; ``state_dtype`` as given or as the file
+        spells it: "fp32" / "bf16") plus ``config`` (the file read, or None).
+    :raises ValueError: an unknown tier, or a count that is not an int >= 0 (naming it).
+    :raises strata.InvalidArgumentError: a malformed configuration file (naming the file,
+        the key and the value), as for OffloadAdam.
+    :raises strata.NotFoundError: the file does not exist.
+    """
+    args = dict.fromkeys(("host_budget", "pinned_budget", "arithmetic", "overlap_backward",
+                          "overlap_bucket_numel", "chunk_size"))
+    args.update((k, given.get(k)) for k in ANY_KEYS)
+    full = resolve(config, store, args)
+    out = {k: full[k] for k in ANY_KEYS}
+    out.update(check(full))
+    out["config"] = full["config"]
+    return out
