@@ -110,7 +110,8 @@ class _Trainer:
             self.store = strata.Store.open(cfg["store_dir"], host_budget="16MiB",
                                            staging="16MiB", chunk_size="1MiB",
                                            durability="flush")
-            with st.offload_init(self.store, working_set=cfg["working_set"]) as self.handle:
+            with st.offload_init(self.store, working_set=cfg["working_set"],
+                                 release_memory=cfg["release_memory"]) as self.handle:
                 self.model, self.batches, self.vocab = build(args)
             self.handle.attach(self.model, overwrite=True)
             self.opt = st.OffloadAdamW(param_groups(self.model, cfg["weight_decay"]),
@@ -131,9 +132,11 @@ class _Trainer:
         loss, and for an offloaded role its counters' deltas and bytes moved (bytes)."""
         import torch
         import torch.nn.functional as F
+        import resource
         x, y = self.batches.next()
         if self.handle is not None:
             before, bytes_before = self.handle.stats(), store_bytes(self.handle, self.opt)
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         logits = self.model(x)
         loss = F.cross_entropy(logits.view(-1, self.vocab), y.view(-1))
@@ -145,7 +148,8 @@ class _Trainer:
         self.opt.zero_grad()
         t2 = time.perf_counter()
         out = dict(seconds=t2 - t0, forward_backward_seconds=t1 - t0,
-                   optimizer_seconds=t2 - t1, loss=loss.item())
+                   optimizer_seconds=t2 - t1, loss=loss.item(),
+                   minor_faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
         if self.handle is not None:
             after = self.handle.stats()
             for k in _COUNTERS:
@@ -162,8 +166,10 @@ class _Trainer:
         return dict(hwm_reset=_reset_hwm(), vm_hwm_before_reset=self.hwm_before_reset)
 
     def final(self) -> dict:
+        from strata.torch.offload._memory import mmap_threshold_fixed
         hwm = _vm_hwm()
-        out = dict(vm_hwm=hwm, vm_hwm_since_start=max(hwm, self.hwm_before_reset or 0))
+        out = dict(vm_hwm=hwm, vm_hwm_since_start=max(hwm, self.hwm_before_reset or 0),
+                   mmap_threshold_fixed=mmap_threshold_fixed())
         if self.handle is not None:
             st = self.handle.stats()
             out["peak_working_set_bytes"] = st["peak_working_set_bytes"]
@@ -295,7 +301,7 @@ def run(args, base: str) -> dict:
     cfg = {k: getattr(args, k) for k in (
         "layers", "d_model", "heads", "context", "batch", "lr", "weight_decay",
         "max_grad_norm", "seed", "threads", "corpus", "corpus_bytes", "working_set",
-        "arithmetic", "overlap_backward")}
+        "arithmetic", "overlap_backward", "release_memory")}
     fio_file = os.path.join(base, "fio.bin")
     drive = {"read": [], "write": []}
     measure_drive(fio_file, args.fio_size, args.fio_seconds, drive)
@@ -368,6 +374,7 @@ def summarize(args, ready, resets, warm, rec, final, drive) -> dict:
     for name, runs in (("offloaded", a), ("in_memory", b), ("resident", r)):
         out[f"{name}_forward_backward_seconds"] = m("forward_backward_seconds", runs)
         out[f"{name}_optimizer_seconds"] = m("optimizer_seconds", runs)
+        out[f"{name}_minor_faults"] = int(m("minor_faults", runs))
     out["fetch_seconds"] = m("fetch_seconds")
     out["stall_seconds"] = m("stall_seconds")
     out["stall_fraction"] = (out["stall_seconds"] / out["fetch_seconds"]
@@ -407,6 +414,9 @@ def summarize(args, ready, resets, warm, rec, final, drive) -> dict:
         out[f"{name}peak_rss_bytes"] = final[role]["vm_hwm"]
         out[f"{name}peak_rss_bytes_since_start"] = final[role]["vm_hwm_since_start"]
     out["peak_rss_reset"] = all(x["hwm_reset"] for x in resets.values())
+    out["release_memory"] = args.release_memory
+    out["mmap_threshold_fixed"] = final["offload"]["mmap_threshold_fixed"]
+    out["resident_mmap_threshold_fixed"] = final["resident"]["mmap_threshold_fixed"]
     out["working_set_bytes"] = final["offload"]["working_set_bytes"]
     out["peak_working_set_bytes"] = final["offload"]["peak_working_set_bytes"]
     out["steps_skipped"] = sum(x["step_skipped"] for x in a + r)
@@ -447,6 +457,10 @@ def main(argv=None) -> int:
     ap.add_argument("--resident-working-set", type=size_arg, default=None,
                     help="the resident run's working set (bytes or 1GiB, at least the "
                     "model's parameter bytes; default twice those)")
+    ap.add_argument("--release-memory", choices=["auto", "true", "false"], default="auto",
+                    help="offload_parameters' release_memory for the offloaded runs: auto "
+                    "(default: None, glibc's mmap threshold fixed only when the training "
+                    "state exceeds the memory available), true, false")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", default=sysconfig.get_paths()["stdlib"])
     ap.add_argument("--corpus-bytes", type=int, default=1 << 20)
@@ -462,6 +476,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.child is not None:
         return child_main(json.loads(args.child))
+    args.release_memory = {"auto": None, "true": True, "false": False}[args.release_memory]
     if args.preset not in PRESETS:
         ap.error(f"--preset: one of {sorted(PRESETS)}, got {args.preset!r}")
     for k, v in PRESETS[args.preset].items():

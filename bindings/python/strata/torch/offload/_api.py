@@ -23,7 +23,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
                        resume: bool = False, overwrite: bool = False, comm: Any = None,
                        average_gradients: bool = True,
                        tile_bytes: Optional[Union[int, str]] = None,
-                       grad_host_budget: Union[int, str] = 0) -> ParameterOffload:
+                       grad_host_budget: Union[int, str] = 0,
+                       release_memory: Optional[bool] = None) -> ParameterOffload:
     """Moves every parameter of ``model`` into a strata store; they are materialized in a
     working set of at most ``working_set`` bytes while forward and backward use them (see
     the module doc). ``model(x)``, ``loss.backward()`` and the optimizer calls stay as
@@ -74,9 +75,21 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         is what is held). Tiled parameters' gradients are never held. Default 0: every
         gradient goes to the store, so memory stays bounded by ``working_set`` unless the
         caller grants more (docs/offload.md, "Gradients held in host memory").
+    :param release_memory: whether glibc's mmap threshold is fixed at 128 KiB for the
+        process (once; offload/_memory.py, ReleaseRule), so that freed parameter and
+        gradient buffers go back to the system at once and the resident set stays near the
+        working set -- at the cost of a page fault per 4 KiB page of every allocation of
+        128 KiB or more in the process, torch's activations and gradients included (on the
+        main job's model 285k faults and ~5 CPU-seconds per iteration; docs/offload.md,
+        "Memory"). True: fixed; False: never (glibc's dynamic threshold: freed large buffers
+        are reused from the heap, which may hold more memory); None (default): fixed once 4
+        x the bytes of the parameters offloaded (parameters, gradients and two moments)
+        exceed the memory available when the offload started (MemAvailable, or a memory
+        cgroup's headroom where smaller), i.e. where the training state would not fit.
     :returns: the :class:`ParameterOffload` handle (stats, grad, read, checkpoint, close).
     :raises TypeError: ``model`` is not a Module; a size argument (``working_set``,
-        ``tile_bytes``, ``grad_host_budget``) neither an int nor a size string.
+        ``tile_bytes``, ``grad_host_budget``) neither an int nor a size string;
+        ``release_memory`` not True, False or None.
     :raises ValueError: a non-floating-point or sparse parameter (named), a parameter
         offloaded already, ``working_set`` <= 0, ``grad_host_budget`` < 0, an unknown tier,
         resume with overwrite, resume without a store or path, a stored parameter of
@@ -89,7 +102,8 @@ def offload_parameters(model: torch.nn.Module, store: Optional[strata.Store] = N
         raise ValueError("offload_parameters: resume=True keeps the stored parameters that "
                          "overwrite=True replaces: pass one of them")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients, tile_bytes, grad_host_budget)
+                              comm, average_gradients, tile_bytes, grad_host_budget,
+                              release_memory)
     try:
         return handle.attach(model, resume=resume, overwrite=overwrite)
     except BaseException:
@@ -103,7 +117,8 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
                  key_prefix: str = "params/", prefetch: bool = True,
                  resume: bool = False, comm: Any = None, average_gradients: bool = True,
                  tile_bytes: Optional[Union[int, str]] = None,
-                 grad_host_budget: Union[int, str] = 0) -> Iterator[ParameterOffload]:
+                 grad_host_budget: Union[int, str] = 0,
+                 release_memory: Optional[bool] = None) -> Iterator[ParameterOffload]:
     """Constructs a model whose parameters never all exist in memory (the counterpart of
     DeepSpeed's ``zero.Init``): every parameter a module registers inside the ``with``
     block is stored and released at once, so construction takes the largest parameter's
@@ -131,7 +146,8 @@ def offload_init(store: Optional[strata.Store] = None, *, path: Optional[str] = 
     if _INIT_ACTIVE:
         raise ValueError("offload_init: already inside an offload_init block")
     handle = ParameterOffload(store, path, working_set, tier, key_prefix, prefetch, resume,
-                              comm, average_gradients, tile_bytes, grad_host_budget)
+                              comm, average_gradients, tile_bytes, grad_host_budget,
+                              release_memory)
     original = torch.nn.Module.register_parameter
 
     def register_parameter(module: torch.nn.Module, name: str, param: Any) -> None:

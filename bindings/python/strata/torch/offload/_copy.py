@@ -58,7 +58,8 @@ def copy_handle(src: Any, memo: dict) -> Any:
         n += 1
     c = type(src)(src.store, None, src.working_set_bytes, src.tier,
                   f"{src.key_prefix}#copy{n}/", src.ws.prefetch, tile_bytes=src.tile_bytes,
-                  grad_host_budget=src.grad_host_budget)
+                  grad_host_budget=src.grad_host_budget,
+                  release_memory=src.release_rule.mode)
     c.copy_of_prefix = src.key_prefix
     memo[id(src)] = c
     memo.setdefault(id(memo), []).append(src)  # (deepcopy's keep-alive list)

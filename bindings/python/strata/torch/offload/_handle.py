@@ -28,7 +28,7 @@ from ._grad_access import GradAccess
 from ._grads import GradientStore
 from ._hooks import install_model_hooks, remove_hooks
 from ._master_link import MasterLinks
-from ._memory import fix_mmap_threshold
+from ._memory import ReleaseRule
 from ._parameter import (holds_checkpoint_value, make_offloaded, make_plain, note_restored,
                          record_of)
 from ._record import IN_MEMORY, ParamRecord, shaped
@@ -60,7 +60,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
     def __init__(self, store: Optional[strata.Store], path: Optional[str],
                  working_set: Union[int, str], tier: str, key_prefix: str, prefetch: bool,
                  resume: bool = False, comm: Any = None, average_gradients: bool = True,
-                 tile_bytes: Optional[int] = None, grad_host_budget: Union[int, str] = 0):
+                 tile_bytes: Optional[int] = None, grad_host_budget: Union[int, str] = 0,
+                 release_memory: Optional[bool] = None):
         self._closed = True
         self._owns_store = False
         self._owned_dir: Optional[str] = None
@@ -72,6 +73,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
                            ("average_gradients", average_gradients)):
             check_bool(name, flag)
         comm = check_comm(comm)
+        #: when glibc's mmap threshold is fixed (offload/_memory.py; release_memory)
+        self.release_rule = ReleaseRule(release_memory)
         #: bytes of gradients held in host memory instead of the store (offload/_grad_host.py)
         self.grad_host_budget = grad_host_budget_bytes(grad_host_budget)
         #: parameters of more bytes are tiled (offload/_tiled.py); None: none
@@ -90,7 +93,6 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         self.tier = tier
         self.key_prefix = key_prefix
         self.working_set_bytes = budget
-        fix_mmap_threshold()
         self._stats: Dict[str, float] = {}
         self.reset_stats()
         #: strata.distributed.Communicator of a ZeRO-3 job (None: one process)
@@ -140,6 +142,7 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
             else:  # collective: each rank keeps its slice
                 self.comm.put_partitioned(self.store, key, src, tier=self.tier, overwrite=True)
         self.ws.records.append(s)
+        self.release_rule.note(s.nbytes)
         make_offloaded(p, s)
         return s
 

@@ -1,10 +1,13 @@
 """The process's memory, as parameter offload needs it: glibc's mmap threshold fixed once
-(so freed parameter buffers go back to the system) and the memory still available to this
-process (what pickling an offloaded model may take: /proc/meminfo's MemAvailable, lowered
-by the headroom of every memory cgroup the process is in).
+(so freed parameter buffers go back to the system) when memory is the limit
+(:class:`ReleaseRule`, the ``release_memory`` argument of offload_parameters), and the
+memory still available to this process (what pickling an offloaded model may take:
+/proc/meminfo's MemAvailable, lowered by the headroom of every memory cgroup the process
+is in).
 
 Thread-safety: :func:`fix_mmap_threshold` is process-wide and runs once (call it from one
-thread); :func:`available_memory` reads files only and is safe from any thread.
+thread); a ReleaseRule belongs to its offload's training thread; :func:`available_memory`
+reads files only and is safe from any thread.
 """
 
 from __future__ import annotations
@@ -34,6 +37,58 @@ def fix_mmap_threshold() -> None:
 
 
 _MMAP_FIXED = False
+
+#: a parameter's training state over its own bytes in the rule below: the parameter, its
+#: gradient and two Adam moments, all of its dtype (fp32: 16 bytes per element)
+STATE_FACTOR = 4
+
+
+def mmap_threshold_fixed() -> bool:
+    """Whether this process's mmap threshold was fixed (by parameter or activation
+    offload: process-wide, for the rest of the process)."""
+    return _MMAP_FIXED
+
+
+class ReleaseRule:
+    """When parameter offload fixes glibc's mmap threshold (:func:`fix_mmap_threshold`).
+
+    Fixing it keeps the resident set near the working set (freed buffers go back to the
+    system at once) but costs a page fault per 4 KiB page of every allocation of 128 KiB or
+    more in the whole process -- torch's activations and gradients included, every
+    iteration. Measured on the main job's model (138.7 M parameters, working set holding
+    the model): 285k minor faults and 7.6 CPU-seconds per iteration fixed, 8 faults and 2.6
+    CPU-seconds not (docs/offload.md, "Memory"). So it is worth it only where memory is the
+    limit:
+
+    - ``release_memory=True``: fixed at once; ``False``: never (glibc's dynamic threshold);
+    - ``None`` (default): fixed once :data:`STATE_FACTOR` x the bytes of the parameters
+      offloaded so far exceed the memory available when the offload started
+      (:func:`available_memory`: MemAvailable, or a memory cgroup's headroom where
+      smaller; unknown counts as exceeded), i.e. when the training state would not fit
+      in memory, which is what offloading it is for.
+
+    :param release_memory: True, False or None.
+    :raises TypeError: another value (named ``release_memory``).
+    """
+
+    def __init__(self, release_memory: Optional[bool]):
+        if release_memory is not None and not isinstance(release_memory, bool):
+            raise TypeError("offload_parameters: release_memory must be True, False or None, "
+                            f"got {release_memory!r}")
+        self.mode = release_memory
+        self.offloaded_bytes = 0  # parameter bytes noted so far
+        self.available = available_memory() if release_memory is None else None
+        if release_memory is True:
+            fix_mmap_threshold()
+
+    def note(self, nbytes: int) -> None:
+        """``nbytes`` more parameter bytes offloaded: fixes the threshold when the rule says
+        so (once; later calls only count)."""
+        self.offloaded_bytes += nbytes
+        if self.mode is None and not _MMAP_FIXED and (
+                self.available is None
+                or STATE_FACTOR * self.offloaded_bytes > self.available):
+            fix_mmap_threshold()
 
 
 def _read_int(path: str) -> Optional[int]:

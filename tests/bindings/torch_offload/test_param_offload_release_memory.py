@@ -1,0 +1,92 @@
+"""offload_parameters(release_memory=): when glibc's mmap threshold is fixed (offload/_memory.py,
+ReleaseRule). The threshold is process-wide and fixed once, so each case runs in a child
+process: the decision (``mmap_threshold_fixed()``) at the exact boundary of the rule
+(4 x the parameters' bytes against the memory available), the explicit forms, offload_init,
+and what the decision does to a training loop's allocations (page faults of a 4 MiB buffer
+allocated, touched and freed 20 times on the main thread: each a fresh mapping when fixed,
+the heap's reused memory when not)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import strata.torch as st
+
+CHILD = textwrap.dedent("""
+    import json, resource, sys, tempfile
+    import torch, torch.nn as nn
+    import strata.torch as st
+    from strata.torch.offload import _memory
+    mode, available, how = sys.argv[1], sys.argv[2], sys.argv[3]
+    release = {"none": None, "true": True, "false": False}[mode]
+    if available != "real":
+        _memory.available_memory = lambda: int(available)
+    torch.manual_seed(0)
+    d = tempfile.mkdtemp(dir=sys.argv[4])
+    if how == "init":
+        with st.offload_init(path=d, working_set="1MiB", release_memory=release) as h:
+            model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 16, bias=False))
+        h.attach(model)
+    else:
+        model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 16, bias=False))
+        h = st.offload_parameters(model, path=d, working_set="1MiB", release_memory=release)
+    fixed = _memory.mmap_threshold_fixed()
+    model(torch.randn(2, 64)).sum().backward()
+    x = torch.empty(1 << 20).fill_(1.0)  # 4 MiB: glibc's dynamic threshold rises when freed
+    del x
+    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for _ in range(20):
+        x = torch.empty(1 << 20).fill_(1.0)
+        del x
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+    h.close()
+    print(json.dumps(dict(fixed=fixed, faults=faults)))
+""")
+
+#: the model's parameter bytes: 64 x 32 + 32 x 16 fp32 elements
+PARAM_BYTES = (64 * 32 + 32 * 16) * 4
+
+
+def _run(tmp_path, mode: str, available: str, how: str = "offload") -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, mode, available, how, str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("how", ["offload", "init"])
+def test_default_fixes_only_when_the_training_state_exceeds_the_memory_available(tmp_path, how):
+    # 4 x 10,240 bytes = 40,960: exceeded by one byte less of memory, not at equality
+    assert _run(tmp_path, "none", str(4 * PARAM_BYTES - 1), how)["fixed"] is True
+    assert _run(tmp_path, "none", str(4 * PARAM_BYTES), how)["fixed"] is False
+
+
+def test_default_on_this_machine_leaves_glibc_alone_and_allocations_reuse_the_heap(tmp_path):
+    got = _run(tmp_path, "none", "real")
+    assert got["fixed"] is False
+    # 20 x 4 MiB reused from the heap: at most a few buffers' pages faulted again (measured
+    # 992-2,018 on this VM: glibc trims and regrows the heap's top now and then) against
+    # 1,024 per buffer when every allocation is a fresh mapping (20,500 below)
+    assert got["faults"] < 4 * 1024, got
+
+
+def test_release_memory_true_fixes_and_every_large_allocation_faults_its_pages(tmp_path):
+    got = _run(tmp_path, "true", str(1 << 50))
+    assert got["fixed"] is True
+    assert got["faults"] >= 20 * 1024, got  # each 4 MiB buffer: 1,024 pages of 4 KiB
+
+
+def test_release_memory_false_never_fixes(tmp_path):
+    assert _run(tmp_path, "false", "1")["fixed"] is False
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", "auto"])
+def test_bad_release_memory_is_a_type_error_naming_it(tmp_path, bad):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="release_memory must be True, False or None"):
+        st.offload_parameters(model, path=str(tmp_path / "s"), release_memory=bad)
+    assert type(model.weight) is torch.nn.Parameter  # nothing offloaded
