@@ -31,7 +31,8 @@ INTS = ("params", "param_bytes", "bytes_fetched", "prefetch_hits", "prefetch_mis
         "resident_peak_rss_bytes", "resident_peak_rss_bytes_since_start",
         "working_set_bytes", "peak_working_set_bytes", "resident_working_set_bytes",
         "resident_peak_working_set_bytes", "resident_bytes_fetched",
-        "resident_prefetch_misses", "steps_skipped")
+        "resident_prefetch_misses", "steps_skipped", "offloaded_minor_faults",
+        "in_memory_minor_faults", "resident_minor_faults")
 TINY_PARAMS = 1612800  # examples/train_offload.py's tiny GPT
 
 
@@ -53,6 +54,9 @@ def test_tiny_run_prints_every_field(tmp_path):
     for k in INTS:
         assert type(out[k]) is int and out[k] >= 0, (k, out.get(k))
     assert out["overlap_backward"] is False and out["max_grad_norm"] == 1.0
+    # release_memory=None: a 6.45 MB model in a machine with GBs free fixes nothing
+    assert out["release_memory"] is None
+    assert out["mmap_threshold_fixed"] is False and out["resident_mmap_threshold_fixed"] is False
     assert out["params"] == TINY_PARAMS and out["param_bytes"] == 4 * TINY_PARAMS
     assert out["working_set_bytes"] == 2 << 20
     assert 0 < out["peak_working_set_bytes"] <= out["working_set_bytes"]
@@ -106,11 +110,15 @@ def test_overlap_backward_is_passed_to_the_optimizer(tmp_path):
     """--overlap-backward builds the offloaded runs' OffloadAdamW with overlap_backward=True
     (here without clipping, --max-grad-norm 0): the update inside backward, 12 bytes per
     parameter written (master and moments), no gradient stored, no parameter stored apart
-    from its master."""
-    p = run_tiny(tmp_path, "--overlap-backward", "--max-grad-norm", "0")
+    from its master. --release-memory true: both offloaded children fix glibc's mmap
+    threshold."""
+    p = run_tiny(tmp_path, "--overlap-backward", "--max-grad-norm", "0",
+                 "--release-memory", "true")
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout)
     assert out["overlap_backward"] is True and out["max_grad_norm"] == 0.0
+    assert out["release_memory"] is True
+    assert out["mmap_threshold_fixed"] is True and out["resident_mmap_threshold_fixed"] is True
     assert type(out["steady_prefetch_misses"]) is int
     assert out["grad_bytes_written"] == out["grad_bytes_read"] == out["param_bytes_written"] == 0
     assert out["optimizer_bytes_written"] == 12 * TINY_PARAMS
@@ -131,6 +139,7 @@ def test_bad_preset_is_named():
 @pytest.mark.parametrize("args,message", [
     (["--max-grad-norm", "-1"], "--max-grad-norm: must be >= 0"),
     (["--resident-working-set", "0"], "must be > 0 bytes"),
+    (["--release-memory", "maybe"], "--release-memory: invalid choice: 'maybe'"),
 ])
 def test_bad_arguments_are_named(args, message):
     p = subprocess.run([sys.executable, BENCH, "--preset", "tiny", *args],
