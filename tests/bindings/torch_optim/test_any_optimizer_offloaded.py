@@ -244,8 +244,8 @@ def test_parameters_offloaded_after_the_optimizer_took_them(dtype, tmp_path):
     """Two steps in memory, then offload_parameters: the optimizer steps them through the
     store from then on, the masters kept (a bf16 parameter's fp32 master keeps its
     precision); the same as the optimizer over the model left in memory. (One micro-batch
-    a step: the first backward after the offload, before the step binds the parameters,
-    accumulates in the parameter's dtype -- OffloadAdam(W)'s limit too.)"""
+    a step; several, against torch by hand with fp32 sums:
+    test_offloaded_after_optimizer_fp32_accum.py.)"""
     cls, g0, g1 = CLASSES[2]
     data = _data(4)
     m_mem, m_off = _model(dtype=dtype), _model(dtype=dtype)

@@ -1,17 +1,21 @@
 """What both wings of strata.torch need, once: the autograd hook on a parameter's gradient
 accumulator, the one copy of a gradient to host memory, the finiteness test of a gradient,
-the dtypes strata's kernels read, and the route a resume at another world size is told.
+the dtypes strata's kernels read, the route a resume at another world size is told, and
+the optimizers told when a parameter they hold is offloaded (:func:`note_holder`,
+:func:`announce_offload`).
 
 Imported by ``strata.torch.optim`` (the offloaded optimizers) and ``strata.torch.offload``
 (parameter offload); it imports neither.
 
 Thread-safety: pure functions, except that ``watch_accumulation`` registers a hook that runs
-on torch's autograd thread (the caller's, for CPU models).
+on torch's autograd thread (the caller's, for CPU models), and the holders' registry
+(:func:`note_holder`, :func:`announce_offload`): the training thread only.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -97,3 +101,53 @@ def all_finite(t: torch.Tensor, norm: Optional[torch.Tensor] = None) -> bool:
     if bool(torch.isfinite(norm)):
         return True
     return bool(torch.isfinite(t).all())
+
+
+#: id(parameter) -> (weak reference to it, weak references to its holders): the strata
+#: optimizers told when parameter offload takes the parameter (:func:`announce_offload`)
+_HOLDERS: Dict[int, Tuple["weakref.ReferenceType[torch.Tensor]",
+                          List["weakref.ReferenceType[Any]"]]] = {}
+
+
+def _forget_param(key: int, ref: "weakref.ReferenceType[torch.Tensor]") -> None:
+    entry = _HOLDERS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _HOLDERS[key]
+
+
+def note_holder(p: torch.Tensor, holder: Any) -> None:
+    """``holder`` -- the part of a strata optimizer that binds the parameters it holds to
+    their offload (optim/_grad_accum.py's GradAccumulation), with a method
+    ``param_offloaded(p)`` -- holds parameter ``p``: :func:`announce_offload` calls it when
+    parameter offload takes ``p`` after the optimizer did, so the optimizer binds ``p`` then
+    (its gradients go to the store, fp16/bf16 ones summed in fp32, from the first backward
+    after the offload) and not at its next step. Both are referenced weakly (an entry
+    goes with its parameter); idempotent; O(holders of ``p``).
+
+    :param p: a parameter (any tensor that takes weak references).
+    :param holder: the object to tell (kept only while something else keeps it alive).
+    """
+    key = id(p)
+    entry = _HOLDERS.get(key)
+    if entry is None or entry[0]() is not p:
+        entry = (weakref.ref(p, lambda r, key=key: _forget_param(key, r)), [])
+        _HOLDERS[key] = entry
+    refs = entry[1]
+    if any(r() is holder for r in refs):
+        return
+    refs[:] = [r for r in refs if r() is not None]
+    refs.append(weakref.ref(holder))
+
+
+def announce_offload(p: torch.Tensor) -> None:
+    """Parameter offload has just taken ``p`` (strata.torch.offload_parameters; ``p`` is
+    offloaded, no gradient of it stored yet): each live holder noted by
+    :func:`note_holder` gets ``holder.param_offloaded(p)``, in the order they were noted.
+    Errors of a holder propagate."""
+    entry = _HOLDERS.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return
+    for r in list(entry[1]):
+        holder = r()
+        if holder is not None:
+            holder.param_offloaded(p)

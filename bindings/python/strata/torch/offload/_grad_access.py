@@ -1,7 +1,8 @@
 """The gradients of a ParameterOffload as the optimizer wing reaches them: the part of
 ParameterOffload (offload/_handle.py) that delegates to its GradientStore
-(offload/_grads.py): binding an optimizer, what is known of a gradient, reading it, moving
-gradients still in ``p.grad``, zero_grad.
+(offload/_grads.py): binding an optimizer (and taking the gradient an optimizer that held
+the parameter in memory accumulated before the offload), what is known of a gradient,
+reading it, moving gradients still in ``p.grad``, zero_grad.
 
 Thread-safety: as ParameterOffload (one thread at a time).
 """
@@ -14,6 +15,7 @@ import torch
 
 from .._common import no_torch_function as _no_tf
 from .._trace import traced
+from ._grad_sum import store_sum
 from ._grads import GradInfo
 
 
@@ -33,6 +35,28 @@ class GradAccess:
 
         :raises KeyError: ``p`` is not a parameter of this offload."""
         self.grads.bind(self._record(p), fp32_sums)
+
+    def adopt_grad(self, p: torch.Tensor, fp32_sum: Optional[torch.Tensor] = None) -> None:
+        """Just offloaded and bound (:meth:`bind_optimizer`) by an optimizer that held ``p``
+        in memory: the gradient accumulated in memory before the offload (``p.grad``) goes
+        to the store now, so the next backward adds to it there (in fp32 for fp32 sums):
+        ``fp32_sum`` when given (the optimizer's fp32 sum of those micro-batches, ``p``'s
+        shape and device, ``p.grad`` holding it rounded; offload/_grad_sum.py) and ``p``'s
+        gradients are summed in fp32, else ``p.grad`` (widened for fp32 sums: exact for one
+        micro-batch's gradient; a tiled ``p`` always takes ``p.grad``). Nothing without a
+        gradient in ``p.grad`` or when ``p`` is not bound. With a communicator: a
+        collective (reduce-scatter) when ``p.grad`` is set.
+
+        :raises KeyError: ``p`` is not a parameter of this offload."""
+        s = self._record(p)
+        with _no_tf():
+            has = p.grad is not None
+        if not (s.to_store and has):
+            return
+        if fp32_sum is not None and s.grad_acc32 and not s.has_grad and s.tile is None:
+            store_sum(self.grads, s, fp32_sum)
+        else:  # as the hook after a backward
+            self.grads._grad_ready(s, in_backward=False)
 
     def grad_info(self, p: torch.Tensor) -> GradInfo:
         """What is known of ``p``'s gradient since the last zero_grad without reading it:

@@ -25,6 +25,13 @@ the average are fp32 too (4 bytes per element sent instead of 2). Tiled paramete
 (``tile_bytes``) are summed the same way, block by block (offload/_tiled_grads.py); updates
 in backward (``overlap_backward``, which defaults to "param") keep the parameter's dtype.
 
+A parameter offloaded after the optimizer took it in memory is bound at the offload
+(strata/torch/_common.py ``announce_offload``; ParameterOffload.adopt_grad): a gradient
+accumulated in memory before it (``p.grad``) goes to the store then, as the stored sum --
+the optimizer's fp32 sum of those micro-batches when it hands one (:func:`store_sum`),
+else ``p.grad`` widened (exact for one micro-batch's gradient) -- so the micro-batches after
+the offload add to it in fp32.
+
 Thread-safety: as the gradient store (the training thread; autograd's for the hooks).
 """
 
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import all_finite
+from .._common import all_finite, host_grad, no_torch_function as _no_tf
 from ._record import ParamRecord, tensor_of
 
 #: the dtypes whose offloaded gradients may be summed in fp32
@@ -77,3 +84,26 @@ def note_sum(s: ParamRecord, g: torch.Tensor) -> None:
     s.sum_norm = torch.norm(g, 2.0)
     s.sum_finite = all_finite(g, s.sum_norm)
     s.grad_sum = True
+
+
+def store_sum(grads: "object", s: ParamRecord, g: torch.Tensor) -> None:
+    """``g`` -- the fp32 sum of the micro-batch gradients accumulated in memory before
+    ``s``'s parameter was offloaded (its optimizer's, optim/_grad_accum.py; ``p.grad``
+    holds it rounded to the parameter's dtype) -- becomes the stored fp32 sum, as if summed
+    here, and ``p.grad`` (torch's field) is cleared. With a communicator the sum is
+    reduce-scattered as a backward's gradient is (a collective). Only for a bound,
+    untiled ``s`` with ``grad_acc32`` and no stored gradient.
+
+    :param g: fp32, the parameter's shape (or numel) and device; not changed."""
+    with _no_tf():
+        s.param.grad = None
+        flat = host_grad(g.detach(), where=f"offloaded parameter {s.name!r}: ",
+                         keep_dtype=True)
+    if flat.data_ptr() == g.data_ptr():
+        flat = flat.clone()  # (the optimizer's buffer stays its own)
+    if grads.comm is not None:
+        flat = grads._reduce_scatter(s, flat)
+    grads._forget_values(s)
+    s.has_grad = True
+    note_sum(s, flat)
+    grads._write(s, flat)

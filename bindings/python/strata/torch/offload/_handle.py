@@ -19,7 +19,7 @@ import torch
 import strata
 
 from ..._data_dir import make_temp_dir
-from .._common import no_torch_function as _no_tf
+from .._common import announce_offload, no_torch_function as _no_tf
 from .._trace import TRACE, traced
 from ._args import (check_bool, check_comm, check_key_prefix, check_model, check_store_and_path,
                     check_tier, grad_host_budget_bytes, working_set_bytes)
@@ -183,7 +183,11 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         """Makes ``model``'s parameters this offload's, named as ``model.named_parameters()``
         (see :func:`offload_parameters` for the arguments and errors): parameters
         offloaded by :func:`offload_init` are renamed (copied to their named keys, one at a
-        time), the others are stored now. Installs the model's hooks. Once per offload.
+        time), the others are stored now. Installs the model's hooks. Then each strata
+        optimizer that already holds a parameter binds it (strata/torch/_common.py
+        ``announce_offload``): its gradients go to the store from the next backward on,
+        fp16/bf16 ones summed in fp32, and one already in ``p.grad`` goes there now
+        (:meth:`adopt_grad`). Once per offload.
 
         :returns: self.
         """
@@ -220,6 +224,8 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         self.store.flush()
         self._model = model
         install_model_hooks(self, model)
+        for s in records:  # strata optimizers holding a parameter bind it now (_common.py)
+            announce_offload(s.param)
         return self
 
     # ---- forward / backward --------------------------------------------------------------

@@ -23,6 +23,15 @@ micro-batch starts its sum from it. Edits through ``p.grad.data`` bypass the ver
 and are not seen (as for parameters). ``torch.autograd.grad`` (no accumulation) changes
 nothing. A backward with ``create_graph=True`` accumulates as torch does (no fp32 sum).
 
+A parameter offloaded (strata.torch.offload_parameters) after the optimizer took it: the
+offload tells this module (strata/torch/_common.py ``note_holder`` / ``announce_offload``;
+:meth:`GradAccumulation.param_offloaded`), which binds it to its offload at once -- its
+gradients go to the store from the next backward on, fp16/bf16 ones summed in fp32
+(offload/_grad_sum.py) -- and hands over the fp32 sum of the micro-batches accumulated in
+memory so far (while ``p.grad`` is unchanged since), so the sums are fp32 from the first
+micro-batch whenever the offload comes (before the first backward, between steps, between
+micro-batches).
+
 Thread-safety: the hooks run on torch's autograd thread (the caller's for CPU models); the
 rest on the optimizer's thread, one at a time.
 """
@@ -30,12 +39,12 @@ rest on the optimizer's thread, one at a time.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
-from .._common import no_torch_function
-from ..offload import is_offloaded
+from .._common import no_torch_function, note_holder
+from ..offload import is_offloaded, offload_of
 
 #: the dtypes whose gradients are accumulated in fp32 by default
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -86,16 +95,25 @@ class GradAccumulation:
     module doc). With mode "param" it watches nothing and :meth:`grad` is ``p.grad``.
 
     :param mode: "float32" or "param" (:func:`check_option`).
+    :param holds: ``holds(p)``: whether the optimizer still holds parameter ``p`` (called
+        when ``p`` is offloaded; its param groups may have dropped it). None: every
+        parameter given to :meth:`watch` is held until :meth:`close`.
     """
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, holds: Optional[Callable[[torch.Tensor], bool]] = None):
         self.mode = mode
         self._entries: Dict[int, _Entry] = {}
+        self._holds = holds
+        self._closed = False
 
     def watch(self, params: Iterable[torch.Tensor]) -> None:
         """Starts fp32 accumulation for each fp16/bf16 leaf of ``params`` that requires
         grad and is not watched yet (others: nothing; offloaded parameters' gradients are
-        the offload's). Idempotent; cheap."""
+        the offload's), and notes the optimizer as a holder of every one of ``params``
+        (:meth:`param_offloaded` when it is offloaded later). Idempotent; cheap."""
+        params = list(params)
+        for p in params:
+            note_holder(p, self)
         if self.mode != "float32":
             return
         for p in params:
@@ -122,6 +140,31 @@ class GradAccumulation:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
             e.hooks.append(acc.register_hook(post))
             e.hooks.append(acc)  # the node lives as long as its hook must
+
+    def param_offloaded(self, p: torch.Tensor) -> None:
+        """Parameter offload has just taken ``p``, which the optimizer holds
+        (strata/torch/_common.py ``announce_offload``): ``p`` is bound to its offload now
+        (its gradients go to the store from the next backward on; fp16/bf16 ones summed in
+        fp32 in mode "float32"), its in-memory accumulation stops (hooks removed), and the
+        gradient accumulated in memory so far goes to the store -- its fp32 sum while
+        ``p.grad`` is unchanged since this module wrote it, else ``p.grad``
+        (ParameterOffload.adopt_grad). Nothing once closed or when ``holds(p)`` is False.
+
+        :raises strata.Error: the store's errors writing the gradient."""
+        if self._closed or (self._holds is not None and not self._holds(p)):
+            return
+        e = self._entries.pop(id(p), None)
+        total = None
+        if e is not None:
+            if self._valid(p, e):
+                total = e.sum
+            for h in e.hooks:
+                if hasattr(h, "remove"):
+                    h.remove()
+            e.hooks = []
+        o = offload_of(p)
+        o.bind_optimizer(p, self.mode == "float32")
+        o.adopt_grad(p, total)
 
     def _valid(self, p: torch.Tensor, e: _Entry) -> bool:
         g = p.grad
@@ -175,7 +218,9 @@ class GradAccumulation:
         return sum(e.sum.numel() * 4 for e in self._entries.values() if e.sum is not None)
 
     def close(self) -> None:
-        """Removes every hook and sum (the optimizer closes)."""
+        """Removes every hook and sum (the optimizer closes); offloads are no longer
+        told to this module."""
+        self._closed = True
         for e in self._entries.values():
             for h in e.hooks:
                 if hasattr(h, "remove"):

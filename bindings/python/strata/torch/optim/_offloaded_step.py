@@ -72,8 +72,8 @@ def _gate(table: ParamTable, max_grad_norm: float, grad_scale: float = 1.0
     started with its ``skipped``, ``grad_norm``, ``clip_coef``."""
     holders = offloads(table.params)
     fp32_sums = table.accum.mode == "float32"  # (grad_accumulation_dtype)
-    for p in table.params:  # also those offloaded after the optimizer took them: their
-        if is_offloaded(p):  # gradients, still in p.grad, go to the store below
+    for p in table.params:  # (those offloaded after the optimizer took them were bound by
+        if is_offloaded(p):  # the offload: GradAccumulation.param_offloaded; idempotent)
             offload_of(p).bind_optimizer(p, fp32_sums)
     for o in holders:
         o.collect_grads()

@@ -53,6 +53,17 @@ def _weak_call(obj: Any, method: str, default: Any = None) -> Callable[[], Any]:
     return call
 
 
+def _held_by(table: ParamTable) -> Callable[[torch.Tensor], bool]:
+    """``holds(p)`` of the GradAccumulation: ``p`` is among ``table``'s parameters (its
+    param groups' now), through a weak reference (False once the table is gone)."""
+    ref = weakref.ref(table)
+
+    def holds(p: torch.Tensor) -> bool:
+        t = ref()
+        return t is not None and id(p) in t.handle
+    return holds
+
+
 class OffloadedTorchOptimizer(CheckpointMethods, torch.optim.Optimizer):
     """A torch optimizer over strata's offloaded step (OffloadAdam/OffloadAdamW's base:
     they check and resolve the arguments, documented there, then call this constructor).
@@ -87,7 +98,8 @@ class OffloadedTorchOptimizer(CheckpointMethods, torch.optim.Optimizer):
         self._table = ParamTable()
         self._overlap: Optional[BackwardOverlap] = None
         #: fp32 sums of fp16/bf16 parameters' micro-batch gradients (optim/_grad_accum.py)
-        self._accum = self._table.accum = GradAccumulation(grad_accumulation)
+        self._accum = self._table.accum = GradAccumulation(grad_accumulation,
+                                                           _held_by(self._table))
         #: the pipeline settings in effect (after the configuration file)
         self.settings: Dict[str, Any] = settings
         tier, arithmetic = settings["tier"], settings["arithmetic"]
