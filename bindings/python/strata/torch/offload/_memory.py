@@ -16,27 +16,62 @@ import os
 from typing import Optional
 
 
+#: glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: the mmap threshold of "keep": glibc's own ceiling of its dynamic threshold (64-bit)
+KEEP_MMAP_THRESHOLD = 32 << 20
+#: the trim threshold of "keep" at most: free memory at the heap's top kept for reuse
+KEEP_TRIM_THRESHOLD = 1 << 30
+
+
+def _mallopt(settings: "list[tuple[int, int]]") -> None:
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        for param, value in settings:
+            libc.mallopt(ctypes.c_int(param), ctypes.c_int(value))
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def fix_mmap_threshold() -> None:
-    """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once). glibc
-    raises the threshold to the size of each large block freed (up to 32 MiB), after which
-    blocks of that size come from the heap and freeing them no longer returns memory: the
-    parameter and gradient buffers that come and go then grow the resident set far past
-    the working set (measured: 880 MB instead of 480 MB peak on the 138.7 M-parameter
-    model of examples/train_offload.py). A no-op where glibc's mallopt is absent."""
+    """Fixes glibc's mmap threshold at its default (128 KiB; process-wide, once; also the
+    trim threshold at its default, 128 KiB). glibc raises the threshold to the size of
+    each large block freed (up to 32 MiB), after which blocks of that size come from the
+    heap and freeing them no longer returns memory: the parameter and gradient buffers
+    that come and go then grow the resident set far past the working set (measured: 880 MB
+    instead of 480 MB peak on the 138.7 M-parameter model of examples/train_offload.py).
+    Overrides :func:`keep_freed_memory`. A no-op where glibc's mallopt is absent."""
     global _MMAP_FIXED
     if _MMAP_FIXED:
         return
     _MMAP_FIXED = True
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        M_MMAP_THRESHOLD = -3
-        libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(128 * 1024))
-    except (OSError, AttributeError):
-        pass
+    _mallopt([(_M_MMAP_THRESHOLD, 128 * 1024), (_M_TRIM_THRESHOLD, 128 * 1024)])
+
+
+def keep_freed_memory(available: Optional[int]) -> None:
+    """The opposite choice, where memory is not the limit (process-wide; not after
+    :func:`fix_mmap_threshold`): the mmap threshold at 32 MiB (glibc's ceiling of its own
+    dynamic threshold, reached at once instead of after the first frees) and the trim
+    threshold at min(1 GiB, ``available`` / 8) bytes (``available`` None: 1 GiB), so the
+    gradient- and parameter-sized buffers an offloaded iteration allocates and frees by
+    the hundred are reused from the heap instead of being mapped and faulted in again
+    page by page. glibc's dynamic defaults trim the heap's top whenever 32 MiB are free
+    there: on the main job's model (working set 64 MiB) 112k minor faults and 4.1
+    CPU-seconds per iteration, against 3.4k and 2.8 CPU-seconds kept (docs/offload.md,
+    "Memory"). A no-op where glibc's mallopt is absent."""
+    global _KEPT
+    if _MMAP_FIXED or _KEPT:
+        return
+    _KEPT = True
+    trim = KEEP_TRIM_THRESHOLD if available is None else min(KEEP_TRIM_THRESHOLD,
+                                                                available // 8)
+    _mallopt([(_M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD),
+              (_M_TRIM_THRESHOLD, max(trim, 128 * 1024))])
 
 
 _MMAP_FIXED = False
+_KEPT = False
 
 #: a parameter's training state over its own bytes in the rule below: the parameter, its
 #: gradient and two Adam moments, all of its dtype (fp32: 16 bytes per element)
@@ -49,10 +84,17 @@ def mmap_threshold_fixed() -> bool:
     return _MMAP_FIXED
 
 
-class ReleaseRule:
-    """When parameter offload fixes glibc's mmap threshold (:func:`fix_mmap_threshold`).
+def freed_memory_kept() -> bool:
+    """Whether :func:`keep_freed_memory` set this process's thresholds (and no fix came
+    after it)."""
+    return _KEPT and not _MMAP_FIXED
 
-    Fixing it keeps the resident set near the working set (freed buffers go back to the
+
+class ReleaseRule:
+    """How parameter offload sets glibc's malloc for the process: freed memory released
+    (:func:`fix_mmap_threshold`) or kept for reuse (:func:`keep_freed_memory`).
+
+    Releasing keeps the resident set near the working set (freed buffers go back to the
     system at once) but costs a page fault per 4 KiB page of every allocation of 128 KiB or
     more in the whole process -- torch's activations and gradients included, every
     iteration. Measured on the main job's model (138.7 M parameters, working set holding
@@ -60,12 +102,15 @@ class ReleaseRule:
     CPU-seconds not (docs/offload.md, "Memory"). So it is worth it only where memory is the
     limit:
 
-    - ``release_memory=True``: fixed at once; ``False``: never (glibc's dynamic threshold);
-    - ``None`` (default): fixed once :data:`STATE_FACTOR` x the bytes of the parameters
-      offloaded so far exceed the memory available when the offload started
-      (:func:`available_memory`: MemAvailable, or a memory cgroup's headroom where
-      smaller; unknown counts as exceeded), i.e. when the training state would not fit
-      in memory, which is what offloading it is for.
+    - ``release_memory=True``: released at once; ``False``: kept (trim threshold 1 GiB);
+    - ``None`` (default): kept from the start, released once :data:`STATE_FACTOR` x the
+      bytes of the parameters offloaded so far exceed the memory available when the
+      offload started (:func:`available_memory`: MemAvailable, or a memory cgroup's
+      headroom where smaller; unknown counts as exceeded), i.e. when the training state
+      would not fit in memory, which is what offloading it is for.
+
+    Process-wide and one-way: once released (by any offload, or activation offload's
+    ``release_memory=True``), released for the rest of the process.
 
     :param release_memory: True, False or None.
     :raises TypeError: another value (named ``release_memory``).
@@ -77,13 +122,17 @@ class ReleaseRule:
                             f"got {release_memory!r}")
         self.mode = release_memory
         self.offloaded_bytes = 0  # parameter bytes noted so far
-        self.available = available_memory() if release_memory is None else None
+        self.available = available_memory() if release_memory is not True else None
         if release_memory is True:
             fix_mmap_threshold()
+        elif release_memory is False:  # asked for: the full trim threshold
+            keep_freed_memory(None)
+        elif self.available is not None:
+            keep_freed_memory(self.available)
 
     def note(self, nbytes: int) -> None:
-        """``nbytes`` more parameter bytes offloaded: fixes the threshold when the rule says
-        so (once; later calls only count)."""
+        """``nbytes`` more parameter bytes offloaded: releases when the rule says so (once;
+        later calls only count)."""
         self.offloaded_bytes += nbytes
         if self.mode is None and not _MMAP_FIXED and (
                 self.available is None
