@@ -10,9 +10,10 @@ command over stdin/stdout pipes) train it from the same seed on the same batches
 
   T. tiled: a working set of --working-set bytes (less than the table), the table in
      blocks of --tile-bytes (the embedding reads only its ids' rows; the head reads every
-     block in forward and in its backward, the first ones read ahead of each use; its
-     gradient written block by block, the embedding's rows added to it, and stepped from
-     the store);
+     block in forward, last to first, the first ones read ahead of the use, and keeps the
+     ones it holds at its end for its backward, which reads the others; its gradient
+     written block by block, the embedding's rows added to it, and stepped from the
+     store);
   W. whole: a working set that holds the whole table (--working-set + the table's bytes),
      nothing tiled: the table is fetched whole, its gradient materialized whole.
 
