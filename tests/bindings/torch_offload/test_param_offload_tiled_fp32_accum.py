@@ -9,7 +9,9 @@ Compared with torch in memory summing each micro-batch's gradient in fp32 by han
 (``sum = g.float()``, then ``sum + g.float()``), then torch.optim.AdamW on fp32 masters, the
 parameters being the masters rounded: a tiled bf16 ``nn.Linear`` and a tiled bf16
 ``nn.Embedding`` (repeated ids, a padding row), 3 micro-batches per step, zero_grad with and without set_to_none --
-``p.grad``, the parameters and the fp32 masters bit-identical (torch.equal) at every step.
+``p.grad``, the parameters and the fp32 masters bit-identical (torch.equal) at every step;
+also after edits of ``p.grad`` (``mul_``, ``add_``) between micro-batches, and under
+OffloadOptimizer(torch.optim.AdamW) (which steps a tiled parameter whole from its sum).
 """
 
 import pytest
@@ -213,5 +215,27 @@ def test_edits_of_p_grad_make_the_sum_p_grads_values(tmp_path, kind, edit):
     state = opt.state_dict()["state"]
     for i, m in enumerate(want[-1][1]):
         assert torch.equal(state[i]["master_param"].view(m.shape), m), i
+    opt.close()
+    h.close()
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_offload_optimizer_steps_the_fp32_sums_of_tiled_parameters(tmp_path, kind):
+    """OffloadOptimizer(torch.optim.AdamW) steps a tiled parameter whole (its fp32 sum read
+    from the gradient object): as torch by hand too."""
+    from strata.torch.optim import OffloadOptimizer
+    want = _reference(kind, True)
+    model = MODELS[kind]()
+    store = strata.Store.open(str(tmp_path / "s"), chunk_size="64KiB")
+    h = st.offload_parameters(model, store, working_set="256KiB", tile_bytes=TILE)
+    opt = OffloadOptimizer(torch.optim.AdamW, model.parameters(), path=str(tmp_path / "o"),
+                           lr=1e-2)
+    for step, mb in enumerate(_batches(kind)):
+        opt.zero_grad(set_to_none=True)
+        for x, y in mb:
+            F.mse_loss(model(x), y).backward()
+        opt.step()
+        for i, (p, r) in enumerate(zip(model.parameters(), want[step][0])):
+            assert torch.equal(h.read(p), r), (step, i)
     opt.close()
     h.close()
