@@ -556,12 +556,15 @@ void register_optimizer(py::module_& m) {
          "pinned_budget"_a = py::none(), "host_budget"_a = py::none(),
          "default_placement"_a = "auto", "num_threads"_a = 0, "verify_on_open"_a = false,
          "arithmetic"_a = "simd", "python_rule"_a = py::none(), "state_dtype"_a = "fp32")
-      .def_static("remove", [](PyStore& store, py::handle key_prefix) {
+      .def_static("remove", [](PyStore& store, py::handle key_prefix, py::object python_rule) {
         optimizer::OffloadOptions o;
         o.key_prefix = to_text(key_prefix, "key_prefix");
+        // a checkpoint written with a Python rule names it: its factory opens the record
+        optimizer::RuleFactory factory;
+        if (!python_rule.is_none()) factory = python_rule_factory(make_rule_spec(python_rule));
         auto shared = store.shared();
-        check(release_gil([&] { return optimizer::OffloadedOptimizer::remove(shared, {}, o); }));
-      }, "store"_a, "key_prefix"_a = "optim/")
+        check(release_gil([&] { return optimizer::OffloadedOptimizer::remove(shared, factory, o); }));
+      }, "store"_a, "key_prefix"_a = "optim/", "python_rule"_a = py::none())
       .def("close", &PyOptimizer::close, "checkpoint"_a = true)
       .def("add_param_group", [](PyOptimizer& o, const py::dict& hp) {
         const auto h = to_hyperparams(hp);

@@ -124,17 +124,20 @@ class OffloadedOptimizer:
             _state_dtype_name(state_dtype)), store)
 
     @staticmethod
-    def remove(store: Store, *, key_prefix: str = "optim/") -> None:
+    def remove(store: Store, *, key_prefix: str = "optim/", rule: Any = None) -> None:
         """Deletes the optimizer checkpointed under ``key_prefix`` in ``store``, and only it:
         its record and the objects of the parameters it lists (objects of another
         key_prefix, also one nested under this one, stay), then flushes the store. The
         optimizer must not be open meanwhile. Blocking (GIL released).
 
+        :param rule: the :class:`strata.PythonRule` a checkpoint written with a Python rule
+            was made with (as for :meth:`resume`); None for strata's own rules.
         :raises NotFoundError: no checkpoint under ``key_prefix``.
         :raises DataLossError: a malformed record.
+        :raises InvalidArgumentError: a checkpoint of a Python rule and no ``rule``.
         :raises FailedPreconditionError: a read-only store, or a rule strata does not know.
         """
-        _strata._OffloadedOptimizer.remove(store._s, key_prefix)
+        _strata._OffloadedOptimizer.remove(store._s, key_prefix, rule)
 
     # ---- param groups ---------------------------------------------------------------------
 

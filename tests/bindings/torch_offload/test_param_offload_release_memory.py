@@ -94,3 +94,26 @@ def test_bad_release_memory_is_a_type_error_naming_it(tmp_path, bad):
     with pytest.raises(TypeError, match="release_memory must be True, False or None"):
         st.offload_parameters(model, path=str(tmp_path / "s"), release_memory=bad)
     assert type(model.weight) is torch.nn.Parameter  # nothing offloaded
+
+
+def test_a_later_offload_with_false_raises_the_trim_threshold(tmp_path):
+    """release_memory=None keeps with a trim threshold of an eighth of the memory available;
+    a later offload with False asks for the full 1 GiB and gets it (a threshold is only
+    ever raised while kept)."""
+    code = textwrap.dedent("""
+        import sys, tempfile, torch
+        import strata.torch as st
+        from strata.torch.offload import _memory
+        _memory.available_memory = lambda: 64 << 20  # 4 x 10,240 B fits: kept, 8 MiB
+        d = tempfile.mkdtemp(dir=sys.argv[1])
+        a = st.offload_parameters(torch.nn.Linear(64, 32, bias=False), path=d + "/a")
+        first = _memory._KEPT
+        b = st.offload_parameters(torch.nn.Linear(64, 32, bias=False), path=d + "/b",
+                                  release_memory=False)
+        print(first, _memory._KEPT, _memory.freed_memory_kept())
+        a.close(); b.close()
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [str(8 << 20), str(1 << 30), "True"]

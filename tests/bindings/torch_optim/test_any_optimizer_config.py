@@ -155,3 +155,36 @@ def test_the_files_bf16_states_for_a_refused_class(tmp_path):
         OffloadOptimizer(torch.optim.Adagrad, [_param()], path=str(tmp_path / "a"), config=f)
     settings, _, _, _, _ = _run(tmp_path, "ok", config=f, state_dtype="fp32")  # the argument
     assert settings["state_dtype"] == "fp32"
+
+
+def test_a_pathlib_path_is_a_config_file_as_a_string_is(tmp_path):
+    import pathlib
+    f = write(tmp_path / "c.json", HOST_FILE)
+    by_str = _run(tmp_path, "s", config=f)
+    by_path = _run(tmp_path, "p", config=pathlib.Path(f))
+    assert by_path[0]["config"] == f and by_path[0]["tier"] == "host"
+    assert torch.equal(by_path[3], by_str[3])
+    p = _param()
+    adamw = st.OffloadAdamW([p], lr=0.01, path=str(tmp_path / "a"), config=pathlib.Path(f))
+    assert adamw.settings["tier"] == "host"
+    adamw.close()
+
+
+@pytest.mark.parametrize("cls", [torch.optim.SGD, torch.optim.AdamW])
+def test_overwrite_replaces_an_offload_optimizer_checkpoint(tmp_path, cls):
+    """overwrite=True over a checkpoint of the same class (a rerun of a script): the old
+    record and state objects are deleted, the new optimizer starts fresh (step 1 again,
+    bit-identical to a first run)."""
+    path = str(tmp_path / "o")
+    kw = dict(lr=0.1, momentum=0.9) if cls is torch.optim.SGD else dict(lr=0.1)
+    first = _param()
+    opt = OffloadOptimizer(cls, [first], path=path, **kw)
+    _two_steps(opt, first)
+    opt.close()
+    p = _param()
+    opt = OffloadOptimizer(cls, [p], path=path, overwrite=True, **kw)
+    got = _two_steps(opt, p)
+    opt.close()
+    q = _param()
+    want = _two_steps(cls([q], **kw), q)
+    assert torch.equal(got, want)

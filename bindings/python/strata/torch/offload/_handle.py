@@ -432,13 +432,24 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
         stored values (the store stays usable with resume=True). Idempotent. A strata optimizer
         over the parameters goes on in memory: a restored parameter, unchanged since, keeps
         the optimizer's fp32 master (an fp16/bf16 value is its rounding: offload/_parameter.py,
-        restored_from); one changed after the close is taken as the master, as ever."""
+        restored_from); one changed after the close is taken as the master, as ever. With
+        ``restore``, a gradient a strata optimizer held in the store (or in host memory) is
+        ``p.grad`` again, as ``p.grad`` showed it (an fp32 sum of an fp16/bf16 parameter
+        rounded to its dtype), so accumulation goes on as torch's would; not for tiled
+        parameters, over ranks (ZeRO-3: a rank holds only its slice of the sum), or for a
+        gradient the update in backward took unstored (overlap_backward without
+        max_grad_norm): those are dropped."""
         if self._closed:
             return
         self._closed = True
         error: Optional[BaseException] = None
         try:
             self.flush_grads()
+            held = {}  # record index -> the gradient p.grad showed (flat), given back below
+            if restore and self.comm is None:
+                for s in self.ws.records:
+                    if s.to_store and s.has_grad and s.tile is None and s.grad_early != "dropped":
+                        held[s.index] = self.grads.read(s)
             self.grads.unbind_all()  # a strata optimizer over the parameters goes on in memory
             self.fast.restore_stale()
             self.ws.release_all()
@@ -455,6 +466,10 @@ class ParameterOffload(GradAccess, MasterLinks, TiledAccess, ValueObjects):
             if restore:
                 for s in self.ws.records:
                     self._restore(s)
+                    g = held.get(s.index)
+                    if g is not None:
+                        with _no_tf():
+                            s.param.grad = shaped(s, g).to(s.device)
                     if self.copy_of_prefix is not None:  # a deepcopy's objects: temporary
                         self._delete_object(s)
             self.store.flush()

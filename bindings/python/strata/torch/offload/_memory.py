@@ -61,17 +61,17 @@ def keep_freed_memory(available: Optional[int]) -> None:
     CPU-seconds per iteration, against 3.4k and 2.8 CPU-seconds kept (docs/offload.md,
     "Memory"). A no-op where glibc's mallopt is absent."""
     global _KEPT
-    if _MMAP_FIXED or _KEPT:
-        return
-    _KEPT = True
     trim = KEEP_TRIM_THRESHOLD if available is None else min(KEEP_TRIM_THRESHOLD,
                                                                 available // 8)
-    _mallopt([(_M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD),
-              (_M_TRIM_THRESHOLD, max(trim, 128 * 1024))])
+    trim = max(trim, 128 * 1024)
+    if _MMAP_FIXED or trim <= _KEPT:  # (a later offload may only raise the trim threshold)
+        return
+    _KEPT = trim
+    _mallopt([(_M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, trim)])
 
 
 _MMAP_FIXED = False
-_KEPT = False
+_KEPT = 0  # the trim threshold keep_freed_memory set (0: not called)
 
 #: a parameter's training state over its own bytes in the rule below: the parameter, its
 #: gradient and two Adam moments, all of its dtype (fp32: 16 bytes per element)
@@ -87,7 +87,7 @@ def mmap_threshold_fixed() -> bool:
 def freed_memory_kept() -> bool:
     """Whether :func:`keep_freed_memory` set this process's thresholds (and no fix came
     after it)."""
-    return _KEPT and not _MMAP_FIXED
+    return bool(_KEPT) and not _MMAP_FIXED
 
 
 class ReleaseRule:

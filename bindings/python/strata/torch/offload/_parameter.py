@@ -68,6 +68,15 @@ class OffloadedParameter(torch.nn.Parameter):
                     return func(*args, **kwargs)
             if prop == "data":
                 return _set_data(args[0], args[1])
+        elif name == "__delete__":  # del p.grad: as p.grad = None (torch's own rule)
+            prop = func.__self__.__name__
+            if prop == "grad" and type(args[0]) is OffloadedParameter:
+                s = args[0]._strata_record
+                if s.to_store:
+                    return s.owner.grads.assign(s, None)
+            if prop in _META_SET:
+                with _no_tf():
+                    return func(*args, **kwargs)
         elif name in _META_FN:
             with _no_tf():
                 return func(*args, **kwargs)

@@ -202,7 +202,7 @@ class OffloadOptimizer(AnyCheckpointMethods, torch.optim.Optimizer):
                                  state_names=tuple(self._streams))
         if overwrite and not resume:
             try:
-                strata.OffloadedOptimizer.remove(store, key_prefix=key_prefix)
+                strata.OffloadedOptimizer.remove(store, key_prefix=key_prefix, rule=rule)
             except strata.NotFoundError:
                 pass
         if resume:

@@ -10,6 +10,7 @@ Thread-safety: pure functions.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any, Dict, Optional
 
 import strata
@@ -46,6 +47,8 @@ def resolve(config: Optional[str], store: Any, given: Dict[str, Any]) -> Dict[st
     """
     if config is None and store is not None:
         config = store.config_file or None
+    if config is not None and not isinstance(config, str):
+        config = os.fspath(config)  # a pathlib.Path as Store.open takes it (TypeError else)
     conf = strata.load_config(config)
     oconf = conf.get("optimizer", {})
 
