@@ -244,7 +244,8 @@ def offload_activations(store: Optional[strata.Store] = None, *,
     :param write_window_bytes: bytes of spills in flight before a forward waits (>= 1).
     :param key_prefix: store keys are ``<key_prefix><n>``; the prefix is the offload's own.
     :param release_memory: fix glibc's mmap threshold at 128 KiB for the process (once,
-        process-wide; as parameter offload does, offload/_memory.py), so that freed buffers
+        process-wide; as parameter offload does where memory is the limit,
+        offload/_memory.py), so that freed buffers
         go back to the system and the resident set stays near the budget: without it the
         example's offloaded run was killed under its cgroup limit. Costs page faults on
         every large allocation of the process (measured: 2.4x the iteration time of the
