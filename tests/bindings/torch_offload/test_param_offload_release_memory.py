@@ -36,6 +36,7 @@ CHILD = textwrap.dedent("""
         h = st.offload_parameters(model, path=d, working_set="1MiB", release_memory=release)
     fixed, kept = _memory.mmap_threshold_fixed(), _memory.freed_memory_kept()
     model(torch.randn(2, 64)).sum().backward()
+    torch.set_num_threads(1)  # fill_ below on this thread only: its faults are all counted
     x = torch.empty(1 << 20).fill_(1.0)  # 4 MiB: glibc's dynamic threshold rises when freed
     del x
     f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -70,10 +71,10 @@ def test_default_fixes_only_when_the_training_state_exceeds_the_memory_available
 def test_default_on_this_machine_keeps_freed_memory_and_allocations_reuse_the_heap(tmp_path):
     got = _run(tmp_path, "none", "real")
     assert got["fixed"] is False and got["kept"] is True
-    # 20 x 4 MiB reused from the heap: at most one buffer's pages faulted again (measured
-    # 0-1,024), against 1,024 per buffer when every allocation is a fresh mapping (20,500
-    # below)
-    assert got["faults"] <= 2 * 1024, got
+    # 20 x 4 MiB reused from the heap: a few buffers' pages faulted again at most (measured
+    # 0-3,072, more under load), against 1,024 per buffer when every allocation is a fresh
+    # mapping (20,500 below): at most a quarter of that
+    assert got["faults"] <= 5 * 1024, got
 
 
 def test_release_memory_true_fixes_and_every_large_allocation_faults_its_pages(tmp_path):
@@ -85,7 +86,7 @@ def test_release_memory_true_fixes_and_every_large_allocation_faults_its_pages(t
 def test_release_memory_false_never_fixes(tmp_path):
     got = _run(tmp_path, "false", "1")
     assert got["fixed"] is False and got["kept"] is True
-    assert got["faults"] <= 2 * 1024, got
+    assert got["faults"] <= 5 * 1024, got
 
 
 @pytest.mark.parametrize("bad", [1, 0, "yes", "auto"])
