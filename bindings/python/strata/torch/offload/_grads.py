@@ -243,13 +243,13 @@ class GradientStore:
         ``s.state_numel`` elements of the parameter's dtype (an fp32 sum rounded to it
         first, nearest even)."""
         self._check_kept(s)
+        held = self.host.get(s)
         if s.grad_zero:
             g = torch.zeros(s.state_numel, dtype=s.dtype)
         elif s.state_numel == 0:
             g = torch.zeros(0, dtype=s.dtype)
-        elif self.host.get(s) is not None:  # held in memory: copied, no store bytes
-            g = self.host.get(s)
-            g = g.clone() if g.dtype == s.dtype else g.to(s.dtype)
+        elif held is not None:  # held in memory: copied, no store bytes
+            g = held.clone() if held.dtype == s.dtype else held.to(s.dtype)
         else:
             if s.index in self._writes:
                 self._wait(s.index)

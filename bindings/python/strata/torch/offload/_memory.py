@@ -122,13 +122,12 @@ class ReleaseRule:
                             f"got {release_memory!r}")
         self.mode = release_memory
         self.offloaded_bytes = 0  # parameter bytes noted so far
-        self.available = available_memory() if release_memory is not True else None
+        #: the memory available at the start (the rule's bound; None unless the rule decides)
+        self.available = available_memory() if release_memory is None else None
         if release_memory is True:
             fix_mmap_threshold()
-        elif release_memory is False:  # asked for: the full trim threshold
-            keep_freed_memory(None)
-        elif self.available is not None:
-            keep_freed_memory(self.available)
+        elif release_memory is False or self.available is not None:
+            keep_freed_memory(self.available)  # (False: None, the full trim threshold)
 
     def note(self, nbytes: int) -> None:
         """``nbytes`` more parameter bytes offloaded: releases when the rule says so (once;
