@@ -120,6 +120,15 @@ def bytes_moved(before: dict, after: dict) -> dict:
     return out
 
 
+def prefetch_stats(handle) -> dict:
+    """The ParameterOffload ``handle``'s prefetch counters now: misses (fetches a module
+    waited for that no prefetch had issued), hits, and stall and fetch times (seconds);
+    the difference of two snapshots is one step's."""
+    st = handle.stats()
+    return {k: st[k] for k in ("prefetch_misses", "prefetch_hits", "stall_seconds",
+                               "fetch_seconds")}
+
+
 def vm_hwm() -> int:
     """This process's peak resident set (VmHWM), bytes."""
     with open("/proc/self/status") as f:
@@ -156,11 +165,12 @@ def run_child(args) -> None:
     else:
         model, batches, vocab = build(args)
         opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr)
-    losses, seconds, moved = [], [], []
+    losses, seconds, moved, prefetch = [], [], [], []
     for step in range(args.steps):
         x, y = batches.next()
         if handle is not None:
             before = store_bytes(handle, opt)
+            fetch_before = prefetch_stats(handle)
         t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
@@ -172,12 +182,15 @@ def run_child(args) -> None:
         seconds.append(time.perf_counter() - t0)
         if handle is not None:
             moved.append(bytes_moved(before, store_bytes(handle, opt)))
+            fetch_after = prefetch_stats(handle)
+            prefetch.append({k: fetch_after[k] - fetch_before[k] for k in fetch_after})
         losses.append(loss.item())
         print(f"  [{args.role}] step {step + 1}/{args.steps}: loss {losses[-1]:.6f}, "
               f"{seconds[-1]:.2f} s", flush=True)
     result = dict(losses=losses, seconds=seconds)
     if handle is not None:
         result["bytes_moved"] = moved
+        result["prefetch"] = prefetch
         result["stats"] = handle.stats()
         result["digests"] = {n: digest(handle.read(p)) for n, p in handle.parameters}
         opt.close()
@@ -368,6 +381,14 @@ def step_summary(args, n_params: int, a: dict, b) -> str:
         tm = med(steady(b["seconds"]))
         lines.append(f"offloaded / in-memory step time: {t / tm:.2f} ({t:.2f} s / {tm:.2f} s, "
                      f"{steps})")
+    if a.get("prefetch"):
+        pf = steady(a["prefetch"])
+        fetch = sum(x["fetch_seconds"] for x in pf)
+        stall = sum(x["stall_seconds"] for x in pf)
+        lines.append(f"steady prefetch ({steps.replace('median of ', '')}): "
+                     f"{sum(x['prefetch_misses'] for x in pf)} misses, "
+                     f"{sum(x['prefetch_hits'] for x in pf)} hits, stalled {stall:.2f} of "
+                     f"{fetch:.2f} s of fetch (stall/fetch {stall / fetch if fetch else 0:.2f})")
     rd = med(x["read"] for x in steady(a["bytes_moved"]))
     wr = med(x["written"] for x in steady(a["bytes_moved"]))
     moved = (f"{(rd + wr) / 1e9:.2f} GB moved per step: read {rd / 1e9:.2f} GB "

@@ -1,5 +1,7 @@
 #include "py_convert.hpp"
 
+#include "array_pool.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -110,16 +112,35 @@ py::str text_of(const std::string& s) {
 
 py::object numpy() { return py::module_::import("numpy"); }
 
-AlignedBuffer::AlignedBuffer(uint64_t nbytes) : nbytes_(nbytes) {
-  const uint64_t alloc = align_up(nbytes == 0 ? 1 : nbytes, 4096);
-  if (posix_memalign(&data_, 4096, alloc) != 0 || data_ == nullptr)
-    throw StatusError(resource_exhausted("cannot allocate " + format_bytes(alloc) +
+AlignedBuffer::AlignedBuffer(uint64_t nbytes)
+    : nbytes_(nbytes), alloc_(align_up(nbytes == 0 ? 1 : nbytes, 4096)) {
+  data_ = ArrayPool::instance().take(alloc_);
+  if (data_ != nullptr) return;
+  if (posix_memalign(&data_, 4096, alloc_) != 0 || data_ == nullptr)
+    throw StatusError(resource_exhausted("cannot allocate " + format_bytes(alloc_) +
                                          " for an array"));
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() { ArrayPool::instance().give(data_, alloc_); }
 
 void register_aligned_buffer(py::module_& m) {
+  m.def(
+      "_array_pool_reserve",
+      [](int64_t delta) { ArrayPool::instance().reserve(delta); }, "delta_bytes"_a,
+      "Raises (delta_bytes > 0) or lowers the array pool's capacity (bytes): freed arrays of\n"
+      "at least 64 KiB made by Store.get/get_async/get_tensor are kept, up to it, for the\n"
+      "next array of the same size (no page faults). Lowering frees the oldest kept blocks.\n"
+      "Thread-safe. ParameterOffload reserves its working-set budget while open.");
+  m.def(
+      "_array_pool_stats",
+      []() {
+        const auto s = ArrayPool::instance().stats();
+        return py::dict("capacity_bytes"_a = s.capacity_bytes, "held_bytes"_a = s.held_bytes,
+                        "held_blocks"_a = s.held_blocks, "hits"_a = s.hits,
+                        "misses"_a = s.misses);
+      },
+      "The array pool's capacity and held bytes, blocks held, and its hits and misses\n"
+      "(allocations of at least 64 KiB served from it or not) since the process started.");
   py::class_<AlignedBuffer>(m, "_AlignedBuffer", py::buffer_protocol())
       .def_buffer([](AlignedBuffer& b) {
         return py::buffer_info(b.data(), 1, py::format_descriptor<uint8_t>::format(), 1,

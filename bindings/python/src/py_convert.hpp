@@ -63,6 +63,8 @@ py::object numpy();
 /// A block of host memory aligned to 4096 bytes (so the store can read into it with
 /// O_DIRECT without a bounce copy), exported through the buffer protocol as
 /// strata._strata._AlignedBuffer. numpy arrays made from it keep it alive.
+/// Its memory comes from and goes back to the ArrayPool (array_pool.hpp) where that holds a
+/// block of its size: memory is reused only once the last reference is gone.
 /// Not thread-safe; freed by whichever thread drops the last reference (no GIL needed).
 class AlignedBuffer {
  public:
@@ -77,9 +79,11 @@ class AlignedBuffer {
  private:
   void* data_ = nullptr;
   uint64_t nbytes_ = 0;
+  uint64_t alloc_ = 0;  // nbytes_ rounded up to 4096 (at least 4096)
 };
 
-/// Registers AlignedBuffer as strata._strata._AlignedBuffer (call once from the module init).
+/// Registers AlignedBuffer as strata._strata._AlignedBuffer and the array pool's functions
+/// (_array_pool_reserve, _array_pool_stats; call once from the module init).
 void register_aligned_buffer(py::module_& m);
 
 /// A numpy array of `desc`'s dtype and shape over `buf` (which it then owns; bf16 is

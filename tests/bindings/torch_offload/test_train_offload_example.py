@@ -30,10 +30,17 @@ def test_tiny_preset_agrees_with_torch(tmp_path):
     assert lines[-1] == "OK", out
     assert "all 28 parameters bit-identical" in r.stdout, out
     assert "under the 384 MiB limit" in r.stdout, out
-    # beside OK: the step time ratio and the offloaded step's I/O bound (medians of steps 2-3)
+    # beside OK: the step time ratio, the steady prefetch (steps 2-3 summed) and the
+    # offloaded step's I/O bound (medians of steps 2-3)
     ratio = re.fullmatch(r"offloaded / in-memory step time: (\d+\.\d\d) \((\d+\.\d\d) s / "
-                         r"(\d+\.\d\d) s, median of steps 2-3\)", lines[-3])
+                         r"(\d+\.\d\d) s, median of steps 2-3\)", lines[-4])
     assert ratio and float(ratio[1]) > 0, out
+    steady = re.fullmatch(r"steady prefetch \(steps 2-3\): (\d+) misses, (\d+) hits, stalled "
+                          r"(\d+\.\d\d) of (\d+\.\d\d) s of fetch \(stall/fetch (\d+\.\d\d)\)",
+                          lines[-3])
+    assert steady, out
+    # the 2 MiB working set cannot hold the model: steps 2-3 fetch parameters again
+    assert int(steady[1]) + int(steady[2]) > 0, out
     bound = re.fullmatch(
         r"I/O bound of the offloaded step: (\d+\.\d\d) s \((\d+\.\d\d) GB moved per step: "
         r"read \d+\.\d\d GB \((\d+\.\d) B/parameter\), written \d+\.\d\d GB "

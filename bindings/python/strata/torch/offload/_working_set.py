@@ -16,9 +16,9 @@ order differs from the recorded one (dynamic control flow, another input), the r
 phase fetches on demand and the new order replaces the old at the phase's end: no error, no
 warning, no hang; the next phase of that kind prefetches again.
 
-Memory. Every fetch reads into a new 4096-byte-aligned buffer (``Store.get``), never into a
-released one: a view of a parameter that outlives its release (held by user code) keeps the
-old buffer and its values, not bytes of another parameter.
+Memory. A fetch reads into a 4096-byte-aligned buffer (``Store.get``) no tensor can see: a
+new one, or one of the array pool, freed when its last reference went (_memory.py); a view
+of a parameter that outlives its release keeps the old buffer and its values.
 
 Thread-safety: the owner's thread (torch's forward/backward thread) calls everything but
 ``_run``, the fetch thread; shared state is guarded by ``_lock``.
@@ -36,6 +36,7 @@ import torch
 from .._common import no_torch_function as _no_tf
 from .._trace import TRACE
 from ._comm_fetch import CommFetch as _CommFetch
+from ._memory import ArrayPoolReservation
 from ._record import IN_MEMORY, ParamRecord, Residency, shaped, tensor_of
 
 
@@ -57,15 +58,13 @@ class WorkingSet:
         #: same order on every rank) instead of by the fetch thread
         self.comm = comm
         self.budget = int(budget)
-        self.prefetch = prefetch
-        self.stats = stats
-        self.records: List[ParamRecord] = []
-        #: records in memory in least-recently-used order (index -> None)
+        self.prefetch, self.stats = prefetch, stats
+        #: freed fetch buffers kept for the next fetch, up to the budget (_memory.py)
+        self._pool = ArrayPoolReservation(self.budget)
+        self.records: List[ParamRecord] = []  #: and in memory, least recently used first:
         self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
-        self.resident_bytes = 0
-        self.inflight_bytes = 0
-        #: bytes of new values staged for resident parameters (stage())
-        self.staged_bytes = 0
+        self.resident_bytes = self.inflight_bytes = 0
+        self.staged_bytes = 0  #: bytes of new values staged for resident parameters
         #: record indices that eviction must not choose (one operation's arguments)
         self.protected: frozenset = frozenset()
         self._lock = threading.Lock()
@@ -488,7 +487,8 @@ class WorkingSet:
             ev.set()
 
     def stop(self) -> None:
-        """Ends the fetch thread (after the fetches queued)."""
+        """Ends the fetch thread (after the fetches queued); gives the array pool back."""
+        self._pool.release()
         with self._lock:
             self._stop = True
             self._wake.notify()

@@ -1,0 +1,66 @@
+#include "array_pool.hpp"
+
+#include <cstdlib>
+
+namespace strata::py_bindings {
+
+ArrayPool& ArrayPool::instance() {
+  // Leaked on purpose: buffers may be freed by C++ exit handlers after static destruction.
+  static ArrayPool* pool = new ArrayPool();
+  return *pool;
+}
+
+void* ArrayPool::take(uint64_t bytes) {
+  if (bytes < kMinBytes) return nullptr;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
+    if (it->first != bytes) continue;
+    void* p = it->second;
+    bytes_ -= bytes;
+    held_.erase(std::next(it).base());
+    ++hits_;
+    return p;
+  }
+  ++misses_;
+  return nullptr;
+}
+
+void ArrayPool::give(void* p, uint64_t bytes) {
+  if (p == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (bytes >= kMinBytes && bytes <= capacity_) {
+      held_.emplace_back(bytes, p);
+      bytes_ += bytes;
+      shrink_locked();
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void ArrayPool::reserve(int64_t delta) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (delta >= 0) {
+    capacity_ += static_cast<uint64_t>(delta);
+  } else {
+    const uint64_t d = static_cast<uint64_t>(-delta);
+    capacity_ = d >= capacity_ ? 0 : capacity_ - d;
+  }
+  shrink_locked();
+}
+
+void ArrayPool::shrink_locked() {
+  while (bytes_ > capacity_ && !held_.empty()) {
+    bytes_ -= held_.front().first;
+    std::free(held_.front().second);
+    held_.pop_front();
+  }
+}
+
+ArrayPool::Stats ArrayPool::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return Stats{capacity_, bytes_, static_cast<uint64_t>(held_.size()), hits_, misses_};
+}
+
+}  // namespace strata::py_bindings
