@@ -106,8 +106,8 @@ uint64_t ExtentAllocator::used(uint32_t dir) const {
   return dirs_[dir].used;
 }
 
-void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
-                                 const std::function<bool(uint64_t, uint64_t)>& punch) {
+uint64_t ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
+                                     const std::function<bool(uint64_t, uint64_t)>& punch) {
   std::lock_guard<std::mutex> lk(mu_);
   Dir& d = dirs_[dir];
   uint64_t kept = 0;
@@ -117,10 +117,16 @@ void ExtentAllocator::punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_
       kept += r.second;
       continue;
     }
-    if (!punch(r.first, r.second)) return;
+    if (!punch(r.first, r.second)) return file_end;
     d.punched.insert(r);
   }
-  if (file_end > d.end) punch(d.end, file_end - d.end);
+  if (file_end <= d.end) return file_end;
+  // The tail [end, file_end) is free space too: what is left of the reserve keeps its
+  // start allocated (the next growth reuses it), and only the rest is punched, once --
+  // the caller's file end moves down to the cut, so the same tail is not punched again.
+  const uint64_t cut = d.end + std::min(file_end - d.end, keep_bytes - kept);
+  if (cut == file_end) return file_end;
+  return punch(cut, file_end - cut) ? cut : file_end;
 }
 
 uint64_t ExtentAllocator::end(uint32_t dir) const {

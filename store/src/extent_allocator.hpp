@@ -68,10 +68,13 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   /// Calls `punch(offset, length)` for every free range of `dir` not handed to it since
   /// it last became free, except the lowest-offset ones that fit whole in `keep_bytes`
   /// together (the warm reserve: allocation is lowest-offset first, so those are reused
-  /// next, at overwrite speed), then for [end(dir), file_end) when the file reaches past
-  /// its allocated end, holding the allocator's lock: no range is allocated while it is
-  /// punched. `punch` returns false to stop (e.g. the file system cannot punch holes).
-  void punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
+  /// next, at overwrite speed), then for the part of the file's tail [end(dir), file_end)
+  /// that the rest of the reserve does not cover, holding the allocator's lock: no range
+  /// is allocated while it is punched. `punch` returns false to stop (e.g. the file system
+  /// cannot punch holes). Returns the file's allocated end afterwards: the start of the
+  /// tail's punched part, else `file_end` (bytes; the caller keeps it as the file end,
+  /// so a tail is punched once). `keep_bytes` and every range are multiples of 4096.
+  uint64_t punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
                   const std::function<bool(uint64_t, uint64_t)>& punch);
 
   /// End of the allocated part of `dir`'s data file: no extent lies at or past it.

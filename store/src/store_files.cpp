@@ -111,6 +111,7 @@ Status StoreImpl::ensure_file_size(uint32_t dir, uint64_t end) {
   }
   if (rc != 0 && errno == ENOSPC) {  // the warm reserve goes back to the file system first
     give_back_free_space_locked(/*keep_warm=*/false);
+    cur = file_end_[dir].load();  // its tail past the allocated end was punched too
     rc = ::fallocate(grow_fds_[dir], 0, static_cast<off_t>(cur), static_cast<off_t>(want - cur));
   }
   if (rc != 0) {
@@ -128,10 +129,11 @@ void StoreImpl::trim_data_files() {
   std::lock_guard<std::mutex> lk(grow_mu_);
   for (uint32_t d = 0; d < grow_fds_.size(); ++d) {
     uint64_t keep = align_up(alloc_->end(d), kAlign);
-    if (file_end_[d].load() <= keep) continue;
+    // The file's size, not file_end_: a punched tail (give_back_free_space_locked) has
+    // lowered file_end_ and left the size where it was.
     Status st = trim_data_file(grow_fds_[d], files_[d]->path(), keep);
     if (st.ok()) {
-      file_end_[d].store(keep);
+      file_end_[d].store(std::min(file_end_[d].load(), keep));
     } else {
       log_warn("store " + opts_.path + ": " + st.to_string());
     }
@@ -158,7 +160,11 @@ void StoreImpl::give_back_free_space_locked(bool keep_warm) {
       const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
       keep = align_down(std::min(alloc_->used(d), avail / 4), kAlign);
     }
-    alloc_->punch_free(d, file_end_[d].load(), keep, [&](uint64_t off, uint64_t len) {
+    // (The file's tail past the allocated end counts as free space: growth slack, or the
+    // extents a commit released at the end, which must stay warm too -- before, the tail
+    // was punched at every commit, so a store rewriting its objects wrote half of them
+    // into holes, and each punch drained the direct writes in flight on the file.)
+    auto punch = [&](uint64_t off, uint64_t len) {
       if (::fallocate(grow_fds_[d], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       static_cast<off_t>(off), static_cast<off_t>(len)) == 0) {
         return true;
@@ -173,7 +179,8 @@ void StoreImpl::give_back_free_space_locked(bool keep_warm) {
                      .to_string());
       }
       return false;
-    });
+    };
+    file_end_[d].store(alloc_->punch_free(d, file_end_[d].load(), keep, punch));
     if (punch_unsupported_.load()) return;
   }
 }

@@ -291,9 +291,10 @@ class StoreImpl final : public Store {
   /// After a commit: punches holes (fallocate PUNCH_HOLE, size kept) over the data files'
   /// free extents, e.g. the copy-on-write originals the commit stopped naming, and over
   /// their preallocated tails, so a store holds on disk about what its objects take.
-  /// With `keep_warm`, free extents up to min(bytes live in the file, a quarter of the
-  /// file system's free space) stay allocated for the next writes (the warm reserve);
-  /// without (close, a full file system), every free extent is punched.
+  /// With `keep_warm`, free extents and then the tail up to min(bytes live in the file, a
+  /// quarter of the file system's free space) stay allocated for the next writes (the warm
+  /// reserve); without (close, a full file system), every free extent and the tail are
+  /// punched.
   /// Ranges stay unallocatable while punched; a file system without hole punching is
   /// tried once.
   void give_back_free_space(bool keep_warm);

@@ -168,13 +168,44 @@ TEST(ExtentAllocator, PunchFreeKeepsTheLowestRangesThatFitTheWarmReserve) {
   punched.clear();
   a->punch_free(0, a->end(0), 0, punch);
   EXPECT_TRUE(punched.empty());
-  // A reserve larger than every free range keeps them all; the file's tail past the
-  // allocated end is punched whatever the reserve.
+  // A reserve larger than every free range and the file's tail past the allocated end
+  // keeps them all: nothing is punched and the file end stays.
   e[1].reset();  // [4K, 12K) merges with [0, 4K): a new, unpunched range [0, 12K)
   punched.clear();
-  a->punch_free(0, a->end(0) + 5 * K4, 100 * K4, punch);
-  EXPECT_EQ(punched, (Ranges{{a->end(0), 5 * K4}}));
   EXPECT_EQ(a->end(0), 9 * K4);
+  EXPECT_EQ(a->punch_free(0, 14 * K4, 100 * K4, punch), 14 * K4);
+  EXPECT_TRUE(punched.empty());
+}
+
+TEST(ExtentAllocator, PunchFreeKeepsTheTailThatTheRestOfTheReserveCoversAndPunchesItOnce) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);
+  std::vector<std::shared_ptr<Extent>> e;
+  for (uint64_t len : {2 * K4, K4, 3 * K4}) e.push_back(must(a->allocate(0, len, "k")));
+  // Extents at 0, 8K, 12K (end 24K); the data file is 40K long (16K of growth slack).
+  e[0].reset();  // [0, 8K) free
+  e[2].reset();  // [12K, 24K) at the end: the allocated end drops to 12K
+  ASSERT_EQ(a->end(0), 3 * K4);
+  ASSERT_EQ(a->free_ranges(0), (Ranges{{0, 2 * K4}}));
+  Ranges punched;
+  auto punch = [&](uint64_t off, uint64_t len) {
+    punched.emplace_back(off, len);
+    return true;
+  };
+  // Reserve 5 blocks: [0, 8K) takes 2, the tail's first 3 blocks [12K, 24K) stay, the
+  // rest [24K, 40K) is punched and the file's allocated end becomes 24K.
+  EXPECT_EQ(a->punch_free(0, 10 * K4, 5 * K4, punch), 6 * K4);
+  EXPECT_EQ(punched, (Ranges{{6 * K4, 4 * K4}}));
+  // Called again with that end: nothing more to punch.
+  punched.clear();
+  EXPECT_EQ(a->punch_free(0, 6 * K4, 5 * K4, punch), 6 * K4);
+  EXPECT_TRUE(punched.empty());
+  // No reserve (close): the kept range and the whole tail go.
+  EXPECT_EQ(a->punch_free(0, 6 * K4, 0, punch), 3 * K4);
+  EXPECT_EQ(punched, (Ranges{{0, 2 * K4}, {3 * K4, 3 * K4}}));
+  // A punch that fails leaves the file end where it was.
+  auto refuse = [](uint64_t, uint64_t) { return false; };
+  auto more = must(a->allocate(0, 4 * K4, "k"));  // [12K, 28K): past the end, end 28K
+  EXPECT_EQ(a->punch_free(0, 10 * K4, 0, refuse), 10 * K4);
 }
 
 TEST(ExtentAllocator, AnExtentWithoutAllocatorIsNeverReleased) {
