@@ -1,6 +1,7 @@
 // `strata bench store`'s measurement, shared with `strata tune` (measured.store_*).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -8,10 +9,28 @@
 
 #include "bench_limits.hpp"
 #include "strata/base/status.hpp"
+#include "strata/base/units.hpp"
 #include "strata/store/io_engine.hpp"
+#include "strata/store/pinned_pool.hpp"
 #include "strata/store/store.hpp"
 
 namespace strata::cli {
+
+/// Benchmark memory: a PinnedPool buffer (huge pages, registered with the engine) of at
+/// least 4096 bytes. Not thread-safe.
+struct BenchBuffer {
+  std::shared_ptr<PinnedPool> pool;
+  PinnedBuffer buf;
+  /// \error the pool's errors (ResourceExhausted when `nbytes` cannot be pinned).
+  Status init(uint64_t nbytes, const std::shared_ptr<IoEngine>& engine) {
+    PinnedPoolOptions po;
+    po.budget_bytes = align_up(std::max<uint64_t>(nbytes, 4096), 2 * kMiB);
+    STRATA_ASSIGN_OR_RETURN(pool, PinnedPool::create(po, engine));
+    STRATA_ASSIGN_OR_RETURN(buf, pool->try_allocate(std::max<uint64_t>(nbytes, 4096)));
+    return Status::OK();
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(buf.data()); }
+};
 
 /// flocks DIR/bench.lock (holding this pid) in each benchmark directory until destroyed.
 /// Not thread-safe.
@@ -55,6 +74,11 @@ struct StoreRunSpec {
 struct StoreMeasurement {
   std::vector<double> put_gbps, get_gbps;                    ///< the store
   std::vector<double> engine_write_gbps, engine_read_gbps;   ///< the raw engine (+ fdatasync)
+  /// CPU seconds (user + system, every thread of the process: the caller, the store's
+  /// workers and committer, the engine's threads and io_uring workers) per GB (1e9 bytes)
+  /// moved, over the same timed transfers as the GB/s above.
+  std::vector<double> put_cpu_s_per_gb, get_cpu_s_per_gb;
+  std::vector<double> engine_write_cpu_s_per_gb, engine_read_cpu_s_per_gb;
   std::vector<double> put_ratio, get_ratio;                  ///< store / engine, per round
   std::vector<std::string> space;                            ///< "new" or "reused" file space
 };

@@ -195,6 +195,9 @@ def test_bench_store_and_store_commands(disk_dir):
                  "--rounds", "1", "--chunk-size", "1MiB", "--keep")
     for k in ("put_gbps", "get_gbps", "engine_read_gbps", "engine_write_gbps"):
         assert j[k] > 0, k
+    for k in ("put", "get", "engine_write", "engine_read"):  # process CPU-s per GB moved
+        assert isinstance(j[k + "_cpu_seconds_per_gb"], float), k
+        assert j[k + "_cpu_seconds_per_gb"] >= 0, k
     stores = [os.path.join(dp) for dp, _, fs in os.walk(disk_dir) if "catalog.db" in fs]
     assert stores, "bench store --keep left no store"
     ls = run_json("store", "ls", stores[0])
