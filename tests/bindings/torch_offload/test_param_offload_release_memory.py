@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import numpy as np
 import torch
 
 import strata.torch as st
@@ -89,11 +90,15 @@ def test_release_memory_false_never_fixes(tmp_path):
     assert got["faults"] <= 5 * 1024, got
 
 
-@pytest.mark.parametrize("bad", [1, 0, "yes", "auto"])
-def test_bad_release_memory_is_a_type_error_naming_it(tmp_path, bad):
+@pytest.mark.parametrize("bad,shown", [(1, "1 (int)"), (0, "0 (int)"), ("yes", "'yes' (str)"),
+                                       ("auto", "'auto' (str)"),
+                                       (np.bool_(True), "True (bool_)")])
+def test_bad_release_memory_is_a_type_error_naming_it(tmp_path, bad, shown):
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(TypeError, match="release_memory must be True, False or None"):
+    with pytest.raises(TypeError) as e:
         st.offload_parameters(model, path=str(tmp_path / "s"), release_memory=bad)
+    assert str(e.value) == ("offload_parameters: release_memory must be True, False or None, "
+                            f"got {shown}")
     assert type(model.weight) is torch.nn.Parameter  # nothing offloaded
 
 

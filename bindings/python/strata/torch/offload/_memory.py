@@ -122,7 +122,7 @@ class ReleaseRule:
     def __init__(self, release_memory: Optional[bool]):
         if release_memory is not None and not isinstance(release_memory, bool):
             raise TypeError("offload_parameters: release_memory must be True, False or None, "
-                            f"got {release_memory!r}")
+                            f"got {release_memory!r} ({type(release_memory).__name__})")
         self.mode = release_memory
         self.offloaded_bytes = 0  # parameter bytes noted so far
         #: the memory available at the start (the rule's bound; None unless the rule decides)
