@@ -24,7 +24,8 @@ It prints the model size, the training state size (what torch needs in memory: f
 parameters, gradients and the two Adam moments, 16 bytes per parameter), the limit, each
 run's per-step loss and time and its peak memory (the cgroup's peak charge and the
 process's VmHWM), the parameter offload's counters, and before the last line the offloaded
-step's time over the in-memory one and its I/O bound: the bytes it moves from and to the
+step's time over the in-memory one, its steady prefetch (misses, hits, stall / fetch of the
+steps after the first, summed) and its I/O bound: the bytes it moves from and to the
 store (store_bytes()) over the drive's read and write bandwidth given by --drive-read-gbps
 and --drive-write-gbps (scripts/main.sh passes those ``strata bench io`` measured just
 before, on the same directory; medians over the steps after the first). The last line is
