@@ -125,3 +125,55 @@ def test_parameter_offload_reserves_its_working_set_while_open(tmp_path):
     assert all(torch.equal(handle.read(p), r) for (_, p), r in zip(handle.parameters, ref))
     handle.close()
     assert _strata._array_pool_stats()["capacity_bytes"] == before
+
+
+def test_fork_while_another_thread_uses_the_pool_leaves_the_child_a_usable_pool(store):
+    """The pool's lock is held across fork (pthread_atfork): a child forked while the fetch
+    thread takes or gives a buffer can still free and get arrays (a DataLoader worker
+    dropping an inherited array), where a lock copied held would hang it."""
+    import os
+    import threading
+    import time
+    store.put("a", np.arange(MIB // 4, dtype=np.float32))
+    with _reserved(4 * MIB):
+        stop = threading.Event()
+
+        def churn():
+            while not stop.is_set():
+                x = store.get("a")
+                del x
+
+        inherited = store.get("a")
+        t = threading.Thread(target=churn)
+        t.start()
+        try:
+            codes = []
+            for _ in range(20):
+                box = [store.get("a")]  # its only reference
+                pid = os.fork()
+                if pid == 0:  # child: free an inherited array (into the pool), use the pool
+                    try:
+                        box.clear()
+                        _strata._array_pool_reserve(-MIB)
+                        _strata._array_pool_stats()
+                        os._exit(0)
+                    except BaseException:  # noqa: BLE001
+                        os._exit(1)
+                box.clear()
+                deadline = time.monotonic() + 20
+                while True:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        codes.append(os.waitstatus_to_exitcode(status))
+                        break
+                    if time.monotonic() > deadline:
+                        os.kill(pid, 9)
+                        os.waitpid(pid, 0)
+                        codes.append("hung")
+                        break
+                    time.sleep(0.01)
+        finally:
+            stop.set()
+            t.join()
+        assert codes == [0] * 20
+        assert np.array_equal(inherited, np.arange(MIB // 4, dtype=np.float32))

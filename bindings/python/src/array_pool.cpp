@@ -1,12 +1,22 @@
 #include "array_pool.hpp"
 
+#include <pthread.h>
+
 #include <cstdlib>
 
 namespace strata::py_bindings {
 
 ArrayPool& ArrayPool::instance() {
   // Leaked on purpose: buffers may be freed by C++ exit handlers after static destruction.
-  static ArrayPool* pool = new ArrayPool();
+  static ArrayPool* pool = [] {
+    auto* p = new ArrayPool();
+    // fork() (e.g. a DataLoader's workers) while another thread holds the lock would
+    // leave the child's pool locked forever: the lock is held across the fork, as glibc's
+    // malloc does with its own.
+    pthread_atfork([] { instance().mu_.lock(); }, [] { instance().mu_.unlock(); },
+                   [] { instance().mu_.unlock(); });
+    return p;
+  }();
   return *pool;
 }
 

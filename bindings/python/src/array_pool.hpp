@@ -20,7 +20,8 @@
 namespace strata::py_bindings {
 
 /// Process-wide pool of freed 4096-byte-aligned blocks, keyed by their exact size.
-/// Thread-safe (one mutex); take/give are O(blocks held).
+/// Thread-safe (one mutex, held across fork() so a child gets it unlocked); take/give are
+/// O(blocks held).
 class ArrayPool {
  public:
   /// Blocks smaller than this are never pooled (glibc's heap reuses them already).
