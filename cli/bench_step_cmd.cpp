@@ -54,7 +54,7 @@ struct BenchStepArgs {
   std::vector<std::string> paths;
   std::string host_budget = "1GiB";
   uint64_t sub_group = 0;
-  int buffers = 4;
+  int buffers = 4;  // 0: as many as the pinned budget holds (OffloadOptions::num_buffers)
   int steps = 3;
   std::string chunk_size = "64MiB";
   uint64_t tensor_numel = 1ull << 26;
@@ -221,6 +221,7 @@ int run_bench_step(const BenchStepArgs& a) {
   if (!opt_r.ok()) return report_error(opt_r.status());
   auto optimizer = std::move(opt_r).value();
   const uint64_t sg = optimizer->sub_group_numel();
+  const int buffers = optimizer->num_buffers();
 
   // Tensors (zeros: created without DRAM proportional to their size) and one gradient.
   const uint64_t ntensors = (a.params - 1) / a.tensor_numel + 1;
@@ -247,7 +248,7 @@ int run_bench_step(const BenchStepArgs& a) {
   auto file_r = StripedFile::open(engine, dirs, "io_probe.dat", OpenMode::kTruncate, chunk);
   if (!file_r.ok()) return report_error(file_r.status());
   auto file = *file_r;
-  const int depth = std::max(1, a.buffers);
+  const int depth = std::max(1, a.buffers != 0 ? a.buffers : 4);
   const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
   auto rule = factory(hp).value();
   auto pool_r = opt::make_kernel_pool({a.threads, -1});
@@ -353,7 +354,7 @@ int run_bench_step(const BenchStepArgs& a) {
         {"pinned_budget_bytes", pinned_budget},
         {"chunk_bytes", chunk},
         {"sub_group_numel", sg},
-        {"buffers", a.buffers},
+        {"buffers", buffers},
         {"store_workers", so.worker_threads},
         {"steps", a.steps},
         {"step_seconds", step_s},
@@ -381,7 +382,7 @@ int run_bench_step(const BenchStepArgs& a) {
     std::printf("Adam step, %llu params in %llu tensors, %s states on NVMe (%zu dirs), sub-group "
                 "%llu, %d buffers, %u store workers\n",
                 static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
-                a.state_dtype.c_str(), a.paths.size(), static_cast<unsigned long long>(sg), a.buffers, so.worker_threads);
+                a.state_dtype.c_str(), a.paths.size(), static_cast<unsigned long long>(sg), buffers, so.worker_threads);
     std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
                 step_gbps);
     std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s, io_gbps);
@@ -411,7 +412,9 @@ void register_bench_step(Registry& r) {
   add_defaulted(sub, "--host-budget", args->host_budget,
                 "DRAM for buffers: pipeline + store (size, e.g. 1GiB)");
   add_defaulted(sub, "--sub-group", args->sub_group, "elements per sub-group (0 = one chunk)");
-  add_defaulted(sub, "--buffers", args->buffers, "pipeline buffer slots (1..16)");
+  add_defaulted(sub, "--buffers", args->buffers,
+                "pipeline buffer slots (1..16; 0 = as many as the host budget holds, 4..64; "
+                "the JSON's buffers says how many)");
   add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)");
   add_defaulted(sub, "--chunk-size", args->chunk_size, "store chunk size");
   add_defaulted(sub, "--tensor-numel", args->tensor_numel,

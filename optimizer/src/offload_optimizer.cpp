@@ -22,6 +22,16 @@ using namespace offload_detail;
 namespace {
 
 constexpr int kMaxBuffers = 16;
+// num_buffers 0 (auto): the slots the sub-group is sized for, and the most slots.
+constexpr uint64_t kAutoMinBuffers = 4;
+constexpr uint64_t kAutoMaxBuffers = 64;
+
+// Slots of `slot_bytes` each under num_buffers 0: as many as `budget` holds, within
+// [kAutoMinBuffers, kAutoMaxBuffers]; kAutoMinBuffers without a budget (0).
+uint64_t auto_slot_count(uint64_t slot_bytes, uint64_t budget) {
+  if (budget == 0 || slot_bytes == 0) return kAutoMinBuffers;
+  return std::clamp<uint64_t>(budget / slot_bytes, kAutoMinBuffers, kAutoMaxBuffers);
+}
 
 bool valid_hp_key(std::string_view k) {
   if (k.empty()) return false;
@@ -153,9 +163,9 @@ Status OffloadedOptimizer::Impl::init_from_rule(const UpdateRule& rule) {
 }
 
 Status OffloadedOptimizer::Impl::setup_resources() {
-  if (opts.num_buffers < 1 || opts.num_buffers > kMaxBuffers) {
+  if (opts.num_buffers < 0 || opts.num_buffers > kMaxBuffers) {
     return invalid_argument("OffloadOptions.num_buffers " + std::to_string(opts.num_buffers) +
-                            " is outside 1.." + std::to_string(kMaxBuffers));
+                            " is outside 0.." + std::to_string(kMaxBuffers) + " (0 = auto)");
   }
   if (opts.state_dtype != DType::kFloat32 && opts.state_dtype != DType::kBFloat16) {
     return invalid_argument(std::string("OffloadOptions.state_dtype ") +
@@ -163,7 +173,11 @@ Status OffloadedOptimizer::Impl::setup_resources() {
                             " is not supported (fp32 or bf16)");
   }
   chunk_bytes = store->chunk_bytes();
-  const uint64_t B = static_cast<uint64_t>(opts.num_buffers);
+  // num_buffers 0 (auto): the sub-group is sized for kAutoMinBuffers slots, then the slots
+  // are as many as pinned_budget_bytes holds (at most kAutoMaxBuffers), so a small
+  // sub-group still keeps the pipeline's bytes in flight.
+  const bool auto_buffers = opts.num_buffers == 0;
+  const uint64_t B = auto_buffers ? kAutoMinBuffers : static_cast<uint64_t>(opts.num_buffers);
   const uint64_t S = static_cast<uint64_t>(num_streams());
   auto slot_bytes = [&](uint64_t n) { return S * align_up(n * 4, kAlign); };
   if (opts.sub_group_numel > 0) {
@@ -192,6 +206,7 @@ Status OffloadedOptimizer::Impl::setup_resources() {
     }
   }
   stream_stride = align_up(sg * 4, kAlign);
+  const uint64_t nslots = auto_buffers ? auto_slot_count(slot_bytes(sg), opts.pinned_budget_bytes) : B;
   if ((sg * 4) % kAlign == 0 && sg * 4 < chunk_bytes) {
     const uint64_t sgb = sg * 4;
     const uint64_t per_chunk = (kMinStateChunk + sgb - 1) / sgb;  // sub-groups per chunk
@@ -203,11 +218,11 @@ Status OffloadedOptimizer::Impl::setup_resources() {
   STRATA_ASSIGN_OR_RETURN(auto topology, Topology::system());
   const bool here = topology->is_this_system();
   PinnedPoolOptions po;
-  po.budget_bytes = B * slot_bytes(sg);
+  po.budget_bytes = nslots * slot_bytes(sg);
   po.numa_node = here ? opts.numa_node : -1;
   po.alignment = kAlign;
   STRATA_ASSIGN_OR_RETURN(pinned, PinnedPool::create(po, store->engine()));
-  for (uint64_t b = 0; b < B; ++b) {
+  for (uint64_t b = 0; b < nslots; ++b) {
     STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, pinned->try_allocate(slot_bytes(sg)));
     slots.push_back(std::move(buf));
   }
@@ -626,6 +641,7 @@ Status OffloadedOptimizer::checkpoint() {
 
 const OffloadOptions& OffloadedOptimizer::options() const { return impl_->opts; }
 uint64_t OffloadedOptimizer::sub_group_numel() const { return impl_->sg; }
+int OffloadedOptimizer::num_buffers() const { return static_cast<int>(impl_->slots.size()); }
 uint64_t OffloadedOptimizer::pinned_bytes() const {
   return (impl_->pinned ? impl_->pinned->budget_bytes() : 0) +
          (impl_->grad_pinned ? impl_->grad_pinned->budget_bytes() : 0);

@@ -307,6 +307,19 @@ def test_bench_step_json(disk_dir):
     assert (j["bytes_read_per_param"], j["bytes_written_per_param"]) == (12.0, 12.0)
 
 
+def test_bench_step_buffers_auto_fills_the_pinned_budget(disk_dir):
+    # --buffers 0 (OffloadOptions::num_buffers auto): 256 MiB host budget - 40 MiB for the
+    # store = 216 MiB pinned; 1 MiB chunks -> sub-groups of 262144 elements, 3 MiB per Adam
+    # slot -> 72 fit, at most 64. The default stays 4.
+    args = ("bench", "step", "--params", "2000000", "--path", disk_dir, "--host-budget",
+            "256MiB", "--steps", "1", "--chunk-size", "1MiB", "--tensor-numel", "1000000")
+    j = run_json(*args, "--buffers", "0")
+    assert (j["sub_group_numel"], j["buffers"]) == (262144, 64)
+    assert (j["bytes_read"], j["bytes_written"]) == (12 * 2000000, 12 * 2000000)
+    assert j["w0_0"] > 0
+    assert run_json(*args)["buffers"] == 4
+
+
 def test_bench_step_with_bf16_states_moves_8_bytes_per_parameter(disk_dir):
     j = run_json("bench", "step", "--params", "2000000", "--path", disk_dir, "--host-budget",
                  "256MiB", "--steps", "2", "--chunk-size", "1MiB", "--tensor-numel", "1000000",

@@ -459,7 +459,7 @@ TEST(OffloadPipeline, OptionErrors) {
   TempDir dir;
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   OffloadOptions bad;
-  bad.num_buffers = 0;
+  bad.num_buffers = -1;  // (0 is auto: test_offload_auto_buffers.cpp)
   EXPECT_EQ(OffloadedOptimizer::create(store, adam_factory(), {}, bad).status().code(),
             StatusCode::kInvalidArgument);
   bad.num_buffers = 17;

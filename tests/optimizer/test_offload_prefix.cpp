@@ -61,7 +61,7 @@ TEST(OffloadPrefix, AFailedCreateReleasesItsClaim) {
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   auto factory = *builtin_rule_factory("adam");
   OffloadOptions bad = with_prefix("optim/");
-  bad.num_buffers = 0;  // InvalidArgument after the claim is taken
+  bad.num_buffers = -1;  // InvalidArgument after the claim is taken
   EXPECT_EQ(OffloadedOptimizer::create(store, factory, {}, bad).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(OffloadedOptimizer::create(store, factory, {}, with_prefix("optim/")).ok());

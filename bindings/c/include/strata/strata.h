@@ -519,7 +519,8 @@ typedef struct strata_optimizer_options {
   int amsgrad;         /**< adam/adamw: 1 keeps max(v) */
   /** Elements per pipeline sub-group, 0 = auto. Default 0. */
   uint64_t sub_group_numel;
-  /** Pinned pipeline slots, 1..16. Default 4. */
+  /** Pinned pipeline slots, 1..16; 0 = as many as pinned_budget_bytes holds (4..64).
+      Default 4. */
   int num_buffers;
   /** DRAM bytes host-resident tensors may take before new tensors go to NVMe. Default 0. */
   uint64_t host_budget_bytes;

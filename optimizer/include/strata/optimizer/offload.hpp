@@ -172,9 +172,13 @@ struct OffloadOptions {
   /// elements let write_range() skip read-modify-write. Any value >= 1 is valid; results do
   /// not depend on it. Default 0.
   uint64_t sub_group_numel = 0;
-  /// Pinned buffer slots of the pipeline, 1..16. Each slot holds one sub-group of the
+  /// Pinned buffer slots of the pipeline, 0..16. Each slot holds one sub-group of the
   /// master and every state (and, once a gradient object is attached, a gradient region).
-  /// 3 give full read/update/write overlap; 1 runs the stages one after another. Default 4.
+  /// 3 give full read/update/write overlap; 1 runs the stages one after another.
+  /// 0 = auto: the sub-group is sized as for 4 slots, then the slots are as many as
+  /// pinned_budget_bytes holds, 4..64 (4 without a budget), so that a small sub-group
+  /// still keeps as many bytes in flight as the budget allows (num_buffers() says how
+  /// many). Default 4.
   int num_buffers = 4;
   /// Upper bound of the pinned memory of the pipeline, bytes. 0 = exactly what the slots
   /// need: num_buffers * (1 + num_states) * align_up(sub_group_numel * 4, 4 KiB) (the
@@ -397,7 +401,7 @@ class OffloadedOptimizer {
   /// threads. The store is shared: it must not be closed before the optimizer is
   /// destroyed.
   /// \error InvalidArgument for a null store or factory, bad options (num_buffers outside
-  ///     1..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
+  ///     0..16, a sub_group_numel that does not fit pinned_budget_bytes), or what the
   ///     factory returns; AlreadyExists when the store already holds key_prefix + "meta"
   ///     (use open()); ResourceExhausted when the pinned pool cannot be created or the
   ///     store's file systems lack the in-flight headroom (see DISK SPACE);
@@ -691,6 +695,9 @@ class OffloadedOptimizer {
   /// The resolved sub-group size (elements) and pinned bytes of the pipeline.
   uint64_t sub_group_numel() const;
   uint64_t pinned_bytes() const;
+  /// The pipeline's pinned slots: OffloadOptions::num_buffers, or what 0 (auto) resolved
+  /// to. \threadsafety immutable after create()/open(); any thread.
+  int num_buffers() const;
   /// Bytes of DRAM held by host-tier tensors (masters + states; bf16 states: 2 bytes per
   /// element).
   uint64_t host_bytes() const;

@@ -1,0 +1,131 @@
+// OffloadOptions::num_buffers 0 (auto): the sub-group sized as for 4 slots, then as many
+// slots as pinned_budget_bytes holds (4..64; 4 without a budget); results bit-identical to
+// an in-memory reference whatever the slot count.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "offload_test_util.hpp"
+#include "strata/optimizer/optimizers.hpp"
+
+namespace strata::optimizer {
+namespace {
+
+using namespace offload_test;
+
+RuleFactory adam_factory() { return *builtin_rule_factory("adam"); }
+
+// Bytes of one slot of Adam (master + 2 states) for a sub-group of `sg` elements.
+uint64_t adam_slot_bytes(uint64_t sg) { return 3 * ((sg * 4 + 4095) / 4096 * 4096); }
+
+std::unique_ptr<OffloadedOptimizer> create(const std::shared_ptr<Store>& store,
+                                           OffloadOptions oo, const std::string& prefix) {
+  oo.key_prefix = prefix;
+  auto o = OffloadedOptimizer::create(store, adam_factory(), {{"lr", 1e-2}}, oo);
+  EXPECT_TRUE(o.ok()) << o.status().to_string();
+  return o.ok() ? std::move(o).value() : nullptr;
+}
+
+TEST(OffloadAutoBuffers, SlotsFromThePinnedBudget) {
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  // The default sub-group is one chunk (64 KiB / 4 elements): 192 KiB per Adam slot.
+  const uint64_t slot = adam_slot_bytes(kChunkNumel);
+  OffloadOptions oo;
+  oo.num_buffers = 0;
+  oo.pinned_budget_bytes = 10 * slot + slot / 2;  // holds 10 slots
+  auto ten = create(store, oo, "ten/");
+  ASSERT_NE(ten, nullptr);
+  EXPECT_EQ(ten->sub_group_numel(), kChunkNumel);
+  EXPECT_EQ(ten->num_buffers(), 10);
+  EXPECT_EQ(ten->pinned_bytes(), 10 * slot);
+  EXPECT_EQ(ten->options().num_buffers, 0);  // the options as given
+  // A small sub-group: as many slots as the budget holds, at most 64.
+  oo.sub_group_numel = 1024;  // 4 KiB per stream, 12 KiB per slot
+  oo.pinned_budget_bytes = 1ull << 30;
+  auto many = create(store, oo, "many/");
+  ASSERT_NE(many, nullptr);
+  EXPECT_EQ(many->num_buffers(), 64);
+  EXPECT_EQ(many->pinned_bytes(), 64 * adam_slot_bytes(1024));
+  // Without a budget: 4 slots.
+  oo.pinned_budget_bytes = 0;
+  auto four = create(store, oo, "four/");
+  ASSERT_NE(four, nullptr);
+  EXPECT_EQ(four->num_buffers(), 4);
+  EXPECT_EQ(four->pinned_bytes(), 4 * adam_slot_bytes(1024));
+  // The auto sub-group shrinks to 4 slots of the budget, then 4 slots it is: 4 x 3 streams
+  // within 96 KiB -> 8 KiB per stream (as with num_buffers 4).
+  OffloadOptions fit;
+  fit.num_buffers = 0;
+  fit.pinned_budget_bytes = 96 << 10;
+  auto small = create(store, fit, "fit/");
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(small->sub_group_numel(), 2048u);
+  EXPECT_EQ(small->num_buffers(), 4);
+  EXPECT_EQ(small->pinned_bytes(), 96u << 10);
+  // An explicit sub-group that 4 slots of the budget cannot hold is refused, as before.
+  OffloadOptions tight;
+  tight.num_buffers = 0;
+  tight.sub_group_numel = 1 << 20;
+  tight.pinned_budget_bytes = 1 << 20;
+  tight.key_prefix = "tight/";
+  EXPECT_EQ(OffloadedOptimizer::create(store, adam_factory(), {}, tight).status().code(),
+            StatusCode::kInvalidArgument);
+  OffloadOptions neg;
+  neg.num_buffers = -1;
+  neg.key_prefix = "neg/";
+  EXPECT_EQ(OffloadedOptimizer::create(store, adam_factory(), {}, neg).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// 64 slots of a sub-group that divides no tensor: the masters and states after 3 steps are
+// the in-memory reference's, bit for bit.
+TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  OffloadOptions oo;
+  oo.num_buffers = 0;
+  oo.sub_group_numel = 3000;  // not page-aligned, divides none of the sizes
+  oo.pinned_budget_bytes = 64ull << 20;
+  auto opt = create(store, oo, "optim/");
+  ASSERT_NE(opt, nullptr);
+  ASSERT_EQ(opt->num_buffers(), 64);
+  const std::vector<uint64_t> sizes = {100003, 3 * kChunkNumel, 777};
+  const Hyperparams hp = {{"lr", 1e-2}};
+  auto rule = must(adam_factory()(hp));
+  std::vector<RefTensor> ref;
+  std::vector<ParamHandle> handles;
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    auto init = values(t, sizes[t]);
+    ref.emplace_back(*rule, init);
+    handles.push_back(must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0,
+                                          Placement::kNvme)));
+  }
+  for (int s = 1; s <= 3; ++s) {
+    std::vector<std::vector<float>> grads;
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      grads.push_back(grad_for(t, s, sizes[t]));
+      OFFLOAD_ASSERT_OK(opt->set_grad(handles[t], grads.back().data(), DType::kFloat32));
+      OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads.back().data()));
+    }
+    auto st = opt->step();
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    // Batches: 100003 -> 34 items of <= 3000 (pages of 3072 elements per slot), 49152 ->
+    // 17, the last (384) sharing its slot with the 777 of the third tensor.
+    EXPECT_EQ(st->sub_groups, 51u);
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      Status rs;
+      auto got = dump(*opt, handles[t], &rs);
+      OFFLOAD_ASSERT_OK(rs);
+      ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " at step " << s;
+      for (size_t k = 0; k < ref[t].states.size(); ++k) {
+        ASSERT_TRUE(bit_equal(got[1 + k], ref[t].states[k]))
+            << "state " << k << " of t" << t << " at step " << s;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::optimizer
