@@ -61,8 +61,8 @@ class WorkingSet:
         self.prefetch, self.stats = prefetch, stats
         #: freed fetch buffers kept for the next fetch, up to the budget (_memory.py)
         self._pool = ArrayPoolReservation(self.budget)
-        self.records: List[ParamRecord] = []  #: and in memory, least recently used first:
-        self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()
+        self.records: List[ParamRecord] = []
+        self._lru: "collections.OrderedDict[int, None]" = collections.OrderedDict()  # LRU 1st
         self.resident_bytes = self.inflight_bytes = 0
         self.staged_bytes = 0  #: bytes of new values staged for resident parameters
         #: record indices that eviction must not choose (one operation's arguments)
