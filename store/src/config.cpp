@@ -227,7 +227,7 @@ const std::vector<Key<OptimizerConfig>>& optimizer_keys() {
   using C = OptimizerConfig;
   static const std::vector<Key<C>> keys = {
       size_key<C>("sub_group_numel", &C::sub_group_numel),
-      int_key<C>("num_buffers", &C::num_buffers, 1, 16),
+      int_key<C>("num_buffers", &C::num_buffers, 0, 16),
       size_key<C>("pinned_budget_bytes", &C::pinned_budget_bytes),
       size_key<C>("host_budget_bytes", &C::host_budget_bytes),
       int_key<C>("num_threads", &C::num_threads, 0, 4096),

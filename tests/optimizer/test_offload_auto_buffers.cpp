@@ -127,5 +127,20 @@ TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
   }
 }
 
+// The configuration file's optimizer.num_buffers takes 0 (auto) too.
+TEST(OffloadAutoBuffers, TheConfigFilesZeroMeansAuto) {
+  Config c = must(Config::parse(
+      R"({"optimizer": {"num_buffers": 0, "pinned_budget_bytes": 2031616}})", "c.json"));
+  EXPECT_EQ(c.optimizer.num_buffers, 0);
+  OffloadOptions oo = offload_options_from_config(c);
+  EXPECT_EQ(oo.num_buffers, 0);
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  auto opt = create(store, oo, "cfg/");
+  ASSERT_NE(opt, nullptr);
+  // 2031616 bytes = 10.33 slots of 192 KiB (one 64 KiB chunk per stream).
+  EXPECT_EQ(opt->num_buffers(), 10);
+}
+
 }  // namespace
 }  // namespace strata::optimizer

@@ -186,7 +186,7 @@ TEST(Config, BadValuesNameKeyValueAndFile) {
             "config file '/etc/s.json': store.durability: expected one of \"put\", \"flush\", "
             "got \"sync\"");
   EXPECT_EQ(error_of(R"({"optimizer": {"num_buffers": 17}})"),
-            "config file '/etc/s.json': optimizer.num_buffers: expected an integer in 1..16, "
+            "config file '/etc/s.json': optimizer.num_buffers: expected an integer in 0..16, "
             "got 17");
   EXPECT_EQ(error_of(R"({"optimizer": {"state_dtype": "fp16"}})"),
             "config file '/etc/s.json': optimizer.state_dtype: expected one of \"fp32\", "

@@ -37,34 +37,39 @@ void* ArrayPool::take(uint64_t bytes) {
 
 void ArrayPool::give(void* p, uint64_t bytes) {
   if (p == nullptr) return;
+  std::list<std::pair<uint64_t, void*>> evicted;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (bytes >= kMinBytes && bytes <= capacity_) {
       held_.emplace_back(bytes, p);
       bytes_ += bytes;
-      shrink_locked();
-      return;
+      p = nullptr;
+      evict_locked(evicted);
     }
   }
   std::free(p);
+  for (auto& [n, q] : evicted) std::free(q);  // munmap outside the lock
 }
 
 void ArrayPool::reserve(int64_t delta) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (delta >= 0) {
-    capacity_ += static_cast<uint64_t>(delta);
-  } else {
-    const uint64_t d = static_cast<uint64_t>(-delta);
-    capacity_ = d >= capacity_ ? 0 : capacity_ - d;
+  std::list<std::pair<uint64_t, void*>> evicted;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (delta >= 0) {
+      capacity_ += static_cast<uint64_t>(delta);
+    } else {
+      const uint64_t d = static_cast<uint64_t>(-delta);
+      capacity_ = d >= capacity_ ? 0 : capacity_ - d;
+    }
+    evict_locked(evicted);
   }
-  shrink_locked();
+  for (auto& [n, q] : evicted) std::free(q);
 }
 
-void ArrayPool::shrink_locked() {
+void ArrayPool::evict_locked(std::list<std::pair<uint64_t, void*>>& out) {
   while (bytes_ > capacity_ && !held_.empty()) {
     bytes_ -= held_.front().first;
-    std::free(held_.front().second);
-    held_.pop_front();
+    out.splice(out.end(), held_, held_.begin());
   }
 }
 

@@ -46,7 +46,9 @@ class ArrayPool {
 
  private:
   ArrayPool() = default;
-  void shrink_locked();
+  /// Moves the oldest held blocks to `out` until the held bytes fit the capacity; the
+  /// caller frees them after releasing the lock (munmap of a large block takes ~ms).
+  void evict_locked(std::list<std::pair<uint64_t, void*>>& out);
   std::mutex mu_;
   std::list<std::pair<uint64_t, void*>> held_;  // oldest first
   uint64_t capacity_ = 0, bytes_ = 0, hits_ = 0, misses_ = 0;

@@ -128,8 +128,9 @@ void register_aligned_buffer(py::module_& m) {
       "_array_pool_reserve",
       [](int64_t delta) { ArrayPool::instance().reserve(delta); }, "delta_bytes"_a,
       "Raises (delta_bytes > 0) or lowers the array pool's capacity (bytes): freed arrays of\n"
-      "at least 64 KiB made by Store.get/get_async/get_tensor are kept, up to it, for the\n"
-      "next array of the same size (no page faults). Lowering frees the oldest kept blocks.\n"
+      "at least 64 KiB made by Store.get/get_async/get_tensor/read_range are kept, up to\n"
+      "it, for the next array of the same size (no page faults). Lowering frees the oldest\n"
+      "kept blocks.\n"
       "Thread-safe. ParameterOffload reserves its working-set budget while open.");
   m.def(
       "_array_pool_stats",

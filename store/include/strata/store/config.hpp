@@ -77,7 +77,7 @@ struct StoreConfig {
 /// pipeline settings. Checked here, applied by the optimizer layer and the bindings.
 struct OptimizerConfig {
   std::optional<uint64_t> sub_group_numel;       ///< elements, 0 = auto
-  std::optional<int> num_buffers;                ///< 1..16
+  std::optional<int> num_buffers;                ///< 0..16 (0: as many as the pinned budget holds)
   std::optional<uint64_t> pinned_budget_bytes;   ///< bytes, 0 = what the slots need
   std::optional<uint64_t> host_budget_bytes;     ///< bytes
   std::optional<int> num_threads;                ///< 0..4096, 0 = one per core
