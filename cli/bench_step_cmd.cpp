@@ -8,7 +8,10 @@
 //    spans (without the bf16 widening and narrowing a bf16-state step adds).
 // overlap_efficiency = max(io, compute) / step: 1 means the pipeline hides the smaller of
 // the two completely and adds nothing. I/O probe, step and compute probe alternate, K times;
-// each figure is the median of its K runs.
+// each figure is the median of its K runs. last_step_device_seconds and
+// last_io_probe_device_seconds split the last step's and the last probe's time by what the
+// engine had in flight (IoEngine::occupancy(): idle, reads only, writes only, both): a step
+// slower than the probe with little idle time keeps the device busy at a lower rate.
 //
 // The model is cut into tensors of at most --tensor-numel parameters (a model has many
 // tensors); they share one synthetic gradient buffer (read-only), so the DRAM the run needs
@@ -111,6 +114,14 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
     if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
   }
   return seconds_since(t0);
+}
+
+// The engine's occupancy over an interval (IoOccupancy), as a JSON object of seconds.
+nlohmann::json occupancy_json(const IoOccupancy& o) {
+  return {{"idle", o.idle_seconds},
+          {"reads_only", o.reads_only_seconds},
+          {"writes_only", o.writes_only_seconds},
+          {"reads_and_writes", o.reads_and_writes_seconds}};
 }
 
 int run_bench_step(const BenchStepArgs& a) {
@@ -255,6 +266,7 @@ int run_bench_step(const BenchStepArgs& a) {
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
   std::vector<double> io_runs, compute_runs;
+  IoOccupancy probe_device, step_device;  // the last I/O probe's and the last step's
   auto io_once = [&]() -> Status {
     {  // I/O: fill the read region once (untimed), then the timed mix.
       PinnedPoolOptions po;
@@ -269,8 +281,10 @@ int run_bench_step(const BenchStepArgs& a) {
         }
       }
       if (progress) std::fprintf(stderr, "\rio probe ...");
+      const IoOccupancy before = engine->occupancy();
       STRATA_ASSIGN_OR_RETURN(double io, io_probe(*engine, *file, *ppool, req, depth, region,
                                                   bytes_per_step, bytes_per_step));
+      probe_device = engine->occupancy() - before;
       io_runs.push_back(io);
     }
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
@@ -304,7 +318,9 @@ int run_bench_step(const BenchStepArgs& a) {
   // Alternate: I/O alone, the step, compute alone — machine noise hits all three alike.
   for (int s = 0; s < a.steps; ++s) {
     if (Status st = io_once(); !st.ok()) return report_error(st);
+    const IoOccupancy before = engine->occupancy();
     auto r = optimizer->step();
+    step_device = engine->occupancy() - before;
     if (!r.ok()) return report_error(r.status());
     last = *r;
     step_runs.push_back(r->seconds);
@@ -373,6 +389,8 @@ int run_bench_step(const BenchStepArgs& a) {
         {"io_gbps", io_gbps},
         {"last_step_update_seconds", last.compute_seconds},
         {"last_step_io_wait_seconds", last.io_wait_seconds},
+        {"last_step_device_seconds", occupancy_json(step_device)},
+        {"last_io_probe_device_seconds", occupancy_json(probe_device)},
         {"setup_seconds", setup_seconds},
         {"checkpoint_seconds", checkpoint_seconds},
         {"peak_rss_bytes", rss},
@@ -392,6 +410,11 @@ int run_bench_step(const BenchStepArgs& a) {
                 format_bytes(last.bytes_read).c_str(), format_bytes(last.bytes_written).c_str(),
                 static_cast<double>(last.bytes_read) / static_cast<double>(a.params),
                 static_cast<double>(last.bytes_written) / static_cast<double>(a.params));
+    for (const auto& [name, o] : {std::pair{"last step", step_device}, {"last io probe", probe_device}}) {
+      std::printf("  %-14s device:  idle %.3f s, reads only %.3f s, writes only %.3f s, both %.3f s\n",
+                  name, o.idle_seconds, o.reads_only_seconds, o.writes_only_seconds,
+                  o.reads_and_writes_seconds);
+    }
     std::printf("  checkpoint:           %8.3f s\n", checkpoint_seconds);
     std::printf("  peak RSS:             %s\n", format_bytes(rss).c_str());
   }

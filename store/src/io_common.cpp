@@ -382,9 +382,11 @@ bool account_result(Piece& p, int64_t res) {
   return false;
 }
 
-void run_piece_sync(Piece& p) {
+void run_piece_sync(Piece& p, OccupancyTracker* occupancy) {
   prepare_piece(p);
   const FileImpl& f = *p.req->file;
+  const Op op = p.req->op;
+  if (occupancy != nullptr) occupancy->start(op);
   if (p.req->op == Op::kSync) {
     // EINTR/EAGAIN: account_result() counts the attempt and asks for another.
     for (;;) {
@@ -400,6 +402,7 @@ void run_piece_sync(Piece& p) {
       if (account_result(p, n < 0 ? -static_cast<int64_t>(errno) : n)) break;
     }
   }
+  if (occupancy != nullptr) occupancy->end(op);
   finish_piece(p);
 }
 
@@ -450,6 +453,26 @@ Status check_io_args(const std::shared_ptr<IoFile>& file, const void* buf, uint6
 Result<std::shared_ptr<IoFile>> EngineBase::open(const std::string& path, OpenMode mode) {
   STRATA_ASSIGN_OR_RETURN(auto f, open_file(path, mode, options_, slot_link()));
   return std::shared_ptr<IoFile>(std::move(f));
+}
+
+void OccupancyTracker::close_interval_locked(std::chrono::steady_clock::time_point now) const {
+  const int state = (reads_ > 0 ? 1 : 0) | (writes_ > 0 ? 2 : 0);
+  seconds_[state] += std::chrono::duration<double>(now - last_).count();
+  last_ = now;
+}
+
+void OccupancyTracker::move(Op op, int delta) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  close_interval_locked(now);
+  (op == Op::kRead ? reads_ : writes_) += delta;
+}
+
+IoOccupancy OccupancyTracker::snapshot() const {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  close_interval_locked(now);
+  return IoOccupancy{seconds_[0], seconds_[1], seconds_[2], seconds_[3]};
 }
 
 Future<uint64_t> EngineBase::submit(Op op, const std::shared_ptr<IoFile>& file, char* buf,

@@ -15,9 +15,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -121,8 +122,11 @@ void prepare_piece(Piece& p);
 /// error), false when it must be issued again for the remainder.
 bool account_result(Piece& p, int64_t res);
 
-/// Runs one piece synchronously with pread/pwrite (threads engine, IOPOLL edge pieces).
-void run_piece_sync(Piece& p);
+class OccupancyTracker;
+/// Runs one piece synchronously with pread/pwrite (threads engine, IOPOLL edge pieces);
+/// the transfer is in flight for `occupancy` (when given) until just before the piece
+/// finishes (its future may complete then).
+void run_piece_sync(Piece& p, OccupancyTracker* occupancy = nullptr);
 
 /// Completes a piece (copies the bounce buffer out for reads, frees it) and, when it was the
 /// last one, fulfils the request's promise.
@@ -153,6 +157,28 @@ class InflightCounter {
   uint64_t n_ = 0;
 };
 
+/// Accumulates IoOccupancy: pieces in flight by kind, and the time spent in each state.
+/// \threadsafety every member may be called from any thread (one mutex).
+class OccupancyTracker {
+ public:
+  OccupancyTracker() : last_(std::chrono::steady_clock::now()) {}
+  /// A piece of `op` was issued (starts being in flight).
+  void start(Op op) { move(op, +1); }
+  /// A piece of `op` completed (or its transfer ended short, to be issued again).
+  void end(Op op) { move(op, -1); }
+  /// The accumulated times, the current state's included up to now.
+  IoOccupancy snapshot() const;
+
+ private:
+  void move(Op op, int delta);
+  /// Adds the time since last_ to the current state's total and moves last_ to now.
+  void close_interval_locked(std::chrono::steady_clock::time_point now) const;
+  mutable std::mutex mu_;
+  mutable std::chrono::steady_clock::time_point last_;
+  mutable double seconds_[4] = {0, 0, 0, 0};  // index: (reads > 0) | (writes > 0) << 1
+  int64_t reads_ = 0, writes_ = 0;
+};
+
 /// Validates a read/write call; returns a ready future with the error when invalid.
 Status check_io_args(const std::shared_ptr<IoFile>& file, const void* buf, uint64_t nbytes,
                      bool write);
@@ -169,6 +195,7 @@ class EngineBase : public IoEngine {
                                uint64_t offset) override;
   Future<void> sync_async(const std::shared_ptr<IoFile>& file) override;
   void drain() override { inflight_.wait_zero(); }
+  IoOccupancy occupancy() const override { return occupancy_.snapshot(); }
 
  protected:
   /// The registered-file link of this engine (nullptr: files are not registered).
@@ -180,6 +207,7 @@ class EngineBase : public IoEngine {
 
   IoEngineOptions options_;
   InflightCounter inflight_;
+  OccupancyTracker occupancy_;  // the engines call start/end around each piece's transfer
 };
 
 /// Overrides the fields of `o` that STRATA_IO_ENGINE, STRATA_QUEUE_DEPTH, STRATA_BLOCK_SIZE,

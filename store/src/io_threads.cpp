@@ -67,7 +67,7 @@ class ThreadsEngine final : public EngineBase {
         p = queue_.front();
         queue_.pop_front();
       }
-      run_piece_sync(*p);
+      run_piece_sync(*p, &occupancy_);
     }
   }
 

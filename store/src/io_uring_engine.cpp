@@ -418,7 +418,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
           }
         }
         if (options_.iopoll && (p->buffered_fd || p->req->op == Op::kSync)) {
-          run_piece_sync(*p);  // IOPOLL rings take only O_DIRECT reads and writes
+          run_piece_sync(*p, &occupancy_);  // IOPOLL rings take only O_DIRECT reads and writes
           continue;
         }
         io_uring_sqe* sqe = io_uring_get_sqe(&w.ring);
@@ -432,6 +432,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
           }
         }
         prep(sqe, *p);
+        occupancy_.start(p->req->op);
         ++inflight;
         ++prepped;
         if (prepped >= batch_) {
@@ -458,6 +459,7 @@ class UringEngine final : public EngineBase, public FileSlotOwner {
           continue;
         }
         Piece* p = reinterpret_cast<Piece*>(static_cast<uintptr_t>(cqe->user_data));
+        occupancy_.end(p->req->op);
         --inflight;
         if (account_result(*p, cqe->res)) {
           finish_piece(*p);

@@ -305,6 +305,16 @@ def test_bench_step_json(disk_dir):
     assert j["peak_rss_bytes"] == pytest.approx(rusage.ru_maxrss * 1024, rel=0.05)
     assert j["state_dtype"] == "fp32"
     assert (j["bytes_read_per_param"], j["bytes_written_per_param"]) == (12.0, 12.0)
+    # The device's time split (IoEngine::occupancy): the step and the probe each read and
+    # wrote, so both had reads and writes in flight; the split of the step covers it.
+    for k in ("last_step_device_seconds", "last_io_probe_device_seconds"):
+        d = j[k]
+        assert sorted(d) == ["idle", "reads_and_writes", "reads_only", "writes_only"], k
+        assert min(d.values()) >= 0, k
+        assert d["reads_only"] + d["reads_and_writes"] > 0, k
+        assert d["writes_only"] + d["reads_and_writes"] > 0, k
+    step = j["last_step_device_seconds"]
+    assert sum(step.values()) >= j["step_seconds_all"][-1]
 
 
 def test_bench_step_buffers_auto_fills_the_pinned_budget(disk_dir):

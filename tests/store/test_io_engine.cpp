@@ -2,6 +2,7 @@
 // memory, registered buffers, both engines.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <tuple>
@@ -201,6 +202,46 @@ TEST_P(IoEngineKinds, ManyConcurrentRequestsThenDrain) {
   std::vector<char> back(chunk * n);
   ASSERT_TRUE(e->read_async(f, back.data(), back.size(), 0).result().ok());
   EXPECT_EQ(back, data);
+}
+
+double occupancy_sum(const IoOccupancy& o) {
+  return o.idle_seconds + o.reads_only_seconds + o.writes_only_seconds +
+         o.reads_and_writes_seconds;
+}
+
+// occupancy(): an interval with only writes in flight adds to writes_only (and idle) alone,
+// one with only reads to reads_only alone, and the four times of an interval add up to its
+// length on the steady clock.
+TEST_P(IoEngineKinds, OccupancySplitsTimeByWhatIsInFlight) {
+  auto [e, f] = engine_and_file("occ", 1 << 20, 8);
+  ASSERT_TRUE(e && f);
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto data = pattern(16 << 20, 6);
+  const auto t0 = Clock::now();
+  const IoOccupancy s0 = e->occupancy();
+  const auto t1 = Clock::now();
+  ASSERT_TRUE(e->write_async(f, data.data(), data.size(), 0).result().ok());
+  const IoOccupancy s1 = e->occupancy();
+  std::vector<char> back(data.size());
+  ASSERT_TRUE(e->read_async(f, back.data(), back.size(), 0).result().ok());
+  ASSERT_TRUE(e->sync_async(f).result().ok());  // a sync counts as a write
+  const auto t2 = Clock::now();
+  const IoOccupancy s2 = e->occupancy();
+  const auto t3 = Clock::now();
+  EXPECT_EQ(back, data);
+  const IoOccupancy w = s1 - s0, r = s2 - s1;
+  EXPECT_GT(w.writes_only_seconds, 0.0);
+  EXPECT_EQ(w.reads_only_seconds, 0.0);
+  EXPECT_EQ(w.reads_and_writes_seconds, 0.0);
+  EXPECT_GT(r.reads_only_seconds, 0.0);
+  EXPECT_GT(r.writes_only_seconds, 0.0);  // the sync
+  EXPECT_EQ(r.reads_and_writes_seconds, 0.0);
+  const double total = occupancy_sum(s2 - s0);
+  EXPECT_GE(total, seconds(t2 - t1));
+  EXPECT_LE(total, seconds(t3 - t0));
+  // From the engine's creation on: every second is in one of the four.
+  EXPECT_GE(occupancy_sum(e->occupancy()), occupancy_sum(s2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, IoEngineKinds,

@@ -48,6 +48,7 @@ class GatedEngine final : public IoEngine {
   }
   Status unregister_buffer(void* addr) override { return inner_->unregister_buffer(addr); }
   void drain() override { inner_->drain(); }
+  IoOccupancy occupancy() const override { return inner_->occupancy(); }
 
   void close_gate() {
     std::lock_guard<std::mutex> lk(mu_);

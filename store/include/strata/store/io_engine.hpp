@@ -74,6 +74,27 @@ class IoFile {
   virtual Result<uint64_t> size() const = 0;     ///< current file size in bytes
 };
 
+/// How long an engine had reads only, writes only (syncs count as writes), both, or nothing
+/// in flight, in seconds of the steady clock since the engine was created. A piece (at most
+/// block_size bytes of one request) is in flight from its issue (its io_uring SQE prepared,
+/// or its pread/pwrite called) to its completion; the times are the engine's as a whole,
+/// whatever its worker count, and the four add up to the engine's age. The difference of
+/// two snapshots splits the interval between them: `strata bench step` reports the split
+/// of its step and of its I/O probe, which shows whether a pipeline left the device idle
+/// or kept it busy at a lower rate (docs/benchmarks.md).
+struct IoOccupancy {
+  double idle_seconds = 0;
+  double reads_only_seconds = 0;
+  double writes_only_seconds = 0;
+  double reads_and_writes_seconds = 0;
+  /// Field by field `*this - before` (the interval between two snapshots).
+  IoOccupancy operator-(const IoOccupancy& before) const {
+    return {idle_seconds - before.idle_seconds, reads_only_seconds - before.reads_only_seconds,
+            writes_only_seconds - before.writes_only_seconds,
+            reads_and_writes_seconds - before.reads_and_writes_seconds};
+  }
+};
+
 /// Asynchronous file I/O: every read, write and sync returns a future at once and runs on
 /// the engine's own threads.
 ///
@@ -131,6 +152,10 @@ class IoEngine {
 
   /// Blocks until every request submitted so far is complete. Returns at once when none.
   virtual void drain() = 0;
+
+  /// The engine's occupancy so far (IoOccupancy), up to this call.
+  /// \threadsafety any thread; a snapshot while pieces complete is consistent (one lock).
+  virtual IoOccupancy occupancy() const = 0;
 };
 
 /// OK when no directory appears twice in `dirs`: two entries are the same when their
