@@ -58,7 +58,10 @@ def test_bad_files_raise_naming_key_value_and_file(tmp_path):
     with pytest.raises(strata.NotFoundError, match="none.json"):
         strata.Store.open(str(tmp_path / "s"), config=str(tmp_path / "none.json"))
     with pytest.raises(strata.InvalidArgumentError, match="optimizer.num_buffers"):
-        strata.load_config(write(tmp_path / "o.json", {"optimizer": {"num_buffers": 0}}))
+        strata.load_config(write(tmp_path / "o.json", {"optimizer": {"num_buffers": 17}}))
+    # 0 is auto (as many slots as the pinned budget holds), as for OffloadOptions
+    assert strata.load_config(write(tmp_path / "z.json", {"optimizer": {"num_buffers": 0}}))[
+        "optimizer"]["num_buffers"] == 0
 
 
 def test_load_config_round_trips(tmp_path):

@@ -113,7 +113,7 @@ def test_the_stores_file_and_the_environments(tmp_path, monkeypatch):
 
 BAD_FILES = [
     {"optimizer": {"num_bufers": 2}},  # an unknown key
-    {"optimizer": {"num_buffers": 0}},  # out of range
+    {"optimizer": {"num_buffers": 17}},  # out of range (0..16)
     {"optimizer": {"state_dtype": "fp16"}},
     {"optimizer": {"default_placement": "tape"}},
     {"strata_config": 2},
