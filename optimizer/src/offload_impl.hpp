@@ -346,6 +346,12 @@ struct OffloadedOptimizer::Impl {
   /// and *mismatch is set. Either way a tensor's start_update() entry overrides its
   /// gradient and param copy.
   Result<StepStats> step_impl(const StepOptions& o, const StartedSet* started, bool* mismatch);
+  /// `b` follows `a` in one request of the pipeline: the next sub-group of the same tensor,
+  /// right after `a` in the slot too, its master and gradient taken the same way.
+  static bool continues_run(const Item& a, const Item& b) {
+    return a.t == b.t && a.begin + a.count == b.begin && a.slot_off + a.count == b.slot_off &&
+           a.master == b.master && a.grad_object == b.grad_object;
+  }
   /// The items of the tensors of `work` (handle, start_update() entry or null) in order:
   /// sub-groups of at most sg elements, packed into batches of one slot each (batch j:
   /// items [batches[j], batches[j + 1]), each at a 4 KiB-aligned slot offset).

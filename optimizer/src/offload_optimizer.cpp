@@ -25,6 +25,12 @@ constexpr int kMaxBuffers = 16;
 // num_buffers 0 (auto): the slots the sub-group is sized for, and the most slots.
 constexpr uint64_t kAutoMinBuffers = 4;
 constexpr uint64_t kAutoMaxBuffers = 64;
+// num_buffers 0 (auto): a slot holds several sub-groups when they are smaller than the
+// objects' chunk or than min(the store's chunk, this many bytes) per stream (fp32 states,
+// page-multiple sub-groups). The consecutive sub-groups of a tensor in one batch are read
+// and written with one request per stream (run_pipeline), so a small sub-group neither
+// writes parts of chunks (read-modify-write, one after another) nor multiplies requests.
+constexpr uint64_t kAutoSlotStreamBytes = 4ull << 20;
 
 // Slots of `slot_bytes` each under num_buffers 0: as many as `budget` holds, within
 // [kAutoMinBuffers, kAutoMaxBuffers]; kAutoMinBuffers without a budget (0).
@@ -205,25 +211,41 @@ Status OffloadedOptimizer::Impl::setup_resources() {
       sg = fit;
     }
   }
-  stream_stride = align_up(sg * 4, kAlign);
-  const uint64_t nslots = auto_buffers ? auto_slot_count(slot_bytes(sg), opts.pinned_budget_bytes) : B;
+  const uint64_t store_chunk = chunk_bytes;
   if ((sg * 4) % kAlign == 0 && sg * 4 < chunk_bytes) {
     const uint64_t sgb = sg * 4;
     const uint64_t per_chunk = (kMinStateChunk + sgb - 1) / sgb;  // sub-groups per chunk
     if (per_chunk * sgb <= chunk_bytes) chunk_bytes = per_chunk * sgb;
   }
+  // The slot's elements per stream: one sub-group; under auto buffers (fp32 states, a
+  // page-multiple sub-group) whole sub-groups up to the larger of the objects' chunk and
+  // min(the store's chunk, kAutoSlotStreamBytes), fewer when kAutoMinBuffers slots of them
+  // would not fit the budget.
+  uint64_t slot_numel = sg;
+  const uint64_t target = std::max(chunk_bytes, std::min(store_chunk, kAutoSlotStreamBytes));
+  if (auto_buffers && !bf16_states() && (sg * 4) % kAlign == 0 && sg * 4 < target) {
+    uint64_t per = (target + sg * 4 - 1) / (sg * 4);
+    while (per > 1 && opts.pinned_budget_bytes > 0 &&
+           B * slot_bytes(per * sg) > opts.pinned_budget_bytes) {
+      --per;
+    }
+    slot_numel = per * sg;
+  }
+  stream_stride = align_up(slot_numel * 4, kAlign);
+  const uint64_t nslots =
+      auto_buffers ? auto_slot_count(slot_bytes(slot_numel), opts.pinned_budget_bytes) : B;
   // One topology, one numbering: the pinned pool and the kernel threads both place by the
   // store's Topology (kernel node numbers). A foreign one (HWLOC_XMLFILE) gives the
   // targets; nothing is bound on it, as in the store.
   STRATA_ASSIGN_OR_RETURN(auto topology, Topology::system());
   const bool here = topology->is_this_system();
   PinnedPoolOptions po;
-  po.budget_bytes = nslots * slot_bytes(sg);
+  po.budget_bytes = nslots * slot_bytes(slot_numel);
   po.numa_node = here ? opts.numa_node : -1;
   po.alignment = kAlign;
   STRATA_ASSIGN_OR_RETURN(pinned, PinnedPool::create(po, store->engine()));
   for (uint64_t b = 0; b < nslots; ++b) {
-    STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, pinned->try_allocate(slot_bytes(sg)));
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, pinned->try_allocate(slot_bytes(slot_numel)));
     slots.push_back(std::move(buf));
   }
   KernelPoolPlacement kp;

@@ -151,28 +151,51 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
   // future (a continuation), which only issues requests and never blocks.
   auto issue = [this, &items, &batches, B, S](size_t j, bool write) -> Future<void> {
     std::vector<Future<void>> fs;
-    for (size_t k = batches[j]; k < batches[j + 1]; ++k) {
-      const Item& it = items[k];
-      const Tensor& t = tensors[it.t];
+    for (size_t k = batches[j]; k < batches[j + 1];) {
+      // The run [k, e): consecutive sub-groups of one tensor, consecutive in the slot too
+      // (a slot of several sub-groups, num_buffers 0): one request per fp32 stream.
+      size_t e = k + 1;
+      while (e < batches[j + 1] && continues_run(items[e - 1], items[e])) ++e;
+      const Item& first = items[k];
+      const Tensor& t = tensors[first.t];
+      const uint64_t run_count = items[e - 1].begin + items[e - 1].count - first.begin;
       for (int s = 0; s < S; ++s) {
-        float* buf = slot_stream(j % B, s) + it.slot_off;
-        if (!write && s == 0 && it.master != nullptr) {  // the master is in memory already
-          std::memcpy(buf, it.master + it.begin, it.count * 4);
+        float* buf = slot_stream(j % B, s) + first.slot_off;
+        if (!write && s == 0 && first.master != nullptr) {  // the master is in memory already
+          std::memcpy(buf, first.master + first.begin, run_count * 4);
           continue;
         }
-        // bf16 states: written from the region's start (narrowed there after the update),
-        // read to its upper part (bf16_read_offset) and widened from there before it.
         const uint64_t es = elem_bytes(s);
-        char* io = reinterpret_cast<char*>(buf);
-        if (!write && es == 2) io += bf16_read_offset(it.count);
-        fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * es, it.count * es, io)
-                           : store->read_range_async(t.keys[s], it.begin * es, it.count * es, io));
+        if (es == 4) {
+          char* io = reinterpret_cast<char*>(buf);
+          fs.push_back(write ? store->write_range_async(t.keys[s], first.begin * 4, run_count * 4, io)
+                             : store->read_range_async(t.keys[s], first.begin * 4, run_count * 4, io));
+          continue;
+        }
+        // bf16 states, per sub-group: written from the region's start (narrowed there after
+        // the update), read to its upper part (bf16_read_offset) and widened from there.
+        for (size_t q = k; q < e; ++q) {
+          const Item& it = items[q];
+          char* io = reinterpret_cast<char*>(slot_stream(j % B, s) + it.slot_off);
+          if (!write) io += bf16_read_offset(it.count);
+          fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * es, it.count * es, io)
+                             : store->read_range_async(t.keys[s], it.begin * es, it.count * es, io));
+        }
       }
-      if (!write && it.grad_object) {  // the gradient's slice, into the gradient region
-        const uint64_t es = dtype_size(it.grad_type);
-        fs.push_back(store->read_range_async(t.grad_key, it.begin * es, it.count * es,
-                                             slot_grad(j % B) + it.slot_off * 4));
+      if (!write && first.grad_object) {  // the gradient's slice, into the gradient region
+        const uint64_t es = dtype_size(first.grad_type);
+        if (es == 4) {  // fp32: the run's in one request
+          fs.push_back(store->read_range_async(t.grad_key, first.begin * 4, run_count * 4,
+                                               slot_grad(j % B) + first.slot_off * 4));
+        } else {
+          for (size_t q = k; q < e; ++q) {
+            const Item& it = items[q];
+            fs.push_back(store->read_range_async(t.grad_key, it.begin * es, it.count * es,
+                                                 slot_grad(j % B) + it.slot_off * 4));
+          }
+        }
       }
+      k = e;
     }
     return when_all(fs);
   };

@@ -55,10 +55,14 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
   }
   // In flight: the new extents of the batches being written while their chunks' previous
   // uncommitted copies still exist (at most num_buffers batches of one slot per stream).
+  // A batch's writes start and end inside a chunk shared with the batch before and after
+  // it: one such chunk when a slot holds one sub-group, two when it holds several.
+  const uint64_t slot_numel = stream_stride / 4;
+  const uint64_t shared = slot_numel > sg ? 2 : 1;
   uint64_t per_batch = stream_stride;
-  if ((sg * 4) % chunk_bytes != 0) per_batch += chunk_bytes;  // a chunk shared by two items
-  uint64_t state_batch = align_up(sg * es, kAlign);           // bf16: half a slot's stream
-  if ((sg * es) % schunk != 0) state_batch += schunk;
+  if ((sg * 4) % chunk_bytes != 0) per_batch += shared * chunk_bytes;
+  uint64_t state_batch = align_up(slot_numel * es, kAlign);  // bf16: half a slot's stream
+  if ((sg * es) % schunk != 0) state_batch += shared * schunk;
   const uint64_t in_flight =
       std::min(nvme_state, static_cast<uint64_t>(slots.size()) *
                                ((per_batch + k - 1) / k + ns * ((state_batch + k - 1) / k)));

@@ -455,24 +455,20 @@ Result<std::shared_ptr<IoFile>> EngineBase::open(const std::string& path, OpenMo
   return std::shared_ptr<IoFile>(std::move(f));
 }
 
-void OccupancyTracker::close_interval_locked(std::chrono::steady_clock::time_point now) const {
-  const int state = (reads_ > 0 ? 1 : 0) | (writes_ > 0 ? 2 : 0);
-  seconds_[state] += std::chrono::duration<double>(now - last_).count();
-  last_ = now;
-}
-
 void OccupancyTracker::move(Op op, int delta) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  close_interval_locked(now);
+  seconds_[state_locked()] += std::chrono::duration<double>(now - last_).count();
+  last_ = now;
   (op == Op::kRead ? reads_ : writes_) += delta;
 }
 
 IoOccupancy OccupancyTracker::snapshot() const {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  close_interval_locked(now);
-  return IoOccupancy{seconds_[0], seconds_[1], seconds_[2], seconds_[3]};
+  double s[4] = {seconds_[0], seconds_[1], seconds_[2], seconds_[3]};
+  s[state_locked()] += std::chrono::duration<double>(now - last_).count();  // the open one
+  return IoOccupancy{s[0], s[1], s[2], s[3]};
 }
 
 Future<uint64_t> EngineBase::submit(Op op, const std::shared_ptr<IoFile>& file, char* buf,

@@ -171,11 +171,11 @@ class OccupancyTracker {
 
  private:
   void move(Op op, int delta);
-  /// Adds the time since last_ to the current state's total and moves last_ to now.
-  void close_interval_locked(std::chrono::steady_clock::time_point now) const;
+  /// The current state: index of seconds_, (reads > 0) | (writes > 0) << 1.
+  int state_locked() const { return (reads_ > 0 ? 1 : 0) | (writes_ > 0 ? 2 : 0); }
   mutable std::mutex mu_;
-  mutable std::chrono::steady_clock::time_point last_;
-  mutable double seconds_[4] = {0, 0, 0, 0};  // index: (reads > 0) | (writes > 0) << 1
+  std::chrono::steady_clock::time_point last_;  // when the current state began
+  double seconds_[4] = {0, 0, 0, 0};            // closed intervals, by state
   int64_t reads_ = 0, writes_ = 0;
 };
 

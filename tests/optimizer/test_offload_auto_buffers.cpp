@@ -41,19 +41,27 @@ TEST(OffloadAutoBuffers, SlotsFromThePinnedBudget) {
   EXPECT_EQ(ten->num_buffers(), 10);
   EXPECT_EQ(ten->pinned_bytes(), 10 * slot);
   EXPECT_EQ(ten->options().num_buffers, 0);  // the options as given
-  // A small sub-group: as many slots as the budget holds, at most 64.
-  oo.sub_group_numel = 1024;  // 4 KiB per stream, 12 KiB per slot
+  // A small sub-group: as many slots as the budget holds, at most 64, each holding one
+  // chunk's worth of sub-groups per stream (16 of 1024 elements in 64 KiB).
+  oo.sub_group_numel = 1024;  // 4 KiB per stream
   oo.pinned_budget_bytes = 1ull << 30;
   auto many = create(store, oo, "many/");
   ASSERT_NE(many, nullptr);
+  EXPECT_EQ(many->sub_group_numel(), 1024u);
   EXPECT_EQ(many->num_buffers(), 64);
-  EXPECT_EQ(many->pinned_bytes(), 64 * adam_slot_bytes(1024));
+  EXPECT_EQ(many->pinned_bytes(), 64 * adam_slot_bytes(kChunkNumel));
   // Without a budget: 4 slots.
   oo.pinned_budget_bytes = 0;
   auto four = create(store, oo, "four/");
   ASSERT_NE(four, nullptr);
   EXPECT_EQ(four->num_buffers(), 4);
-  EXPECT_EQ(four->pinned_bytes(), 4 * adam_slot_bytes(1024));
+  EXPECT_EQ(four->pinned_bytes(), 4 * adam_slot_bytes(kChunkNumel));
+  // A budget of 4 slots of 2 sub-groups: the slots hold 2.
+  oo.pinned_budget_bytes = 4 * adam_slot_bytes(2048) + 4096;
+  auto two = create(store, oo, "two/");
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->num_buffers(), 4);
+  EXPECT_EQ(two->pinned_bytes(), 4 * adam_slot_bytes(2048));
   // The auto sub-group shrinks to 4 slots of the budget, then 4 slots it is: 4 x 3 streams
   // within 96 KiB -> 8 KiB per stream (as with num_buffers 4).
   OffloadOptions fit;
@@ -114,6 +122,72 @@ TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
     // Batches: 100003 -> 34 items of <= 3000 (pages of 3072 elements per slot), 49152 ->
     // 17, the last (384) sharing its slot with the 777 of the third tensor.
     EXPECT_EQ(st->sub_groups, 51u);
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      Status rs;
+      auto got = dump(*opt, handles[t], &rs);
+      OFFLOAD_ASSERT_OK(rs);
+      ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " at step " << s;
+      for (size_t k = 0; k < ref[t].states.size(); ++k) {
+        ASSERT_TRUE(bit_equal(got[1 + k], ref[t].states[k]))
+            << "state " << k << " of t" << t << " at step " << s;
+      }
+    }
+  }
+}
+
+// Sub-groups of a quarter chunk under auto buffers: a slot holds a chunk of them per stream,
+// and the consecutive sub-groups of a tensor in one batch are read and written as one
+// range, so whole chunks are written (no read-modify-write: the step reads exactly the
+// master and the states, 12 bytes per element, and writes as many). The masters and states
+// after 3 steps are the in-memory reference's, bit for bit, with tensors that split across
+// batches inside a chunk too.
+TEST(OffloadAutoBuffers, SubGroupsSmallerThanAChunkShareASlot) {
+  TempDir dir;
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  OffloadOptions oo;
+  oo.num_buffers = 0;
+  oo.sub_group_numel = kChunkNumel / 4;  // 16 KiB per stream, a quarter chunk
+  oo.pinned_budget_bytes = 64ull << 20;
+  auto opt = create(store, oo, "optim/");
+  ASSERT_NE(opt, nullptr);
+  EXPECT_EQ(opt->num_buffers(), 64);
+  EXPECT_EQ(opt->pinned_bytes(), 64 * adam_slot_bytes(kChunkNumel));
+  const Hyperparams hp = {{"lr", 1e-2}};
+  auto rule = must(adam_factory()(hp));
+  // One tensor of 16 chunks first (its batches are whole chunks), then tensors whose
+  // batches start and end inside chunks.
+  const std::vector<uint64_t> sizes = {16 * kChunkNumel, 100003, 3 * kChunkNumel, 777};
+  std::vector<RefTensor> ref;
+  std::vector<ParamHandle> handles;
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    auto init = values(t, sizes[t]);
+    ref.emplace_back(*rule, init);
+    handles.push_back(must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0,
+                                          Placement::kNvme)));
+  }
+  for (int s = 1; s <= 3; ++s) {
+    std::vector<std::vector<float>> grads;
+    // The first step updates the first tensor alone: whole chunks, so the disk moves its
+    // bytes and no more.
+    for (uint32_t t = 0; t < (s == 1 ? 1 : sizes.size()); ++t) {
+      grads.push_back(grad_for(t, s, sizes[t]));
+      OFFLOAD_ASSERT_OK(opt->set_grad(handles[t], grads.back().data(), DType::kFloat32));
+      OFFLOAD_ASSERT_OK(ref[t].step(*rule, grads.back().data()));
+    }
+    store->reset_stats();
+    auto st = opt->step();
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    if (s == 1) {
+      // 16 chunks in batches of one chunk per stream.
+      EXPECT_EQ(st->sub_groups, 16u);
+      const StoreStats ss = store->stats();
+      EXPECT_EQ(ss.nvme.read_bytes, 12 * sizes[0]);
+      EXPECT_EQ(ss.nvme.write_bytes, 12 * sizes[0]);
+      continue;
+    }
+    // Items of at most 4096 elements (4096 in the slot), 64 + 25 + 12 + 1 = 102 of them,
+    // 4 to a slot of 16384: 26 batches.
+    EXPECT_EQ(st->sub_groups, 26u);
     for (uint32_t t = 0; t < sizes.size(); ++t) {
       Status rs;
       auto got = dump(*opt, handles[t], &rs);
