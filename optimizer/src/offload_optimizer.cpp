@@ -26,10 +26,12 @@ constexpr int kMaxBuffers = 16;
 constexpr uint64_t kAutoMinBuffers = 4;
 constexpr uint64_t kAutoMaxBuffers = 64;
 // num_buffers 0 (auto): a slot holds several sub-groups when they are smaller than the
-// objects' chunk or than min(the store's chunk, this many bytes) per stream (fp32 states,
-// page-multiple sub-groups). The consecutive sub-groups of a tensor in one batch are read
-// and written with one request per stream (run_pipeline), so a small sub-group neither
-// writes parts of chunks (read-modify-write, one after another) nor multiplies requests.
+// objects' chunk or than this many bytes per stream (fp32 states, page-multiple
+// sub-groups). The consecutive sub-groups of a tensor in one batch are read and written
+// with one request per stream (run_pipeline), so a small sub-group neither writes parts of
+// chunks (read-modify-write, one after another) nor multiplies requests. 4 MiB: KvikIO's
+// default task size; here the step over 1 MiB chunks ran 0.47 s with 4 MiB requests
+// against 0.51 s with 1 MiB ones (docs/benchmarks.md, the sub-group sweep).
 constexpr uint64_t kAutoSlotStreamBytes = 4ull << 20;
 
 // Slots of `slot_bytes` each under num_buffers 0: as many as `budget` holds, within
@@ -211,7 +213,6 @@ Status OffloadedOptimizer::Impl::setup_resources() {
       sg = fit;
     }
   }
-  const uint64_t store_chunk = chunk_bytes;
   if ((sg * 4) % kAlign == 0 && sg * 4 < chunk_bytes) {
     const uint64_t sgb = sg * 4;
     const uint64_t per_chunk = (kMinStateChunk + sgb - 1) / sgb;  // sub-groups per chunk
@@ -219,10 +220,9 @@ Status OffloadedOptimizer::Impl::setup_resources() {
   }
   // The slot's elements per stream: one sub-group; under auto buffers (fp32 states, a
   // page-multiple sub-group) whole sub-groups up to the larger of the objects' chunk and
-  // min(the store's chunk, kAutoSlotStreamBytes), fewer when kAutoMinBuffers slots of them
-  // would not fit the budget.
+  // kAutoSlotStreamBytes, fewer when kAutoMinBuffers slots of them would not fit the budget.
   uint64_t slot_numel = sg;
-  const uint64_t target = std::max(chunk_bytes, std::min(store_chunk, kAutoSlotStreamBytes));
+  const uint64_t target = std::max(chunk_bytes, kAutoSlotStreamBytes);
   if (auto_buffers && !bf16_states() && (sg * 4) % kAlign == 0 && sg * 4 < target) {
     uint64_t per = (target + sg * 4 - 1) / (sg * 4);
     while (per > 1 && opts.pinned_budget_bytes > 0 &&

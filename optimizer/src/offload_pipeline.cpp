@@ -6,18 +6,27 @@
 // items that fit one slot together (each at a 4 KiB-aligned offset of the slot's streams),
 // so a model of many small tensors costs a few round trips to the disk per step, not one
 // per tensor. Batch j uses slot j % B. The reads of the first B batches (one read_range
-// per item and stream) are issued at once; the reads of batch j >= B are a continuation
-// (Future::then) of the writes of batch j - B, issued the moment they complete and the
-// slot is free, whatever the calling thread is doing. The calling thread waits for the
-// reads of batch i, runs apply_update() on each of its items (the kernel threads; an fp32
-// parameter copy is taken from the slot there), issues the writes of batch i (write_range
-// per item and stream) and moves on. Two items of one tensor whose boundary is not on a
-// store chunk boundary share a chunk; the store forbids concurrent write_range() on one
-// chunk (read-modify-write), so the writes of the second are a continuation of those of
-// the first. (Items of one tensor never share a batch: all but its last fill a slot.)
-// The objects add_param() creates have chunks of whole sub-groups (Impl::chunk_bytes), so
-// that happens only to objects made with other chunks (a store opened with another
-// sub-group size) and to sub-groups smaller than kMinStateChunk.
+// per run and stream, below) are issued at once; the reads of batch j >= B are a
+// continuation (Future::then) of the writes of batch j - B, issued the moment they complete
+// and the slot is free, whatever the calling thread is doing. The calling thread waits for
+// the reads of batch i, runs apply_update() on each of its items (the kernel threads; an
+// fp32 parameter copy is taken from the slot there), issues the writes of batch i
+// (write_range per run and stream) and moves on.
+//
+// Runs: under num_buffers 0 a slot may hold several sub-groups (setup_resources), so the
+// consecutive items of one tensor in a batch (continues_run: next in the tensor and in the
+// slot) form a run, read and written as one range per fp32 stream (bf16 state streams:
+// per item, their regions not being contiguous). A tensor has at most one run per batch;
+// otherwise (a slot of one sub-group) its items never share a batch. Two runs of one
+// tensor in consecutive batches whose boundary is not on a store chunk boundary share a
+// chunk; the store forbids concurrent write_range() on one chunk (read-modify-write), so
+// the writes of the second are a continuation of those of the first. The objects
+// add_param() creates have chunks of whole sub-groups (Impl::chunk_bytes: at least
+// kMinStateChunk where the store's chunk allows), and a slot of several sub-groups holds at
+// least one such chunk, so that
+// happens to objects made with other chunks (a store opened with another sub-group size),
+// to sub-groups smaller than kMinStateChunk in slots of one, and at the ends of a
+// tensor's runs that do not start on a chunk (after another tensor in the slot).
 //
 // Gradients in store objects (set_grad_object): an item of such a tensor also reads its
 // slice of the gradient object (read_range, bytes [begin, begin + count) times the element

@@ -30,36 +30,42 @@ std::unique_ptr<OffloadedOptimizer> create(const std::shared_ptr<Store>& store,
 TEST(OffloadAutoBuffers, SlotsFromThePinnedBudget) {
   TempDir dir;
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
-  // The default sub-group is one chunk (64 KiB / 4 elements): 192 KiB per Adam slot.
+  // The default sub-group is one chunk (64 KiB / 4 elements), below 4 MiB: a slot holds
+  // as many whole sub-groups as 4 slots of the budget hold, then the slots are as many as
+  // the budget holds. 10.5 one-chunk slots of budget (192 KiB each for Adam): 4 slots of 2
+  // chunks fit, 4 of 3 do not -> 5 slots of 2 chunks.
   const uint64_t slot = adam_slot_bytes(kChunkNumel);
   OffloadOptions oo;
   oo.num_buffers = 0;
-  oo.pinned_budget_bytes = 10 * slot + slot / 2;  // holds 10 slots
-  auto ten = create(store, oo, "ten/");
-  ASSERT_NE(ten, nullptr);
-  EXPECT_EQ(ten->sub_group_numel(), kChunkNumel);
-  EXPECT_EQ(ten->num_buffers(), 10);
-  EXPECT_EQ(ten->pinned_bytes(), 10 * slot);
-  EXPECT_EQ(ten->options().num_buffers, 0);  // the options as given
-  // A small sub-group: as many slots as the budget holds, at most 64, each holding one
-  // chunk's worth of sub-groups per stream (16 of 1024 elements in 64 KiB).
-  oo.sub_group_numel = 1024;  // 4 KiB per stream
+  oo.pinned_budget_bytes = 10 * slot + slot / 2;
+  auto five = create(store, oo, "five/");
+  ASSERT_NE(five, nullptr);
+  EXPECT_EQ(five->sub_group_numel(), kChunkNumel);
+  EXPECT_EQ(five->num_buffers(), 5);
+  EXPECT_EQ(five->pinned_bytes(), 5 * 2 * slot);
+  EXPECT_EQ(five->options().num_buffers, 0);  // the options as given
+  // A small sub-group (not a multiple of 1024 elements: a slot of its own): as many slots
+  // as the budget holds, at most 64.
+  oo.sub_group_numel = 1000;  // 4 KiB per stream, 12 KiB per slot
   oo.pinned_budget_bytes = 1ull << 30;
   auto many = create(store, oo, "many/");
   ASSERT_NE(many, nullptr);
-  EXPECT_EQ(many->sub_group_numel(), 1024u);
+  EXPECT_EQ(many->sub_group_numel(), 1000u);
   EXPECT_EQ(many->num_buffers(), 64);
-  EXPECT_EQ(many->pinned_bytes(), 64 * adam_slot_bytes(kChunkNumel));
+  EXPECT_EQ(many->pinned_bytes(), 64 * adam_slot_bytes(1000));
   // Without a budget: 4 slots.
   oo.pinned_budget_bytes = 0;
   auto four = create(store, oo, "four/");
   ASSERT_NE(four, nullptr);
   EXPECT_EQ(four->num_buffers(), 4);
-  EXPECT_EQ(four->pinned_bytes(), 4 * adam_slot_bytes(kChunkNumel));
-  // A budget of 4 slots of 2 sub-groups: the slots hold 2.
+  EXPECT_EQ(four->pinned_bytes(), 4 * adam_slot_bytes(1000));
+  // A multiple of 1024 elements below 4 MiB shares its slot with the sub-groups after it,
+  // as many as 4 slots of the budget hold: here 2 of 1024.
+  oo.sub_group_numel = 1024;
   oo.pinned_budget_bytes = 4 * adam_slot_bytes(2048) + 4096;
   auto two = create(store, oo, "two/");
   ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->sub_group_numel(), 1024u);
   EXPECT_EQ(two->num_buffers(), 4);
   EXPECT_EQ(two->pinned_bytes(), 4 * adam_slot_bytes(2048));
   // The auto sub-group shrinks to 4 slots of the budget, then 4 slots it is: 4 x 3 streams
@@ -135,23 +141,23 @@ TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
   }
 }
 
-// Sub-groups of a quarter chunk under auto buffers: a slot holds a chunk of them per stream,
-// and the consecutive sub-groups of a tensor in one batch are read and written as one
-// range, so whole chunks are written (no read-modify-write: the step reads exactly the
-// master and the states, 12 bytes per element, and writes as many). The masters and states
-// after 3 steps are the in-memory reference's, bit for bit, with tensors that split across
-// batches inside a chunk too.
+// Sub-groups of a quarter chunk under auto buffers: a slot holds a chunk of them per stream
+// (as many as 4 slots of the budget hold), and the consecutive sub-groups of a tensor in
+// one batch are read and written as one range, so whole chunks are written (no
+// read-modify-write: the step reads exactly the master and the states, 12 bytes per
+// element, and writes as many). The masters and states after 3 steps are the in-memory
+// reference's, bit for bit, with tensors that split across batches inside a chunk too.
 TEST(OffloadAutoBuffers, SubGroupsSmallerThanAChunkShareASlot) {
   TempDir dir;
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   OffloadOptions oo;
   oo.num_buffers = 0;
   oo.sub_group_numel = kChunkNumel / 4;  // 16 KiB per stream, a quarter chunk
-  oo.pinned_budget_bytes = 64ull << 20;
+  oo.pinned_budget_bytes = 4 * adam_slot_bytes(kChunkNumel);  // 4 slots of a chunk
   auto opt = create(store, oo, "optim/");
   ASSERT_NE(opt, nullptr);
-  EXPECT_EQ(opt->num_buffers(), 64);
-  EXPECT_EQ(opt->pinned_bytes(), 64 * adam_slot_bytes(kChunkNumel));
+  EXPECT_EQ(opt->num_buffers(), 4);
+  EXPECT_EQ(opt->pinned_bytes(), 4 * adam_slot_bytes(kChunkNumel));
   const Hyperparams hp = {{"lr", 1e-2}};
   auto rule = must(adam_factory()(hp));
   // One tensor of 16 chunks first (its batches are whole chunks), then tensors whose
@@ -212,8 +218,10 @@ TEST(OffloadAutoBuffers, TheConfigFilesZeroMeansAuto) {
   std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
   auto opt = create(store, oo, "cfg/");
   ASSERT_NE(opt, nullptr);
-  // 2031616 bytes = 10.33 slots of 192 KiB (one 64 KiB chunk per stream).
-  EXPECT_EQ(opt->num_buffers(), 10);
+  // 2031616 bytes = 10.33 slots of 192 KiB (one 64 KiB chunk per stream): 4 slots of 2
+  // chunks fit, of 3 do not -> 5 slots of 2 chunks (384 KiB).
+  EXPECT_EQ(opt->num_buffers(), 5);
+  EXPECT_EQ(opt->pinned_bytes(), 5 * adam_slot_bytes(2 * kChunkNumel));
 }
 
 }  // namespace

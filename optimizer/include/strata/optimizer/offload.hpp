@@ -76,13 +76,14 @@
 // and at most 2 * T + in-flight between commits.
 //
 // Memory. Pinned memory = one PinnedPool of num_buffers slots, each holding one sub-group
-// of the master and every state stream: num_buffers * (1 + num_states) *
-// align_up(sub_group_numel * 4, 4 KiB) bytes, allocated once at create()/open() and within
-// pinned_budget_bytes; the first set_grad_object() adds one gradient region per slot
-// (num_buffers * align_up(sub_group_numel * 4, 4 KiB) bytes more, outside
-// pinned_budget_bytes), where gradients attached as store objects are read. No step allocates memory proportional
-// to a tensor's size, so RSS stays flat across steps (host-tier tensors and the caller's
-// in-memory gradients aside; a gradient in a store object takes no DRAM of its size).
+// (under num_buffers 0 possibly several: see there) of the master and every state stream:
+// num_buffers * (1 + num_states) * align_up(sub_group_numel * 4, 4 KiB) bytes, allocated
+// once at create()/open() and within pinned_budget_bytes; the first set_grad_object() adds
+// one gradient region per slot (num_buffers * align_up(sub_group_numel * 4, 4 KiB) bytes
+// more, outside pinned_budget_bytes), where gradients attached as store objects are read.
+// No step allocates memory proportional to a tensor's size, so RSS stays flat across steps
+// (host-tier tensors and the caller's in-memory gradients aside; a gradient in a store
+// object takes no DRAM of its size).
 //
 // Example:
 //   STRATA_ASSIGN_OR_RETURN(auto store, Store::open({.path = "/nvme/run1"}));
@@ -178,7 +179,12 @@ struct OffloadOptions {
   /// 0 = auto: the sub-group is sized as for 4 slots, then the slots are as many as
   /// pinned_budget_bytes holds, 4..64 (4 without a budget), so that a small sub-group
   /// still keeps as many bytes in flight as the budget allows (num_buffers() says how
-  /// many). Default 4.
+  /// many). Under auto, with fp32 states, a sub-group smaller than the state objects' chunk
+  /// or than 4 MiB per stream (and a multiple of 1024 elements) shares its slot with the
+  /// sub-groups after it (whole ones, up to that size, as many as 4 slots of the budget
+  /// hold): the consecutive sub-groups of a tensor in one slot are read and written as one
+  /// range per stream, so a small sub-group writes whole chunks (no read-modify-write) and
+  /// does not multiply the store's requests; each is still updated on its own. Default 4.
   int num_buffers = 4;
   /// Upper bound of the pinned memory of the pipeline, bytes. 0 = exactly what the slots
   /// need: num_buffers * (1 + num_states) * align_up(sub_group_numel * 4, 4 KiB) (the
@@ -308,8 +314,8 @@ struct StepStats {
   /// from store objects (set_grad_object; numel * element size per tensor).
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;     ///< NVMe bytes written by the pipeline
-  /// Pipeline sub-groups (batches of one pinned slot: at most sub_group_numel elements
-  /// per stream) read, updated and written back.
+  /// Pipeline batches (one pinned slot each: at most sub_group_numel elements per stream,
+  /// or under num_buffers 0 the slot's several sub-groups) read, updated and written back.
   uint32_t sub_groups = 0;
   double seconds = 0.0;           ///< wall time of the step
   double compute_seconds = 0.0;   ///< time inside apply_update()
