@@ -5,7 +5,8 @@ Runs ``strata bench step --params P --chunk-size C --sub-group N --buffers 0 --h
 --steps K --json`` for N = each of --chunks (multiples of the store chunk C / 4 elements;
 default 1/4 to 16 chunks), --rounds times. The sizes run ascending in odd rounds and
 descending in even ones, so a drift of the machine's speed over the run does not favour
-one end. ``--buffers 0`` gives each size as many pinned slots as the budget holds (4..64).
+one end. ``--buffers 0`` gives each size as many pinned slots as the budget holds (4..64),
+a sub-group below 4 MiB sharing its slot with the next ones of its tensor.
 
 Per size (seconds, medians): ``median_of_run_medians_s`` (each run's figure is the median
 of its K steps, as ``strata bench step`` reports it), ``median_of_all_steps_s`` (all K x

@@ -30,8 +30,8 @@ constexpr uint64_t kAutoMaxBuffers = 64;
 // sub-groups). The consecutive sub-groups of a tensor in one batch are read and written
 // with one request per stream (run_pipeline), so a small sub-group neither writes parts of
 // chunks (read-modify-write, one after another) nor multiplies requests. 4 MiB: KvikIO's
-// default task size; here the step over 1 MiB chunks ran 0.47 s with 4 MiB requests
-// against 0.51 s with 1 MiB ones (docs/benchmarks.md, the sub-group sweep).
+// default task size; in one sweep over 1 MiB chunks the step with 4 MiB requests took 0.90
+// of the one with 1 MiB ones (docs/benchmarks.md, the sub-group sweep's `earlier`).
 constexpr uint64_t kAutoSlotStreamBytes = 4ull << 20;
 
 // Slots of `slot_bytes` each under num_buffers 0: as many as `budget` holds, within

@@ -23,10 +23,10 @@
 // the writes of the second are a continuation of those of the first. The objects
 // add_param() creates have chunks of whole sub-groups (Impl::chunk_bytes: at least
 // kMinStateChunk where the store's chunk allows), and a slot of several sub-groups holds at
-// least one such chunk, so that
-// happens to objects made with other chunks (a store opened with another sub-group size),
-// to sub-groups smaller than kMinStateChunk in slots of one, and at the ends of a
-// tensor's runs that do not start on a chunk (after another tensor in the slot).
+// least one such chunk, so that happens to objects made with other chunks (a store opened
+// with another sub-group size), to sub-groups smaller than kMinStateChunk in slots of one,
+// and at the ends of a tensor's runs that do not start on a chunk (after another tensor in
+// the slot).
 //
 // Gradients in store objects (set_grad_object): an item of such a tensor also reads its
 // slice of the gradient object (read_range, bytes [begin, begin + count) times the element
