@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "../common/store_options.hpp"
 #include "../common/temp_dir.hpp"
 #include "strata/optimizer/offload.hpp"
@@ -107,6 +109,24 @@ inline std::vector<std::vector<float>> dump(OffloadedOptimizer& opt, ParamHandle
   }
   if (status) *status = st;
   return out;
+}
+
+/// Whether the master and every state of `h` in `opt` equal `ref`'s, bit for bit; the
+/// failure names the stream, the tensor (`t`) and the step (`step`).
+inline ::testing::AssertionResult matches_reference(OffloadedOptimizer& opt, ParamHandle h,
+                                                    const RefTensor& ref, uint32_t t, int64_t step) {
+  Status rs;
+  auto got = dump(opt, h, &rs);
+  if (!rs.ok()) return ::testing::AssertionFailure() << "reading t" << t << ": " << rs.to_string();
+  if (!bit_equal(got[0], ref.param)) {
+    return ::testing::AssertionFailure() << "master of t" << t << " at step " << step;
+  }
+  for (size_t k = 0; k < ref.states.size(); ++k) {
+    if (!bit_equal(got[1 + k], ref.states[k])) {
+      return ::testing::AssertionFailure() << "state " << k << " of t" << t << " at step " << step;
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace strata::optimizer::offload_test

@@ -16,6 +16,19 @@ using namespace offload_test;
 
 RuleFactory adam_factory() { return *builtin_rule_factory("adam"); }
 
+// Adds NVMe tensors "t0", "t1", ... of `sizes` elements (initial values(t, n)) to `opt`,
+// and their in-memory references.
+void add_tensors(OffloadedOptimizer& opt, const UpdateRule& rule,
+                 const std::vector<uint64_t>& sizes, std::vector<RefTensor>& ref,
+                 std::vector<ParamHandle>& handles) {
+  for (uint32_t t = 0; t < sizes.size(); ++t) {
+    auto init = values(t, sizes[t]);
+    ref.emplace_back(rule, init);
+    handles.push_back(
+        must(opt.add_param("t" + std::to_string(t), sizes[t], init.data(), 0, Placement::kNvme)));
+  }
+}
+
 // Bytes of one slot of Adam (master + 2 states) for a sub-group of `sg` elements.
 uint64_t adam_slot_bytes(uint64_t sg) { return 3 * ((sg * 4 + 4095) / 4096 * 4096); }
 
@@ -110,12 +123,7 @@ TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
   auto rule = must(adam_factory()(hp));
   std::vector<RefTensor> ref;
   std::vector<ParamHandle> handles;
-  for (uint32_t t = 0; t < sizes.size(); ++t) {
-    auto init = values(t, sizes[t]);
-    ref.emplace_back(*rule, init);
-    handles.push_back(must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0,
-                                          Placement::kNvme)));
-  }
+  add_tensors(*opt, *rule, sizes, ref, handles);
   for (int s = 1; s <= 3; ++s) {
     std::vector<std::vector<float>> grads;
     for (uint32_t t = 0; t < sizes.size(); ++t) {
@@ -129,14 +137,7 @@ TEST(OffloadAutoBuffers, ManySlotsMatchTheReference) {
     // 17, the last (384) sharing its slot with the 777 of the third tensor.
     EXPECT_EQ(st->sub_groups, 51u);
     for (uint32_t t = 0; t < sizes.size(); ++t) {
-      Status rs;
-      auto got = dump(*opt, handles[t], &rs);
-      OFFLOAD_ASSERT_OK(rs);
-      ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " at step " << s;
-      for (size_t k = 0; k < ref[t].states.size(); ++k) {
-        ASSERT_TRUE(bit_equal(got[1 + k], ref[t].states[k]))
-            << "state " << k << " of t" << t << " at step " << s;
-      }
+      ASSERT_TRUE(matches_reference(*opt, handles[t], ref[t], t, s));
     }
   }
 }
@@ -165,12 +166,7 @@ TEST(OffloadAutoBuffers, SubGroupsSmallerThanAChunkShareASlot) {
   const std::vector<uint64_t> sizes = {16 * kChunkNumel, 100003, 3 * kChunkNumel, 777};
   std::vector<RefTensor> ref;
   std::vector<ParamHandle> handles;
-  for (uint32_t t = 0; t < sizes.size(); ++t) {
-    auto init = values(t, sizes[t]);
-    ref.emplace_back(*rule, init);
-    handles.push_back(must(opt->add_param("t" + std::to_string(t), sizes[t], init.data(), 0,
-                                          Placement::kNvme)));
-  }
+  add_tensors(*opt, *rule, sizes, ref, handles);
   for (int s = 1; s <= 3; ++s) {
     std::vector<std::vector<float>> grads;
     // The first step updates the first tensor alone: whole chunks, so the disk moves its
@@ -195,14 +191,7 @@ TEST(OffloadAutoBuffers, SubGroupsSmallerThanAChunkShareASlot) {
     // 4 to a slot of 16384: 26 batches.
     EXPECT_EQ(st->sub_groups, 26u);
     for (uint32_t t = 0; t < sizes.size(); ++t) {
-      Status rs;
-      auto got = dump(*opt, handles[t], &rs);
-      OFFLOAD_ASSERT_OK(rs);
-      ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " at step " << s;
-      for (size_t k = 0; k < ref[t].states.size(); ++k) {
-        ASSERT_TRUE(bit_equal(got[1 + k], ref[t].states[k]))
-            << "state " << k << " of t" << t << " at step " << s;
-      }
+      ASSERT_TRUE(matches_reference(*opt, handles[t], ref[t], t, s));
     }
   }
 }

@@ -69,14 +69,7 @@ void expect_parity(Run& run, const RuleFactory& factory, const Hyperparams& hp, 
     EXPECT_FALSE(st->skipped);
     EXPECT_EQ(st->tensors_updated, kSizes.size());
     for (uint32_t t = 0; t < kSizes.size(); ++t) {
-      Status rs;
-      auto got = dump(*run.opt, run.handles[t], &rs);
-      OFFLOAD_ASSERT_OK(rs);
-      ASSERT_TRUE(bit_equal(got[0], ref[t].param)) << "master of t" << t << " at step " << s;
-      for (size_t k = 0; k < ref[t].states.size(); ++k) {
-        ASSERT_TRUE(bit_equal(got[1 + k], ref[t].states[k]))
-            << "state " << k << " of t" << t << " at step " << s;
-      }
+      ASSERT_TRUE(matches_reference(*run.opt, run.handles[t], ref[t], t, s));
       EXPECT_EQ(*run.opt->step_count(run.handles[t]), s);
     }
   }
