@@ -16,7 +16,8 @@ other). ``max_ratio`` is the largest ``ratio_to_one_chunk``; ``within_10_percent
 whether every size is within 10% of the one-chunk step (issue 25's goal). Each run's JSON
 is kept in ``results`` with its round and the 1-minute load average before it.
 
-    /usr/bin/python3 bench/optimizer/step_subgroup_sweep.py --strata build/strata \\
+    PYTHONPATH=build/python /usr/bin/python3 bench/optimizer/step_subgroup_sweep.py \\
+        --strata build/strata \\
         --path /var/tmp/sweep --rounds 6 --json > docs/data/step_subgroup_sweep.json
 
 Needs --path on the disk to measure (each size keeps its own store under it; removed at
@@ -32,14 +33,7 @@ import subprocess
 import sys
 from fractions import Fraction
 
-
-def parse_size(text):
-    """Bytes of '4MiB', '64KiB', '1GiB' or a plain integer."""
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for u, m in units.items():
-        if text.endswith(u):
-            return int(text[: -len(u)]) * m
-    return int(text)
+import strata
 
 
 def run_one(args, sub_group, path):
@@ -88,7 +82,7 @@ def main():
     chunks = [Fraction(c) for c in args.chunks.split(",")]
     if Fraction(1) not in chunks:
         ap.error("--chunks must include 1 (the reference size)")
-    chunk_numel = parse_size(args.chunk_size) // 4
+    chunk_numel = strata.parse_size(args.chunk_size) // 4
     sizes = {}
     for c in chunks:
         n = c * chunk_numel
@@ -115,7 +109,7 @@ def main():
     max_ratio = max(s["ratio_to_one_chunk"] for s in summary)
     doc = {
         "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
-        "params": args.params, "chunk_bytes": parse_size(args.chunk_size),
+        "params": args.params, "chunk_bytes": strata.parse_size(args.chunk_size),
         "rounds": args.rounds, "steps": args.steps,
         "summary": summary, "max_ratio": max_ratio, "within_10_percent": max_ratio <= 1.10,
         "results": results,

@@ -224,10 +224,9 @@ Status OffloadedOptimizer::Impl::setup_resources() {
   uint64_t slot_numel = sg;
   const uint64_t target = std::max(chunk_bytes, kAutoSlotStreamBytes);
   if (auto_buffers && !bf16_states() && (sg * 4) % kAlign == 0 && sg * 4 < target) {
-    uint64_t per = (target + sg * 4 - 1) / (sg * 4);
-    while (per > 1 && opts.pinned_budget_bytes > 0 &&
-           B * slot_bytes(per * sg) > opts.pinned_budget_bytes) {
-      --per;
+    uint64_t per = (target + sg * 4 - 1) / (sg * 4);  // slot_bytes(per * sg) = per * S * sg * 4
+    if (opts.pinned_budget_bytes > 0) {
+      per = std::clamp<uint64_t>(opts.pinned_budget_bytes / (B * S * sg * 4), 1, per);
     }
     slot_numel = per * sg;
   }

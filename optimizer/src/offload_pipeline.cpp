@@ -168,41 +168,34 @@ Status OffloadedOptimizer::Impl::run_pipeline(const std::vector<Item>& items,
       const Item& first = items[k];
       const Tensor& t = tensors[first.t];
       const uint64_t run_count = items[e - 1].begin + items[e - 1].count - first.begin;
+      // f(begin, count, slot_off) once over the run for 4-byte elements, else once per item
+      // (2-byte elements sit at the start of each item's region: not contiguous).
+      auto requests = [&](uint64_t es, auto&& f) {
+        if (es == 4) return f(first.begin, run_count, first.slot_off);
+        for (size_t q = k; q < e; ++q) f(items[q].begin, items[q].count, items[q].slot_off);
+      };
       for (int s = 0; s < S; ++s) {
-        float* buf = slot_stream(j % B, s) + first.slot_off;
         if (!write && s == 0 && first.master != nullptr) {  // the master is in memory already
-          std::memcpy(buf, first.master + first.begin, run_count * 4);
+          std::memcpy(slot_stream(j % B, s) + first.slot_off, first.master + first.begin,
+                      run_count * 4);
           continue;
         }
+        // bf16 states: written from the region's start (narrowed there after the update),
+        // read to its upper part (bf16_read_offset) and widened from there before it.
         const uint64_t es = elem_bytes(s);
-        if (es == 4) {
-          char* io = reinterpret_cast<char*>(buf);
-          fs.push_back(write ? store->write_range_async(t.keys[s], first.begin * 4, run_count * 4, io)
-                             : store->read_range_async(t.keys[s], first.begin * 4, run_count * 4, io));
-          continue;
-        }
-        // bf16 states, per sub-group: written from the region's start (narrowed there after
-        // the update), read to its upper part (bf16_read_offset) and widened from there.
-        for (size_t q = k; q < e; ++q) {
-          const Item& it = items[q];
-          char* io = reinterpret_cast<char*>(slot_stream(j % B, s) + it.slot_off);
-          if (!write) io += bf16_read_offset(it.count);
-          fs.push_back(write ? store->write_range_async(t.keys[s], it.begin * es, it.count * es, io)
-                             : store->read_range_async(t.keys[s], it.begin * es, it.count * es, io));
-        }
+        requests(es, [&](uint64_t begin, uint64_t count, uint64_t slot_off) {
+          char* io = reinterpret_cast<char*>(slot_stream(j % B, s) + slot_off);
+          if (!write && es == 2) io += bf16_read_offset(count);
+          fs.push_back(write ? store->write_range_async(t.keys[s], begin * es, count * es, io)
+                             : store->read_range_async(t.keys[s], begin * es, count * es, io));
+        });
       }
       if (!write && first.grad_object) {  // the gradient's slice, into the gradient region
         const uint64_t es = dtype_size(first.grad_type);
-        if (es == 4) {  // fp32: the run's in one request
-          fs.push_back(store->read_range_async(t.grad_key, first.begin * 4, run_count * 4,
-                                               slot_grad(j % B) + first.slot_off * 4));
-        } else {
-          for (size_t q = k; q < e; ++q) {
-            const Item& it = items[q];
-            fs.push_back(store->read_range_async(t.grad_key, it.begin * es, it.count * es,
-                                                 slot_grad(j % B) + it.slot_off * 4));
-          }
-        }
+        requests(es, [&](uint64_t begin, uint64_t count, uint64_t slot_off) {
+          fs.push_back(store->read_range_async(t.grad_key, begin * es, count * es,
+                                               slot_grad(j % B) + slot_off * 4));
+        });
       }
       k = e;
     }
