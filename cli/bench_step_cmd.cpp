@@ -19,7 +19,7 @@
 //
 // Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32; 8 B/param with bf16
 // m and v), spread over the --path directories, and the I/O probe file 2 x region (region =
-// min(state bytes rounded up to the chunk size, 2 GiB)); the run is refused (ResourceExhausted, naming the path, the
+// the state bytes rounded up to the chunk size); the run is refused (ResourceExhausted, naming the path, the
 // bytes needed and available) when a file system has less room, before anything is written.
 #include <sys/resource.h>
 
@@ -59,6 +59,7 @@ struct BenchStepArgs {
   uint64_t sub_group = 0;
   int buffers = 4;  // 0: as many as the pinned budget holds (OffloadOptions::num_buffers)
   int steps = 3;
+  uint32_t warmup_steps = 2;  // untimed steps first: the store's copy-on-write reaches steady state
   std::string chunk_size = "64MiB";
   uint64_t tensor_numel = 1ull << 26;
   int threads = 0;
@@ -77,9 +78,11 @@ uint64_t peak_rss_bytes() {
 
 // Reads `read_bytes` and writes `write_bytes` concurrently through `engine` over `file`,
 // in requests of `req` bytes from `pool`, keeping up to `depth` reads and `depth` writes in
-// flight. Reads cycle over [0, region), writes over [region, 2 * region).
+// flight. Reads cycle over [read_base, read_base + region), writes over [write_base,
+// write_base + region).
 Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, uint64_t req,
-                        int depth, uint64_t region, uint64_t read_bytes, uint64_t write_bytes) {
+                        int depth, uint64_t region, uint64_t read_base, uint64_t write_base,
+                        uint64_t read_bytes, uint64_t write_bytes) {
   std::vector<PinnedBuffer> bufs;
   for (int i = 0; i < 2 * depth; ++i) {
     STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, pool.allocate(req));
@@ -96,13 +99,13 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
     wq[i] = {};
     if (r_done < read_bytes) {
       const uint64_t n = std::min(req, read_bytes - r_done);
-      rq[i] = file.read_async(bufs[2 * i].data(), n, r_off);
+      rq[i] = file.read_async(bufs[2 * i].data(), n, read_base + r_off);
       r_off = (r_off + req) % region;
       r_done += n;
     }
     if (w_done < write_bytes) {
       const uint64_t n = std::min(req, write_bytes - w_done);
-      wq[i] = file.write_async(bufs[2 * i + 1].data(), n, region + w_off);
+      wq[i] = file.write_async(bufs[2 * i + 1].data(), n, write_base + w_off);
       w_off = (w_off + req) % region;
       w_done += n;
     }
@@ -121,7 +124,9 @@ nlohmann::json occupancy_json(const IoOccupancy& o) {
   return {{"idle", o.idle_seconds},
           {"reads_only", o.reads_only_seconds},
           {"writes_only", o.writes_only_seconds},
-          {"reads_and_writes", o.reads_and_writes_seconds}};
+          {"reads_and_writes", o.reads_and_writes_seconds},
+          {"read_piece_seconds", o.read_piece_seconds},
+          {"write_piece_seconds", o.write_piece_seconds}};
 }
 
 int run_bench_step(const BenchStepArgs& a) {
@@ -163,9 +168,16 @@ int run_bench_step(const BenchStepArgs& a) {
   }
   if (Status st = check_nonempty_paths(a.paths, "--path"); !st.ok()) return report_error(st);
   if (Status st = check_distinct_dirs(a.paths, "--path"); !st.ok()) return report_error(st);
-  // The I/O probe's file: a read region and a write region of `region` bytes each.
-  const uint64_t region =
-      std::min<uint64_t>(align_up(std::min<uint64_t>(bytes_per_step, 2ull << 30), chunk), 2ull << 30);
+  // The I/O probe's file: two regions of the step's own state bytes (rounded up to the
+  // chunk); each probe run reads the region the run before wrote and writes the other, as
+  // each step reads what the step before wrote. A region smaller than the state would be
+  // re-read within a run and served from a cache the step's bytes do not fit (measured on a
+  // virtio disk: 2 GiB regions read at 5.6-10 GB/s where the step's 6 GB read at 4.2).
+  // In 128 bits: near 2^64 state bytes the probe's need saturates (and is refused by the
+  // free-space check below) instead of wrapping.
+  using u128 = unsigned __int128;
+  const u128 region_wide = (u128{bytes_per_step} + chunk - 1) / chunk * chunk;
+  const uint64_t region = region_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(region_wide);
   // DRAM: the store keeps only the small checkpoint record in its host tier and streams
   // unaligned pieces through its staging buffers; the rest of the budget is the pipeline's.
   const uint64_t store_host = 8ull << 20, store_staging = 32ull << 20;
@@ -186,9 +198,10 @@ int run_bench_step(const BenchStepArgs& a) {
       std::filesystem::remove_all(d, ec);
     }
     const uint64_t ndirs = a.paths.size();
-    const uint64_t total = bytes_per_step + 2 * region;
+    const u128 total = u128{bytes_per_step} + 2 * region_wide;
+    const u128 per_dir_wide = total / ndirs + (total % ndirs ? 1 : 0) + chunk;
     const uint64_t per_dir =
-        total < bytes_per_step ? UINT64_MAX : total / ndirs + (total % ndirs ? 1 : 0) + chunk;
+        per_dir_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(per_dir_wide);
     std::vector<DiskNeed> needs;
     for (size_t i = 0; i < ndirs; ++i) {
       needs.push_back({"--path #" + std::to_string(i + 1), a.paths[i], per_dir});
@@ -266,6 +279,7 @@ int run_bench_step(const BenchStepArgs& a) {
   if (!pool_r.ok()) return report_error(pool_r.status());
   auto& pool = **pool_r;
   std::vector<double> io_runs, compute_runs;
+  std::vector<double> io_cpu_runs, step_cpu_runs;  // process CPU seconds, all threads
   IoOccupancy probe_device, step_device;  // the last I/O probe's and the last step's
   auto io_once = [&]() -> Status {
     {  // I/O: fill the read region once (untimed), then the timed mix.
@@ -282,9 +296,13 @@ int run_bench_step(const BenchStepArgs& a) {
       }
       if (progress) std::fprintf(stderr, "\rio probe ...");
       const IoOccupancy before = engine->occupancy();
-      STRATA_ASSIGN_OR_RETURN(double io, io_probe(*engine, *file, *ppool, req, depth, region,
-                                                  bytes_per_step, bytes_per_step));
+      const double cpu0 = process_cpu_seconds();
+      const uint64_t read_base = io_runs.size() % 2 == 0 ? 0 : region;
+      STRATA_ASSIGN_OR_RETURN(double io,
+                              io_probe(*engine, *file, *ppool, req, depth, region, read_base,
+                                       region - read_base, bytes_per_step, bytes_per_step));
       probe_device = engine->occupancy() - before;
+      io_cpu_runs.push_back(process_cpu_seconds() - cpu0);
       io_runs.push_back(io);
     }
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
@@ -313,13 +331,29 @@ int run_bench_step(const BenchStepArgs& a) {
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
     return Status::OK();
   };
+  // Warm-up: write_range is copy-on-write per chunk (store.hpp), so the first two steps
+  // write space no step has written before (ext4 converts unwritten extents as writes
+  // complete) and from the third on a step writes the extents whose versions the step before
+  // replaced: a training run's steady state. The warm-up steps are timed on their own and
+  // reported, not in the medians.
+  std::vector<double> warmup_runs;
+  for (uint32_t s = 0; s < a.warmup_steps; ++s) {
+    auto r = optimizer->step();
+    if (!r.ok()) return report_error(r.status());
+    warmup_runs.push_back(r->seconds);
+    if (progress) {
+      std::fprintf(stderr, "warm-up step %u/%u: %.2f s\n", s + 1, a.warmup_steps, r->seconds);
+    }
+  }
   std::vector<double> step_runs;
   opt::StepStats last;
   // Alternate: I/O alone, the step, compute alone — machine noise hits all three alike.
   for (int s = 0; s < a.steps; ++s) {
     if (Status st = io_once(); !st.ok()) return report_error(st);
     const IoOccupancy before = engine->occupancy();
+    const double cpu0 = process_cpu_seconds();
     auto r = optimizer->step();
+    step_cpu_runs.push_back(process_cpu_seconds() - cpu0);
     step_device = engine->occupancy() - before;
     if (!r.ok()) return report_error(r.status());
     last = *r;
@@ -342,7 +376,7 @@ int run_bench_step(const BenchStepArgs& a) {
   if (Status st = optimizer->read_param(0, &w0, 0, 1); !st.ok()) return report_error(st);
   if (!(w0 > 0.0f)) {
     return report_error(internal_error("w0[0] is " + std::to_string(w0) + " after " +
-                                       std::to_string(a.steps) +
+                                       std::to_string(a.steps + static_cast<uint64_t>(a.warmup_steps)) +
                                        " Adam steps with gradient -1e-3; expected > 0"));
   }
 
@@ -373,12 +407,16 @@ int run_bench_step(const BenchStepArgs& a) {
         {"buffers", buffers},
         {"store_workers", so.worker_threads},
         {"steps", a.steps},
+        {"warmup_steps", a.warmup_steps},
+        {"warmup_step_seconds_all", warmup_runs},
         {"step_seconds", step_s},
         {"step_seconds_all", step_runs},
         {"io_seconds", io_s},
         {"io_seconds_all", io_runs},
         {"compute_seconds", compute_s},
         {"compute_seconds_all", compute_runs},
+        {"step_cpu_seconds", median(step_cpu_runs)},
+        {"io_cpu_seconds", median(io_cpu_runs)},
         {"overlap_efficiency", eff},
         {"bytes_read", last.bytes_read},
         {"bytes_written", last.bytes_written},
@@ -401,8 +439,8 @@ int run_bench_step(const BenchStepArgs& a) {
                 "%llu, %d buffers, %u store workers\n",
                 static_cast<unsigned long long>(a.params), static_cast<unsigned long long>(ntensors),
                 a.state_dtype.c_str(), a.paths.size(), static_cast<unsigned long long>(sg), buffers, so.worker_threads);
-    std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write)\n", a.steps, step_s,
-                step_gbps);
+    std::printf("  step (median of %d):  %8.3f s   %6.2f GB/s (read+write), after %u warm-up "
+                "step(s)\n", a.steps, step_s, step_gbps, a.warmup_steps);
     std::printf("  io alone (engine):    %8.3f s   %6.2f GB/s\n", io_s, io_gbps);
     std::printf("  compute alone:        %8.3f s\n", compute_s);
     std::printf("  overlap efficiency:   %8.3f  (max(io, compute) / step)\n", eff);
@@ -429,7 +467,7 @@ void register_bench_step(Registry& r) {
                   run_bench_step);
   add_defaulted(sub, "--params", args->params,
                 "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, plus the I/O "
-                "probe file of up to 4 GiB, checked before the run)");
+                "probe file of twice that, checked before the run)");
   sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
       ->required();
   add_defaulted(sub, "--host-budget", args->host_budget,
@@ -439,6 +477,9 @@ void register_bench_step(Registry& r) {
                 "pipeline buffer slots (1..16; 0 = as many as the host budget holds, 4..64; "
                 "the JSON's buffers says how many)");
   add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)");
+  add_defaulted(sub, "--warmup-steps", args->warmup_steps,
+                "untimed steps before the timed ones (the first two write new space: "
+                "copy-on-write); their times are in the JSON's warmup_step_seconds_all");
   add_defaulted(sub, "--chunk-size", args->chunk_size, "store chunk size");
   add_defaulted(sub, "--tensor-numel", args->tensor_numel,
                 "largest tensor (the model is cut into tensors)");

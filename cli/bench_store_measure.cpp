@@ -25,14 +25,6 @@ namespace {
 /// runs (a store's LOCK exists in its root only, not in its other NVMe directories).
 constexpr const char* kBenchLock = "bench.lock";
 
-/// User + system CPU seconds of the whole process so far (getrusage RUSAGE_SELF).
-double process_cpu_seconds() {
-  rusage ru{};
-  ::getrusage(RUSAGE_SELF, &ru);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
-  return sec(ru.ru_utime) + sec(ru.ru_stime);
-}
-
 }  // namespace
 
 Status check_unlocked(const std::string& dir) {

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -65,6 +67,16 @@ using Clock = std::chrono::steady_clock;
 /// Seconds elapsed since `t0` (steady clock).
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// User + system CPU seconds of the whole process so far, all threads (getrusage
+/// RUSAGE_SELF): around a timed transfer, the CPU it cost (engine and kernel threads
+/// included).
+inline double process_cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
 /// Median of `v` (the mean of the two middle values for an even count; 0 when empty): how

@@ -458,7 +458,10 @@ Result<std::shared_ptr<IoFile>> EngineBase::open(const std::string& path, OpenMo
 void OccupancyTracker::move(Op op, int delta) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lk(mu_);
-  seconds_[state_locked()] += std::chrono::duration<double>(now - last_).count();
+  const double dt = std::chrono::duration<double>(now - last_).count();
+  seconds_[state_locked()] += dt;
+  piece_seconds_[0] += dt * static_cast<double>(reads_);
+  piece_seconds_[1] += dt * static_cast<double>(writes_);
   last_ = now;
   (op == Op::kRead ? reads_ : writes_) += delta;
 }
@@ -467,8 +470,11 @@ IoOccupancy OccupancyTracker::snapshot() const {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lk(mu_);
   double s[4] = {seconds_[0], seconds_[1], seconds_[2], seconds_[3]};
-  s[state_locked()] += std::chrono::duration<double>(now - last_).count();  // the open one
-  return IoOccupancy{s[0], s[1], s[2], s[3]};
+  const double dt = std::chrono::duration<double>(now - last_).count();  // the open interval
+  s[state_locked()] += dt;
+  return IoOccupancy{s[0], s[1], s[2], s[3],
+                     piece_seconds_[0] + dt * static_cast<double>(reads_),
+                     piece_seconds_[1] + dt * static_cast<double>(writes_)};
 }
 
 Future<uint64_t> EngineBase::submit(Op op, const std::shared_ptr<IoFile>& file, char* buf,

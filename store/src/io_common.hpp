@@ -176,6 +176,7 @@ class OccupancyTracker {
   mutable std::mutex mu_;
   std::chrono::steady_clock::time_point last_;  // when the current state began
   double seconds_[4] = {0, 0, 0, 0};            // closed intervals, by state
+  double piece_seconds_[2] = {0, 0};            // closed intervals x pieces: reads, writes
   int64_t reads_ = 0, writes_ = 0;
 };
 

@@ -307,14 +307,24 @@ def test_bench_step_json(disk_dir):
     assert (j["bytes_read_per_param"], j["bytes_written_per_param"]) == (12.0, 12.0)
     # The device's time split (IoEngine::occupancy): the step and the probe each read and
     # wrote, so both had reads and writes in flight; the split of the step covers it.
+    # The mean queue depth (piece-seconds over seconds in flight) is within [1, 32], the
+    # engine's default queue depth (one worker); 1e-9: rounding.
+    times = ["idle", "reads_and_writes", "reads_only", "writes_only"]
     for k in ("last_step_device_seconds", "last_io_probe_device_seconds"):
         d = j[k]
-        assert sorted(d) == ["idle", "reads_and_writes", "reads_only", "writes_only"], k
+        assert sorted(d) == sorted(times + ["read_piece_seconds", "write_piece_seconds"]), k
         assert min(d.values()) >= 0, k
-        assert d["reads_only"] + d["reads_and_writes"] > 0, k
-        assert d["writes_only"] + d["reads_and_writes"] > 0, k
+        for op, only in (("read", "reads_only"), ("write", "writes_only")):
+            busy = d[only] + d["reads_and_writes"]
+            assert busy > 0, (k, op)
+            assert busy * (1 - 1e-9) <= d[op + "_piece_seconds"] <= 32 * busy * (1 + 1e-9), (k, op)
     step = j["last_step_device_seconds"]
-    assert sum(step.values()) >= j["step_seconds_all"][-1]
+    assert sum(step[t] for t in times) >= j["step_seconds_all"][-1]
+    # Two untimed warm-up steps (the default) before the timed ones; the process's CPU time
+    # of a step and of a probe.
+    assert j["warmup_steps"] == 2 and len(j["warmup_step_seconds_all"]) == 2
+    assert min(j["warmup_step_seconds_all"]) > 0
+    assert j["step_cpu_seconds"] > 0 and j["io_cpu_seconds"] > 0
 
 
 def test_bench_step_buffers_auto_fills_the_pinned_budget(disk_dir):
@@ -489,6 +499,7 @@ NEG = "strata: error: InvalidArgument: {} must be a non-negative integer, got '{
     (["bench", "step", "--params=-5", "--path", "{d}"], "--params", "-5"),
     (["bench", "step", "--sub-group", "-1", "--path", "{d}"], "--sub-group", "-1"),
     (["bench", "step", "--tensor-numel", "-3", "--path", "{d}"], "--tensor-numel", "-3"),
+    (["bench", "step", "--warmup-steps", "-1", "--path", "{d}"], "--warmup-steps", "-1"),
     (["bench", "adam", "--numel", "-5"], "--numel", "-5"),
     (["bench", "adam", "--numel", " -5"], "--numel", " -5"),
     (["bench", "io", "--path", "{d}", "--op", "write", "--queue-depth", "-1"], "--queue-depth", "-1"),
@@ -583,10 +594,15 @@ def test_bench_adam_refuses_zero_params_and_more_than_memory():
 def test_bench_step_with_one_param(disk_dir):
     j = run_json("bench", "step", "--params", "1", "--path", disk_dir, "--host-budget", "64MiB",
                  "--steps", "2", "--chunk-size", "1MiB", timeout=30)
-    assert (j["params"], j["tensors"], j["steps"]) == (1, 1, 2)
+    assert (j["params"], j["tensors"], j["steps"], j["warmup_steps"]) == (1, 1, 2, 2)
     assert (j["bytes_read"], j["bytes_written"]) == (12, 12)
-    # w0[0]: gradient -1e-3 at each step; each Adam step adds lr |g| / (|g| + eps).
-    assert j["w0_0"] == pytest.approx(2 * 1e-4 * 1e-3 / (1e-3 + 1e-8), rel=1e-6)
+    # w0[0]: gradient -1e-3 at each step (2 warm-up + 2 timed); each Adam step adds
+    # lr |g| / (|g| + eps).
+    assert j["w0_0"] == pytest.approx(4 * 1e-4 * 1e-3 / (1e-3 + 1e-8), rel=1e-6)
+    j = run_json("bench", "step", "--params", "1", "--path", disk_dir, "--host-budget", "64MiB",
+                 "--steps", "1", "--warmup-steps", "0", "--chunk-size", "1MiB", timeout=30)
+    assert (j["warmup_steps"], j["warmup_step_seconds_all"]) == (0, [])
+    assert j["w0_0"] == pytest.approx(1e-4 * 1e-3 / (1e-3 + 1e-8), rel=1e-6)
     assert os.listdir(disk_dir) == []
 
 
@@ -598,7 +614,9 @@ def _free(path):
 def test_bench_step_and_io_refuse_to_fill_the_disk(disk_dir):
     params = 100000000000000
     p = run("bench", "step", "--params", str(params), "--path", disk_dir, check=False)
-    need = 12 * params + 2 * 2**31 + 64 * 2**20  # state + probe file + one chunk
+    chunk = 64 * 2**20
+    # state + probe file (two regions of the state, rounded up to the chunk) + one chunk
+    need = 12 * params + 2 * (-(-12 * params // chunk) * chunk) + chunk
     m = error_match(
         p,
         rf"strata: error: ResourceExhausted: bench step --params {params} needs {need} bytes "

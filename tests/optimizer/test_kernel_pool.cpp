@@ -54,7 +54,9 @@ TEST(KernelPool, BindsToANumaNodeAndRejectsMissingOnes) {
   EXPECT_GE((*pool)->num_threads(), 1);
   EXPECT_EQ(where.numa_node, first.os_index);
   EXPECT_EQ(where.cpus, first.cpus);
-  if (!first.cpus.empty() && first.cores > 0) EXPECT_EQ((*pool)->num_threads(), first.cores);
+  if (!first.cpus.empty() && first.cores > 0) {
+    EXPECT_EQ((*pool)->num_threads(), first.cores);
+  }
   if (where.bound) {
     // Every worker runs on the node's CPUs.
     std::vector<std::vector<int>> seen((*pool)->num_threads());

@@ -226,7 +226,9 @@ TEST_F(Corruption, FlippedCatalogBytesNeverYieldWrongBytes) {
       EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
       EXPECT_NE(st.message().find("'" + info.key + "'"), std::string::npos) << st.to_string();
       EXPECT_TRUE(reported_by_verify(info.key)) << info.key << " not reported by verify()";
-      if (it == objects_.end()) EXPECT_FALSE(info.damage.empty()) << info.key;
+      if (it == objects_.end()) {
+        EXPECT_FALSE(info.damage.empty()) << info.key;
+      }
     }
     for (auto& [k, bytes] : objects_) {
       if (!s.contains(k)) affected.insert(k);

@@ -173,7 +173,9 @@ TEST(Resources, FlatAcrossAThousandOptimizerSteps) {
     for (uint64_t i = 0; i < k; ++i) {
       auto st = opt.step();
       ASSERT_TRUE(st.ok()) << st.status().to_string();
-      if (i % 100 == 99) ASSERT_TRUE(opt.checkpoint().ok());
+      if (i % 100 == 99) {
+        ASSERT_TRUE(opt.checkpoint().ok());
+      }
     }
   };
   steps(100);

@@ -211,7 +211,7 @@ double occupancy_sum(const IoOccupancy& o) {
 
 // occupancy(): an interval with only writes in flight adds to writes_only (and idle) alone,
 // one with only reads to reads_only alone, and the four times of an interval add up to its
-// length on the steady clock.
+// length on the steady clock; the piece-seconds give a mean depth within [1, queue_depth].
 TEST_P(IoEngineKinds, OccupancySplitsTimeByWhatIsInFlight) {
   auto [e, f] = engine_and_file("occ", 1 << 20, 8);
   ASSERT_TRUE(e && f);
@@ -237,6 +237,13 @@ TEST_P(IoEngineKinds, OccupancySplitsTimeByWhatIsInFlight) {
   EXPECT_GT(r.reads_only_seconds, 0.0);
   EXPECT_GT(r.writes_only_seconds, 0.0);  // the sync
   EXPECT_EQ(r.reads_and_writes_seconds, 0.0);
+  // Piece-seconds: none of the other kind; at least one piece and at most queue_depth (8:
+  // one request, one worker) in flight for every second of the kind (1e-9: rounding).
+  EXPECT_EQ(w.read_piece_seconds, 0.0);
+  EXPECT_GE(w.write_piece_seconds, w.writes_only_seconds * (1 - 1e-9));
+  EXPECT_LE(w.write_piece_seconds, 8 * w.writes_only_seconds * (1 + 1e-9));
+  EXPECT_GE(r.read_piece_seconds, r.reads_only_seconds * (1 - 1e-9));
+  EXPECT_LE(r.read_piece_seconds, 8 * r.reads_only_seconds * (1 + 1e-9));
   const double total = occupancy_sum(s2 - s0);
   EXPECT_GE(total, seconds(t2 - t1));
   EXPECT_LE(total, seconds(t3 - t0));

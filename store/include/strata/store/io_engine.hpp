@@ -87,11 +87,17 @@ struct IoOccupancy {
   double reads_only_seconds = 0;
   double writes_only_seconds = 0;
   double reads_and_writes_seconds = 0;
+  /// The integral over time of the read (write) pieces in flight, in piece-seconds: divided
+  /// by the seconds with reads (writes) in flight, the mean read (write) queue depth.
+  double read_piece_seconds = 0;
+  double write_piece_seconds = 0;
   /// Field by field `*this - before` (the interval between two snapshots).
   IoOccupancy operator-(const IoOccupancy& before) const {
     return {idle_seconds - before.idle_seconds, reads_only_seconds - before.reads_only_seconds,
             writes_only_seconds - before.writes_only_seconds,
-            reads_and_writes_seconds - before.reads_and_writes_seconds};
+            reads_and_writes_seconds - before.reads_and_writes_seconds,
+            read_piece_seconds - before.read_piece_seconds,
+            write_piece_seconds - before.write_piece_seconds};
   }
 };
 
