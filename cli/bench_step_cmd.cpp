@@ -18,8 +18,9 @@
 // is the pinned pipeline buffers plus one tensor's gradient, whatever --params is.
 //
 // Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32; 8 B/param with bf16
-// m and v), spread over the --path directories, and the I/O probe file 2 x region (region =
-// the state bytes rounded up to the chunk size); the run is refused (ResourceExhausted, naming the path, the
+// m and v), three times (copy-on-write: the committed version and two more), spread over
+// the --path directories, and the I/O probe file 2 x region (region = the state bytes
+// rounded up to the chunk size); the run is refused (ResourceExhausted, naming the path, the
 // bytes needed and available) when a file system has less room, before anything is written.
 #include <sys/resource.h>
 
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,7 +61,7 @@ struct BenchStepArgs {
   uint64_t sub_group = 0;
   int buffers = 4;  // 0: as many as the pinned budget holds (OffloadOptions::num_buffers)
   int steps = 3;
-  uint32_t warmup_steps = 2;  // untimed steps first: the store's copy-on-write reaches steady state
+  uint32_t warmup_steps = 2;  // untimed steps first (the first steps write new space)
   std::string chunk_size = "64MiB";
   uint64_t tensor_numel = 1ull << 26;
   int threads = 0;
@@ -171,8 +173,7 @@ int run_bench_step(const BenchStepArgs& a) {
   // The I/O probe's file: two regions of the step's own state bytes (rounded up to the
   // chunk); each probe run reads the region the run before wrote and writes the other, as
   // each step reads what the step before wrote. A region smaller than the state would be
-  // re-read within a run and served from a cache the step's bytes do not fit (measured on a
-  // virtio disk: 2 GiB regions read at 5.6-10 GB/s where the step's 6 GB read at 4.2).
+  // re-read within a run, possibly from a cache the step's bytes do not fit.
   // In 128 bits: near 2^64 state bytes the probe's need saturates (and is refused by the
   // free-space check below) instead of wrapping.
   using u128 = unsigned __int128;
@@ -191,14 +192,16 @@ int run_bench_step(const BenchStepArgs& a) {
   std::vector<std::string> dirs;
   for (const auto& p : a.paths) dirs.push_back(p + "/strata-bench-step");
   {
-    // Free space, after removing what an earlier --keep run left: the state and the probe
-    // file are striped over the directories, at most one chunk more per directory.
+    // Free space, after removing what an earlier --keep run left: the state three times
+    // (write_range is copy-on-write per chunk and nothing is committed between the steps:
+    // the committed version, the last step's and the one being written) and the probe file
+    // (two regions), striped over the directories, at most one chunk more per directory.
     for (const auto& d : dirs) {
       std::error_code ec;
       std::filesystem::remove_all(d, ec);
     }
     const uint64_t ndirs = a.paths.size();
-    const u128 total = u128{bytes_per_step} + 2 * region_wide;
+    const u128 total = 3 * u128{bytes_per_step} + 2 * region_wide;
     const u128 per_dir_wide = total / ndirs + (total % ndirs ? 1 : 0) + chunk;
     const uint64_t per_dir =
         per_dir_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(per_dir_wide);
@@ -240,6 +243,39 @@ int run_bench_step(const BenchStepArgs& a) {
   oo.state_dtype = state_dtype;
   auto factory = *opt::builtin_rule_factory("adam");
   const opt::Hyperparams hp = {{"lr", 1e-4}};
+
+  // The I/O probe's file, over the same directories, both regions written (untimed) before
+  // the store grows its data files: its room is taken first, so the store's growth ahead of
+  // need (at most a quarter of the free space, StoreImpl::ensure_file_size) cannot take it.
+  auto engine = store->engine();
+  auto file_r = StripedFile::open(engine, dirs, "io_probe.dat", OpenMode::kTruncate, chunk);
+  if (!file_r.ok()) return report_error(file_r.status());
+  auto file = *file_r;
+  const int depth = std::max(1, a.buffers != 0 ? a.buffers : 4);
+  const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
+  {
+    if (progress) std::fprintf(stderr, "\rwriting the io probe's file ...");
+    PinnedPoolOptions po;
+    po.budget_bytes = std::min(probe_pool_bytes, pinned_budget);
+    auto fill_pool = PinnedPool::create(po, engine);
+    if (!fill_pool.ok()) return report_error(fill_pool.status());
+    const uint64_t req = std::min<uint64_t>(chunk, (*fill_pool)->budget_bytes() / 4096 * 4096);
+    auto b = (*fill_pool)->allocate(req);
+    if (!b.ok()) return report_error(b.status());
+    std::memset(b->data(), 0, req);
+    std::vector<Future<uint64_t>> fills;  // up to 2 x depth writes of one buffer in flight
+    for (uint64_t off = 0; off < 2 * region; off += req) {
+      if (fills.size() == static_cast<size_t>(2 * depth)) {
+        if (Status st = fills.front().result().status(); !st.ok()) return report_error(st);
+        fills.erase(fills.begin());
+      }
+      fills.push_back(file->write_async(b->data(), std::min(req, 2 * region - off), off));
+    }
+    for (auto& f : fills) {
+      if (Status st = f.result().status(); !st.ok()) return report_error(st);
+    }
+    if (progress) std::fprintf(stderr, "\r%40s\r", "");
+  }
   const auto t_setup = Clock::now();
   auto opt_r = opt::OffloadedOptimizer::create(store, factory, hp, oo);
   if (!opt_r.ok()) return report_error(opt_r.status());
@@ -266,14 +302,8 @@ int run_bench_step(const BenchStepArgs& a) {
   creating.finish();
   const double setup_seconds = seconds_since(t_setup);
 
-  // Limits: the I/O engine alone (probe file over the same directories) and the kernel
-  // alone (sub-group buffers in memory).
-  auto engine = store->engine();
-  auto file_r = StripedFile::open(engine, dirs, "io_probe.dat", OpenMode::kTruncate, chunk);
-  if (!file_r.ok()) return report_error(file_r.status());
-  auto file = *file_r;
-  const int depth = std::max(1, a.buffers != 0 ? a.buffers : 4);
-  const uint64_t probe_pool_bytes = static_cast<uint64_t>(2 * depth) * chunk;
+  // Limits: the I/O engine alone (the probe file, above) and the kernel alone (sub-group
+  // buffers in memory).
   auto rule = factory(hp).value();
   auto pool_r = opt::make_kernel_pool({a.threads, -1});
   if (!pool_r.ok()) return report_error(pool_r.status());
@@ -282,18 +312,11 @@ int run_bench_step(const BenchStepArgs& a) {
   std::vector<double> io_cpu_runs, step_cpu_runs;  // process CPU seconds, all threads
   IoOccupancy probe_device, step_device;  // the last I/O probe's and the last step's
   auto io_once = [&]() -> Status {
-    {  // I/O: fill the read region once (untimed), then the timed mix.
+    {  // I/O: the timed mix over the regions written before the store's tensors.
       PinnedPoolOptions po;
       po.budget_bytes = std::min(probe_pool_bytes, pinned_budget);
       STRATA_ASSIGN_OR_RETURN(auto ppool, PinnedPool::create(po, engine));
       const uint64_t req = std::min<uint64_t>(chunk, ppool->budget_bytes() / (2 * depth) / 4096 * 4096);
-      if (io_runs.empty()) {  // the file's both regions exist before the first timed run
-        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, ppool->allocate(req));
-        for (uint64_t off = 0; off < 2 * region; off += req) {
-          STRATA_RETURN_IF_ERROR(
-              file->write_async(b.data(), std::min(req, 2 * region - off), off).result().status());
-        }
-      }
       if (progress) std::fprintf(stderr, "\rio probe ...");
       const IoOccupancy before = engine->occupancy();
       const double cpu0 = process_cpu_seconds();
@@ -331,11 +354,11 @@ int run_bench_step(const BenchStepArgs& a) {
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
     return Status::OK();
   };
-  // Warm-up: write_range is copy-on-write per chunk (store.hpp), so the first two steps
-  // write space no step has written before (ext4 converts unwritten extents as writes
-  // complete) and from the third on a step writes the extents whose versions the step before
-  // replaced: a training run's steady state. The warm-up steps are timed on their own and
-  // reported, not in the medians.
+  // Warm-up: the first step of a run is its slowest (at 500M here 2.7-3.1 s against 1.9-2.7
+  // s for the later ones): write_range is copy-on-write per chunk (store.hpp), so the first
+  // steps write space never written before (ext4 converts unwritten extents as the writes
+  // complete), where a training run's later steps write extents an earlier step wrote. The
+  // warm-up steps are timed on their own and reported, not in the medians.
   std::vector<double> warmup_runs;
   for (uint32_t s = 0; s < a.warmup_steps; ++s) {
     auto r = optimizer->step();
@@ -466,8 +489,9 @@ void register_bench_step(Registry& r) {
                   "offloaded Adam step with state on NVMe vs. I/O alone and compute alone", args,
                   run_bench_step);
   add_defaulted(sub, "--params", args->params,
-                "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, plus the I/O "
-                "probe file of twice that, checked before the run)");
+                "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, three times "
+                "(copy-on-write), plus the I/O probe file of twice that: 5x the state, "
+                "checked before the run)");
   sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
       ->required();
   add_defaulted(sub, "--host-budget", args->host_budget,
@@ -478,7 +502,7 @@ void register_bench_step(Registry& r) {
                 "the JSON's buffers says how many)");
   add_defaulted(sub, "--steps", args->steps, "timed steps (median reported)");
   add_defaulted(sub, "--warmup-steps", args->warmup_steps,
-                "untimed steps before the timed ones (the first two write new space: "
+                "untimed steps before the timed ones (a run's first steps write new space: "
                 "copy-on-write); their times are in the JSON's warmup_step_seconds_all");
   add_defaulted(sub, "--chunk-size", args->chunk_size, "store chunk size");
   add_defaulted(sub, "--tensor-numel", args->tensor_numel,
