@@ -196,7 +196,9 @@ TEST(PinnedPoolGrowth, VmLckCountsEachLockedSegment) {
     }
     EXPECT_EQ(p->mapped_bytes(), 12 * kMiB);
     EXPECT_EQ(vmlck_kib() - vmlck0, locked / 1024);
-    if (p->locked()) EXPECT_EQ(locked, 12 * kMiB);
+    if (p->locked()) {
+      EXPECT_EQ(locked, 12 * kMiB);
+    }
   }
   EXPECT_EQ(vmlck_kib(), vmlck0);
 }
@@ -308,7 +310,9 @@ TEST(PinnedPoolAllocator, SegmentsComeFromTheAllocatorWithExactSizes) {
       EXPECT_TRUE(s.from_allocator);
       EXPECT_FALSE(s.locked);  // strata does not lock memory it does not own
       EXPECT_EQ(ca.live.count(s.base), 1u);
-      if (engine) EXPECT_TRUE(s.engine_registered);
+      if (engine) {
+        EXPECT_TRUE(s.engine_registered);
+      }
     }
     EXPECT_FALSE(p->locked());
     std::memset(c->data(), 7, c->size());

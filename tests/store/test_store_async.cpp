@@ -237,7 +237,9 @@ TEST(StoreWorkers, WorkerThreadsOutsideOneTo1024IsInvalidArgumentNamingTheValue)
     ASSERT_FALSE(s.ok()) << n;
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find("worker_threads"), std::string::npos) << s.status().to_string();
-    if (n != 0) EXPECT_NE(s.status().message().find(std::to_string(n)), std::string::npos);
+    if (n != 0) {
+      EXPECT_NE(s.status().message().find(std::to_string(n)), std::string::npos);
+    }
   }
   auto o = small_options(d.path() + "/s");
   o.worker_threads = StoreOptions::kMaxWorkerThreads;

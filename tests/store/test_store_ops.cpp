@@ -260,7 +260,9 @@ TEST(StoreOps, LruEvictionToNvmeAndPinnedNeverEvicted) {
   }
   // Pin everything in host: a further host put has nothing to evict.
   for (auto& i : s->list("h")) {
-    if (i.tier == Tier::kHost && !i.pinned) ASSERT_OK(s->pin(i.key));
+    if (i.tier == Tier::kHost && !i.pinned) {
+      ASSERT_OK(s->pin(i.key));
+    }
   }
   auto st = s->put("more", data[1].data(), TensorDesc::bytes(n), {Tier::kHost});
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
