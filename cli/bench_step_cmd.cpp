@@ -78,6 +78,17 @@ uint64_t peak_rss_bytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
 }
 
+// Waits for every valid future of `fs` (so that the buffers they use may be freed after)
+// and returns `first` when it is an error, else the first error among them.
+Status wait_all(const std::vector<Future<uint64_t>>& fs, Status first = Status::OK()) {
+  for (const auto& f : fs) {
+    if (!f.valid()) continue;
+    const Status st = f.result().status();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
 // Reads `read_bytes` and writes `write_bytes` concurrently through `engine` over `file`,
 // in requests of `req` bytes from `pool`, keeping up to `depth` reads and `depth` writes in
 // flight. Reads cycle over [read_base, read_base + region), writes over [write_base,
@@ -95,8 +106,9 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
   const auto t0 = Clock::now();
   for (uint64_t it = 0; r_done < read_bytes || w_done < write_bytes; ++it) {
     const size_t i = it % static_cast<size_t>(depth);
-    if (rq[i].valid()) STRATA_RETURN_IF_ERROR(rq[i].result().status());
-    if (wq[i].valid()) STRATA_RETURN_IF_ERROR(wq[i].result().status());
+    Status st = rq[i].valid() ? rq[i].result().status() : Status::OK();
+    if (st.ok() && wq[i].valid()) st = wq[i].result().status();
+    if (!st.ok()) return wait_all(wq, wait_all(rq, st));  // none in flight on return
     rq[i] = {};
     wq[i] = {};
     if (r_done < read_bytes) {
@@ -112,12 +124,7 @@ Result<double> io_probe(IoEngine& engine, StripedFile& file, PinnedPool& pool, u
       w_done += n;
     }
   }
-  for (auto& f : rq) {
-    if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
-  }
-  for (auto& f : wq) {
-    if (f.valid()) STRATA_RETURN_IF_ERROR(f.result().status());
-  }
+  STRATA_RETURN_IF_ERROR(wait_all(wq, wait_all(rq)));
   return seconds_since(t0);
 }
 
@@ -266,14 +273,14 @@ int run_bench_step(const BenchStepArgs& a) {
     std::vector<Future<uint64_t>> fills;  // up to 2 x depth writes of one buffer in flight
     for (uint64_t off = 0; off < 2 * region; off += req) {
       if (fills.size() == static_cast<size_t>(2 * depth)) {
-        if (Status st = fills.front().result().status(); !st.ok()) return report_error(st);
+        if (Status st = fills.front().result().status(); !st.ok()) {
+          return report_error(wait_all(fills, st));  // none in flight when `b` is freed
+        }
         fills.erase(fills.begin());
       }
       fills.push_back(file->write_async(b->data(), std::min(req, 2 * region - off), off));
     }
-    for (auto& f : fills) {
-      if (Status st = f.result().status(); !st.ok()) return report_error(st);
-    }
+    if (Status st = wait_all(fills); !st.ok()) return report_error(st);
     if (progress) std::fprintf(stderr, "\r%40s\r", "");
   }
   const auto t_setup = Clock::now();

@@ -649,6 +649,21 @@ def _fsize_limit(nbytes):
     return f
 
 
+def test_bench_step_reports_a_failed_probe_write_and_removes_its_files(disk_dir):
+    # RLIMIT_FSIZE (4 MiB) fails the writes of the I/O probe's file (2 x 24 MB, written
+    # before the store's tensors, with several writes in flight) with EFBIG.
+    f = os.path.join(disk_dir, "strata-bench-step", "io_probe.dat")
+    p = subprocess.run([STRATA, "bench", "step", "--params", "2000000", "--path", disk_dir,
+                        "--host-budget", "256MiB", "--chunk-size", "1MiB", "--json"],
+                       capture_output=True, text=True, timeout=60,
+                       preexec_fn=_fsize_limit(4 * 2**20))
+    assert (p.returncode, p.stdout) == (1, "")
+    assert re.fullmatch(rf"strata: error: IoError: write of '{re.escape(f)}' at offset \d+, "
+                        r"length \d+( \(after \d+ bytes\))? \(errno 27: File too large\)\n",
+                        p.stderr), p.stderr
+    assert os.listdir(disk_dir) == []
+
+
 def test_bench_io_removes_its_file_after_a_failure(disk_dir):
     # RLIMIT_FSIZE makes writes past 256 KiB fail with EFBIG, as a full disk would.
     f = os.path.join(disk_dir, "strata-bench-io.dat")
