@@ -18,8 +18,9 @@
 // is the pinned pipeline buffers plus one tensor's gradient, whatever --params is.
 //
 // Disk: the state takes 12 B/param (master weights, Adam's m and v, fp32; 8 B/param with bf16
-// m and v), three times (copy-on-write: the committed version and two more), spread over
-// the --path directories, and the I/O probe file 2 x region (region = the state bytes
+// m and v), twice (copy-on-write: the checkpoint's copy and the steps'; the optimizer checks
+// its batches in flight itself, OffloadedOptimizer::check_disk_space), spread over the
+// --path directories, and the I/O probe file 2 x region (region = the state bytes
 // rounded up to the chunk size); the run is refused (ResourceExhausted, naming the path, the
 // bytes needed and available) when a file system has less room, before anything is written.
 #include <sys/resource.h>
@@ -199,16 +200,17 @@ int run_bench_step(const BenchStepArgs& a) {
   std::vector<std::string> dirs;
   for (const auto& p : a.paths) dirs.push_back(p + "/strata-bench-step");
   {
-    // Free space, after removing what an earlier --keep run left: the state three times
-    // (write_range is copy-on-write per chunk and nothing is committed between the steps:
-    // the committed version, the last step's and the one being written) and the probe file
-    // (two regions), striped over the directories, at most one chunk more per directory.
+    // Free space, after removing what an earlier --keep run left: the state twice (the
+    // optimizer's model, docs/offload.md "Disk space": the checkpoint's copy and the steps'
+    // copy-on-write one; add_param() checks that and the batches in flight once the probe
+    // file below has taken its room) and the probe file (two regions), striped over the
+    // directories, at most one chunk more per directory.
     for (const auto& d : dirs) {
       std::error_code ec;
       std::filesystem::remove_all(d, ec);
     }
     const uint64_t ndirs = a.paths.size();
-    const u128 total = 3 * u128{bytes_per_step} + 2 * region_wide;
+    const u128 total = 2 * u128{bytes_per_step} + 2 * region_wide;
     const u128 per_dir_wide = total / ndirs + (total % ndirs ? 1 : 0) + chunk;
     const uint64_t per_dir =
         per_dir_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(per_dir_wide);
@@ -496,8 +498,8 @@ void register_bench_step(Registry& r) {
                   "offloaded Adam step with state on NVMe vs. I/O alone and compute alone", args,
                   run_bench_step);
   add_defaulted(sub, "--params", args->params,
-                "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, three times "
-                "(copy-on-write), plus the I/O probe file of twice that: 5x the state, "
+                "fp32 parameters (disk: 12 B each, 8 with --state-dtype bf16, twice "
+                "(copy-on-write), plus the I/O probe file of twice that: 4x the state, "
                 "checked before the run)");
   sub->add_option("--path", args->paths, "NVMe directory (repeat to stripe over distinct directories)")
       ->required();

@@ -615,9 +615,9 @@ def test_bench_step_and_io_refuse_to_fill_the_disk(disk_dir):
     params = 100000000000000
     p = run("bench", "step", "--params", str(params), "--path", disk_dir, check=False)
     chunk = 64 * 2**20
-    # state x 3 (copy-on-write) + probe file (two regions of the state, rounded up to the
+    # state x 2 (copy-on-write) + probe file (two regions of the state, rounded up to the
     # chunk) + one chunk
-    need = 3 * 12 * params + 2 * (-(-12 * params // chunk) * chunk) + chunk
+    need = 2 * 12 * params + 2 * (-(-12 * params // chunk) * chunk) + chunk
     m = error_match(
         p,
         rf"strata: error: ResourceExhausted: bench step --params {params} needs {need} bytes "
