@@ -27,6 +27,19 @@ uint64_t per_dir_bytes(uint64_t nbytes, uint64_t chunk, uint64_t k) {
   return (nchunks + k - 1) / k * chunk;
 }
 
+/// Upper bound of the free gaps the store's extent placement may leave in one directory
+/// next to one object's extents (NvmeDirSpace::extent_align_bytes = `align`): an extent of
+/// at least 16 x align that would start off a multiple of align starts on the next one,
+/// after a gap of less than align, and that happens only after an extent that ends off a
+/// multiple of align. Of one object's extents, only its last chunk (the tail) can end so
+/// when `chunk` is a multiple of align; any of them otherwise.
+uint64_t per_dir_align_gaps(uint64_t nbytes, uint64_t chunk, uint64_t k, uint64_t align) {
+  if (nbytes == 0 || align <= kAlign) return 0;
+  const uint64_t nchunks = (nbytes + chunk - 1) / chunk;
+  const uint64_t ends = chunk % align == 0 ? 1 : (nchunks + k - 1) / k;
+  return ends * align;
+}
+
 }  // namespace
 
 Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
@@ -40,17 +53,25 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
   auto tensor_bytes = [&](uint64_t numel) {
     return per_dir_bytes(numel * 4, chunk_bytes, k) + ns * per_dir_bytes(numel * es, schunk, k);
   };
+  uint64_t align = kAlign;
+  for (const auto& d : dirs) align = std::max(align, d.extent_align_bytes);
+  auto tensor_gaps = [&](uint64_t numel) {
+    return per_dir_align_gaps(numel * 4, chunk_bytes, k, align) +
+           ns * per_dir_align_gaps(numel * es, schunk, k, align);
+  };
   DiskSpaceNeed n;
-  uint64_t held = 0, nvme_state = 0;  // per directory
+  uint64_t held = 0, nvme_state = 0, gaps = 0;  // per directory
   for (const auto& t : tensors) {
     const uint64_t b = tensor_bytes(t.numel);
     held += b;
+    gaps += tensor_gaps(t.numel);
     if (t.placement == Placement::kNvme) nvme_state += b;
   }
   uint64_t state = held;
   for (uint64_t numel : more_numels) {
     const uint64_t b = tensor_bytes(numel);
     state += b;
+    gaps += tensor_gaps(numel);
     nvme_state += b;  // the worst case: every new tensor in the NVMe tier
   }
   // In flight: the new extents of the batches being written while their chunks' previous
@@ -66,9 +87,17 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
   const uint64_t in_flight =
       std::min(nvme_state, static_cast<uint64_t>(slots.size()) *
                                ((per_batch + k - 1) / k + ns * ((state_batch + k - 1) / k)));
+  // Alignment gaps: of both copies' extents, of the batches in flight (a tail each, per
+  // stream) and of one extent of the store's own (the checkpoint record). None where no
+  // chunk of the state is large enough to be aligned.
+  uint64_t align_gaps = 0;
+  if (align > kAlign &&
+      std::max(chunk_bytes, schunk) >= kAlignedExtentFactor * align) {
+    align_gaps = 2 * gaps + (static_cast<uint64_t>(slots.size()) * (1 + ns) + 1) * align;
+  }
   n.state_bytes = state * k;
   n.in_flight_bytes = in_flight * k;
-  n.margin_bytes = kSpaceMargin;
+  n.margin_bytes = kSpaceMargin + align_gaps * k;
   n.need_bytes = 2 * n.state_bytes + n.in_flight_bytes + n.margin_bytes;
   n.held_bytes = held * k;
   // Per file system: the directories on it share its free space.
@@ -87,7 +116,7 @@ Result<DiskSpaceNeed> OffloadedOptimizer::Impl::disk_space_need(
   }
   n.free_bytes = 0;
   for (const auto& [id, f] : by_fs) {
-    const uint64_t need = f.dirs * (2 * state + in_flight) + kSpaceMargin;
+    const uint64_t need = f.dirs * (2 * state + in_flight + align_gaps) + kSpaceMargin;
     const uint64_t have = f.free + f.reusable + f.dirs * held;  // held: already on disk
     n.free_bytes += f.free;
     if (need > have && n.short_path.empty()) {
@@ -111,7 +140,8 @@ Status OffloadedOptimizer::Impl::check_disk_space(const std::vector<uint64_t>& m
       std::to_string(n.state_bytes) + " bytes: masters and moments; a step writes new " +
       "copies of them beside the last checkpoint's) + " + std::to_string(n.in_flight_bytes) +
       " bytes in flight + " + std::to_string(n.margin_bytes) +
-      " bytes for the catalog (see docs/offload.md, Disk space). Free space there, or put the "
+      " bytes for the catalog and the extents' alignment (see docs/offload.md, Disk space). "
+      "Free space there, or put the "
       "store on a larger file system",
       ENOSPC);
 }

@@ -21,20 +21,26 @@ Result<std::shared_ptr<Extent>> ExtentAllocator::allocate(uint32_t dir, uint64_t
                               " of object '" + key + "'");
   }
   Dir& d = dirs_[dir];
-  uint64_t off = d.end;
+  const uint64_t align = len >= kAlignedExtentFactor * align_ ? align_ : 1;
+  uint64_t off = 0;
   bool found = false;
   for (auto it = d.free.begin(); it != d.free.end(); ++it) {
-    if (it->second >= len) {
-      off = it->first;
-      uint64_t rest = it->second - len;
+    const auto [lo, n] = *it;
+    off = align_up(lo, align);
+    if (off + len <= lo + n) {
       d.punched.erase(*it);
       d.free.erase(it);
-      if (rest) d.free.emplace(off + len, rest);
+      if (off > lo) d.free.emplace(lo, off - lo);                    // the head
+      if (lo + n > off + len) d.free.emplace(off + len, lo + n - off - len);  // the tail
       found = true;
       break;
     }
   }
-  if (!found) d.end += len;
+  if (!found) {
+    off = align_up(d.end, align);
+    if (off > d.end) d.free.emplace(d.end, off - d.end);
+    d.end = off + len;
+  }
   used_ += len;
   d.used += len;
   return make(dir, off, len);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "strata/base/status.hpp"
+#include "strata/store/store.hpp"
 
 namespace strata::store_detail {
 
@@ -37,15 +38,35 @@ struct Extent {
 /// with their free neighbours; a free range that reaches the end of a file shortens the
 /// file's allocated end instead of entering the free list (so end() is where the file can
 /// be trimmed).
+///
+/// Large extents are aligned: one of at least kAlignedExtentFactor x `align_bytes` starts
+/// at a multiple of `align_bytes` (the I/O engine's block size), so each block-size piece
+/// of a chunk's transfer starts on a block-size boundary of the file (and of the device,
+/// where the file system's extents are aligned) instead of straddling two. Measured on the
+/// development VM's virtio disk (docs/offload.md, "Aligned extents"): the same 1 MiB
+/// O_DIRECT requests at queue depth 32 were served 20-50% slower at 4 KiB-aligned offsets
+/// than at 1 MiB-aligned ones. The gap an aligned extent leaves before it stays free
+/// (smaller extents fill it); it is less than `align_bytes`, so at most 1 /
+/// kAlignedExtentFactor of the extent.
 /// \threadsafety every member is safe to call concurrently (one internal mutex).
 class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
  public:
+  /// Extents of at least this many times the alignment are aligned (see the class comment).
+  static constexpr uint64_t kAlignedExtentFactor = strata::kAlignedExtentFactor;
+
   /// \param ndirs number of data files (directories 0 .. ndirs - 1).
   /// \param budget_bytes most bytes allocated at once over all files; 0 = no limit.
-  ExtentAllocator(uint32_t ndirs, uint64_t budget_bytes) : dirs_(ndirs), budget_(budget_bytes) {}
+  /// \param align_bytes alignment of large extents: a power of two, at least 4096 (4096:
+  ///     only the 4 KiB alignment every extent has).
+  ExtentAllocator(uint32_t ndirs, uint64_t budget_bytes, uint64_t align_bytes = 4096)
+      : dirs_(ndirs), budget_(budget_bytes), align_(align_bytes) {}
 
   /// `len` bytes (a multiple of 4 KiB, > 0) in directory `dir`: the lowest-offset free
-  /// range that is large enough (its head; the rest stays free), else the end of the file.
+  /// range that is large enough (its head; the rest stays free), else the end of the file;
+  /// when len >= kAlignedExtentFactor x align_bytes, the lowest-offset free range that
+  /// holds `len` bytes from a multiple of align_bytes (the range's head before that
+  /// multiple and its tail stay free), else the first multiple of align_bytes at or past
+  /// the end of the file (the gap before it becomes a free range).
   /// \param key names the object in the error message.
   /// \error ResourceExhausted when used() + len would pass the budget.
   Result<std::shared_ptr<Extent>> allocate(uint32_t dir, uint64_t len, const std::string& key);
@@ -77,6 +98,9 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   uint64_t punch_free(uint32_t dir, uint64_t file_end, uint64_t keep_bytes,
                   const std::function<bool(uint64_t, uint64_t)>& punch);
 
+  /// The alignment of large extents (the constructor's align_bytes).
+  uint64_t align() const { return align_; }
+
   /// End of the allocated part of `dir`'s data file: no extent lies at or past it.
   uint64_t end(uint32_t dir) const;
 
@@ -96,6 +120,7 @@ class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
   std::vector<Dir> dirs_;
   uint64_t used_ = 0;
   uint64_t budget_;
+  uint64_t align_;
 };
 
 }  // namespace strata::store_detail

@@ -331,8 +331,14 @@ Status StoreImpl::open_data_files() {
 
 Status StoreImpl::load_objects() {
   // Catalog -> in-memory objects; committed extents are in use, everything else is free.
+  // Large extents start on a block-size boundary (ExtentAllocator's class comment): the
+  // largest power of two that is at most the engine's block size and kHashPiece (a direct
+  // read's request size), at least 4 KiB.
+  const uint64_t block = std::min(engine_->options().block_size, kHashPiece);
+  uint64_t align = kAlign;
+  while (align * 2 <= block) align *= 2;
   alloc_ = std::make_shared<ExtentAllocator>(static_cast<uint32_t>(dirs_.size()),
-                                             opts_.nvme_budget_bytes);
+                                             opts_.nvme_budget_bytes, align);
   STRATA_ASSIGN_OR_RETURN(auto rows, catalog_->load_all());
   ExtentClaims claims(dirs_.size(), chunk_bytes_);  // overlapping rows: damaged
   std::vector<bool> adopt;

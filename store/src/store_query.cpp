@@ -120,6 +120,7 @@ Result<std::vector<NvmeDirSpace>> StoreImpl::nvme_space() const {
     s.fs_id = static_cast<uint64_t>(sb.st_dev);
     s.free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
     s.used_bytes = alloc_->used(d);
+    s.extent_align_bytes = alloc_->align();
     if (d < grow_fds_.size() && grow_fds_[d] >= 0 && ::fstat(grow_fds_[d], &sb) == 0) {
       const uint64_t held = static_cast<uint64_t>(sb.st_blocks) * 512;
       s.reusable_bytes = held > s.used_bytes ? held - s.used_bytes : 0;

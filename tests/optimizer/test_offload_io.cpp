@@ -255,6 +255,36 @@ TEST(OffloadIo, StateThatDoesNotFitIsRefusedNamingNeedFreeSpaceAndPath) {
   EXPECT_EQ(opt->check_disk_space({numel}).code(), StatusCode::kResourceExhausted);
 }
 
+TEST(OffloadIo, DiskSpaceCountsTheGapsThatAlignLargeExtents) {
+  TempDir dir;
+  // 16 MiB chunks and the engine's default 1 MiB block size: chunks are aligned extents.
+  StoreOptions so = strata::testing::test_store_options(dir.path(), 4ull << 20, 16ull << 20, 2);
+  std::shared_ptr<Store> store = must(Store::open(so));
+  const auto space = must(store->nvme_space());
+  ASSERT_EQ(space.size(), 1u);
+  EXPECT_EQ(space[0].extent_align_bytes, 1ull << 20);
+  OffloadOptions oo;
+  oo.num_buffers = 2;
+  auto opt = must(OffloadedOptimizer::create(store, adam(), kHp, oo));
+  // Two tensors: the master and Adam's two states are 3 objects each, so per copy 6 tails
+  // that may end off 1 MiB: 2 copies x 6 + 2 batches x 3 streams + 1 (the checkpoint record)
+  // gaps of at most 1 MiB each, beside the catalog's 1 MiB.
+  auto need = must(opt->disk_space({5000000, 77}));
+  EXPECT_EQ(need.margin_bytes, (1ull << 20) + (2 * 6 + 2 * 3 + 1) * (1ull << 20));
+  EXPECT_EQ(need.need_bytes, 2 * need.state_bytes + need.in_flight_bytes + need.margin_bytes);
+  OFFLOAD_ASSERT_OK(opt->close());
+}
+
+TEST(OffloadIo, DiskSpaceCountsNoAlignmentGapsWhereNoChunkIsAligned) {
+  TempDir dir;
+  // 64 KiB chunks: below 16 x 1 MiB, no extent of the state is ever aligned.
+  std::shared_ptr<Store> store = must(Store::open(small_store_options(dir.path())));
+  auto opt = must(OffloadedOptimizer::create(store, adam(), kHp, {}));
+  auto need = must(opt->disk_space({5000000}));
+  EXPECT_EQ(need.margin_bytes, 1ull << 20);
+  OFFLOAD_ASSERT_OK(opt->close());
+}
+
 TEST(OffloadIo, StateThatFitsStepsAndTheStoreGivesSpaceBackAfterEachCommit) {
   SmallFs fs;
   if (!fs.mounted) GTEST_SKIP() << fs.why;

@@ -1,6 +1,7 @@
 // The NVMe tier's extent allocator on its own (store/src/extent_allocator.hpp): exact
 // offsets of first-fit allocation, merging of freed neighbours, the end of each data file,
-// loading committed extents, the budget, and which free ranges are punched (the warm reserve).
+// loading committed extents, the budget, which free ranges are punched (the warm reserve),
+// and the alignment of large extents to the engine's block size.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -219,6 +220,69 @@ TEST(ExtentAllocator, AnExtentWithoutAllocatorIsNeverReleased) {
   }
   EXPECT_EQ(a->used(), K4);
   EXPECT_EQ(a->end(0), K4);
+}
+
+constexpr uint64_t M1 = 1ull << 20;
+constexpr uint64_t kBig = ExtentAllocator::kAlignedExtentFactor * M1;  // 16 MiB: aligned
+
+TEST(ExtentAllocator, LargeExtentsStartOnTheAlignmentAndSmallOnesFillTheGap) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0, M1);
+  auto e0 = must(a->allocate(0, K4, "k"));          // [0, 4K)
+  auto e1 = must(a->allocate(0, kBig, "k"));        // past the end, on the next 1 MiB
+  EXPECT_EQ(e0->offset, 0u);
+  EXPECT_EQ(e1->offset, M1);
+  EXPECT_EQ(e1->len, kBig);
+  EXPECT_EQ(a->end(0), M1 + kBig);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{K4, M1 - K4}}));  // the gap before it is free
+  EXPECT_EQ(a->used(), K4 + kBig);                         // and not counted as used
+  auto e2 = must(a->allocate(0, 2 * K4, "k"));      // small: first fit, in the gap
+  EXPECT_EQ(e2->offset, K4);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{3 * K4, M1 - 3 * K4}}));
+  // Just under 16 x the alignment: 4 KiB-aligned, at the end as before.
+  auto e3 = must(a->allocate(0, kBig - K4, "k"));
+  EXPECT_EQ(e3->offset, M1 + kBig);
+  auto e4 = must(a->allocate(0, kBig, "k"));
+  EXPECT_EQ(e4->offset, 2 * kBig + M1);  // align_up(2 x 16 MiB + 1 MiB - 4K, 1 MiB)
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{3 * K4, M1 - 3 * K4}, {2 * kBig + M1 - K4, K4}}));
+  EXPECT_EQ(a->end(0), 3 * kBig + M1);
+  // Freed, e1 merges with the gap before it: [12K, 17M). A large extent takes it from the
+  // first multiple of 1 MiB in it; the head stays free.
+  e1.reset();
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{3 * K4, M1 + kBig - 3 * K4}, {2 * kBig + M1 - K4, K4}}));
+  auto e5 = must(a->allocate(0, kBig, "k"));
+  EXPECT_EQ(e5->offset, M1);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{3 * K4, M1 - 3 * K4}, {2 * kBig + M1 - K4, K4}}));
+  // Everything freed: the gaps merge back and the file's end is 0.
+  e0.reset(); e2.reset(); e3.reset(); e4.reset(); e5.reset();
+  EXPECT_EQ(a->free_ranges(0), Ranges{});
+  EXPECT_EQ(a->end(0), 0u);
+  EXPECT_EQ(a->used(), 0u);
+}
+
+TEST(ExtentAllocator, ALargeExtentSkipsAFreeRangeItFitsOnlyUnaligned) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0, M1);
+  auto y0 = must(a->allocate(0, K4, "k"));
+  auto y1 = must(a->allocate(0, kBig - K4, "k"));  // not aligned: [4K, 16M)
+  auto y2 = must(a->allocate(0, K4, "k"));         // [16M, 16M + 4K)
+  EXPECT_EQ(y1->offset, K4);
+  y1.reset();
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{K4, kBig - K4}}));
+  // 16 MiB from 1 MiB would end at 17 MiB, past the range: the end of the file instead.
+  auto z = must(a->allocate(0, kBig, "k"));
+  EXPECT_EQ(z->offset, kBig + M1);
+  EXPECT_EQ(a->end(0), 2 * kBig + M1);
+  EXPECT_EQ(a->free_ranges(0), (Ranges{{K4, kBig - K4}, {kBig + K4, M1 - K4}}));
+  // Unaligned, the same range holds 16 MiB - 4 KiB at its head.
+  auto w = must(a->allocate(0, kBig - K4, "k"));
+  EXPECT_EQ(w->offset, K4);
+}
+
+TEST(ExtentAllocator, WithoutAnAlignmentLargeExtentsAreFirstFitAsSmallOnes) {
+  auto a = std::make_shared<ExtentAllocator>(1, 0);  // align 4 KiB
+  auto e0 = must(a->allocate(0, K4, "k"));
+  auto e1 = must(a->allocate(0, kBig, "k"));
+  EXPECT_EQ(e1->offset, K4);
+  EXPECT_EQ(a->end(0), K4 + kBig);
 }
 
 }  // namespace

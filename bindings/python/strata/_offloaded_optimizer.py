@@ -403,7 +403,8 @@ class OffloadedOptimizer:
     def disk_space(self, more_numels: Sequence[int] = ()) -> Dict[str, Any]:
         """The disk the state needs (tensors so far plus NVMe tensors of ``more_numels``
         elements) against the free space now, bytes: ``state_bytes`` (T), ``in_flight_bytes``,
-        ``margin_bytes`` (1 MiB), ``need_bytes`` (2 T + in flight + margin), ``held_bytes``,
+        ``margin_bytes`` (1 MiB for the catalog, plus the gaps the store may leave to align
+        large extents), ``need_bytes`` (2 T + in flight + margin), ``held_bytes``,
         ``free_bytes``; ``short_path`` ("" when it fits), ``short_need``, ``short_free``.
         :raises IoError: statvfs failed. :raises FailedPreconditionError: a closed store."""
         return self._o.disk_space(more_numels)

@@ -69,7 +69,8 @@
 // are rewritten by checkpoint()), and a store needs
 //   2 * T + min(T_nvme, num_buffers * S * slot stream bytes) + 1 MiB
 // (the second term: new chunks of the batches in flight beside the copies they replace;
-// the third: catalog). create() and add_param() check it against the free space of each
+// the third: catalog) + the gaps the store may leave to align large extents
+// (DiskSpaceNeed::margin_bytes). create() and add_param() check it against the free space of each
 // file system (statvfs) plus the store's reusable blocks: ResourceExhausted naming the
 // directory, the need and the free space, in bytes. After each commit the store punches
 // the freed extents out of its data files, so a checkpointed store holds about T on disk,
@@ -382,7 +383,11 @@ struct EarlyGrad {
 struct DiskSpaceNeed {
   uint64_t state_bytes = 0;      ///< T: masters and states on disk (chunks rounded to 4 KiB)
   uint64_t in_flight_bytes = 0;  ///< new chunks of the batches in flight
-  uint64_t margin_bytes = 0;     ///< catalog allowance
+  /// The catalog's allowance (1 MiB) and the free gaps the store may leave to align large
+  /// extents (less than NvmeDirSpace::extent_align_bytes after each extent that ends off
+  /// that alignment: one per object of the state per copy, per stream of each batch in
+  /// flight, and one; 0 when the store aligns to 4 KiB only).
+  uint64_t margin_bytes = 0;
   uint64_t need_bytes = 0;       ///< 2 * state + in_flight + margin
   uint64_t held_bytes = 0;       ///< the state of the tensors added so far (on disk already)
   uint64_t free_bytes = 0;       ///< free on the directories' file systems (each counted once)

@@ -236,6 +236,10 @@ struct StoreUsage {
   uint64_t objects = 0;
 };
 
+/// An extent (one chunk's NVMe copy) of at least this many times
+/// NvmeDirSpace::extent_align_bytes starts on a multiple of extent_align_bytes (docs/store.md).
+inline constexpr uint64_t kAlignedExtentFactor = 16;
+
 /// The space of one NVMe directory (Store::nvme_space()), in bytes.
 struct NvmeDirSpace {
   std::string path;  ///< the directory
@@ -247,6 +251,11 @@ struct NvmeDirSpace {
   /// growth, free extents not yet punched): allocatable without taking free_bytes.
   uint64_t reusable_bytes = 0;
   uint64_t used_bytes = 0;  ///< extents in use (the NVMe copies of objects, every version)
+  /// An extent of at least kAlignedExtentFactor x this many bytes starts on a multiple of
+  /// it (a power of two, 4 KiB..4 MiB: the I/O engine's block size), so one that follows an
+  /// extent ending off that boundary leaves a free gap of less than this before it
+  /// (docs/store.md).
+  uint64_t extent_align_bytes = 4096;
 };
 
 /// A verify() finding: a chunk whose bytes do not match its checksum (or cannot be read).
