@@ -182,8 +182,8 @@ int run_bench_step(const BenchStepArgs& a) {
   // chunk); each probe run reads the region the run before wrote and writes the other, as
   // each step reads what the step before wrote. A region smaller than the state would be
   // re-read within a run, possibly from a cache the step's bytes do not fit.
-  // In 128 bits: near 2^64 state bytes the probe's need saturates (and is refused by the
-  // free-space check below) instead of wrapping.
+  // In 128 bits: near 2^64 state bytes the probe's need saturates (and the disk need below
+  // is refused as more than 2^64 bytes) instead of wrapping.
   using u128 = unsigned __int128;
   const u128 region_wide = (u128{bytes_per_step} + chunk - 1) / chunk * chunk;
   const uint64_t region = region_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(region_wide);
@@ -212,8 +212,11 @@ int run_bench_step(const BenchStepArgs& a) {
     const uint64_t ndirs = a.paths.size();
     const u128 total = 2 * u128{bytes_per_step} + 2 * region_wide;
     const u128 per_dir_wide = total / ndirs + (total % ndirs ? 1 : 0) + chunk;
-    const uint64_t per_dir =
-        per_dir_wide > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(per_dir_wide);
+    if (per_dir_wide > UINT64_MAX) {
+      return report_error(invalid_argument("bench step --params " + std::to_string(a.params) +
+                                           " needs more than 2^64 bytes of disk per --path"));
+    }
+    const auto per_dir = static_cast<uint64_t>(per_dir_wide);
     std::vector<DiskNeed> needs;
     for (size_t i = 0; i < ndirs; ++i) {
       needs.push_back({"--path #" + std::to_string(i + 1), a.paths[i], per_dir});

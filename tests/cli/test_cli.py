@@ -523,6 +523,11 @@ def test_sizes_that_overflow_64_bits_are_invalid_arguments(disk_dir):
     assert (p.returncode, p.stderr) == (1, (
         "strata: error: InvalidArgument: --params 2000000000000000000 needs 12 bytes of state "
         "each: 2000000000000000000 x 12 overflows 64 bits\n"))
+    # 12 EB of state fits 64 bits, its disk need (2 copies + the 2-region probe) does not.
+    p = run("bench", "step", "--params", "1000000000000000000", "--path", disk_dir, check=False)
+    assert (p.returncode, p.stderr) == (1, (
+        "strata: error: InvalidArgument: bench step --params 1000000000000000000 needs more "
+        "than 2^64 bytes of disk per --path\n"))
     p = run("bench", "adam", "--numel", str(2**62), "--threads", "1", check=False)
     assert (p.returncode, p.stderr) == (1, (
         f"strata: error: InvalidArgument: --numel {2**62} needs 16 bytes per parameter: "
