@@ -44,7 +44,7 @@ struct Extent {
 /// of a chunk's transfer starts on a block-size boundary of the file (and of the device,
 /// where the file system's extents are aligned) instead of straddling two. Measured on the
 /// development VM's virtio disk (docs/offload.md, "Aligned extents"): the same 1 MiB
-/// O_DIRECT requests at queue depth 32 were served 20-50% slower at 4 KiB-aligned offsets
+/// O_DIRECT requests at queue depth 32 were served 20-60% slower at 4 KiB-aligned offsets
 /// than at 1 MiB-aligned ones. The gap an aligned extent leaves before it stays free
 /// (smaller extents fill it); it is less than `align_bytes`, so at most 1 /
 /// kAlignedExtentFactor of the extent.
