@@ -51,9 +51,6 @@ struct Extent {
 /// \threadsafety every member is safe to call concurrently (one internal mutex).
 class ExtentAllocator : public std::enable_shared_from_this<ExtentAllocator> {
  public:
-  /// Extents of at least this many times the alignment are aligned (see the class comment).
-  static constexpr uint64_t kAlignedExtentFactor = strata::kAlignedExtentFactor;
-
   /// \param ndirs number of data files (directories 0 .. ndirs - 1).
   /// \param budget_bytes most bytes allocated at once over all files; 0 = no limit.
   /// \param align_bytes alignment of large extents: a power of two, at least 4096 (4096:

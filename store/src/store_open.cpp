@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -334,9 +335,8 @@ Status StoreImpl::load_objects() {
   // Large extents start on a block-size boundary (ExtentAllocator's class comment): the
   // largest power of two that is at most the engine's block size and kHashPiece (a direct
   // read's request size), at least 4 KiB.
-  const uint64_t block = std::min(engine_->options().block_size, kHashPiece);
-  uint64_t align = kAlign;
-  while (align * 2 <= block) align *= 2;
+  const uint64_t align =
+      std::max(kAlign, std::bit_floor(std::min(engine_->options().block_size, kHashPiece)));
   alloc_ = std::make_shared<ExtentAllocator>(static_cast<uint32_t>(dirs_.size()),
                                              opts_.nvme_budget_bytes, align);
   STRATA_ASSIGN_OR_RETURN(auto rows, catalog_->load_all());

@@ -223,7 +223,7 @@ TEST(ExtentAllocator, AnExtentWithoutAllocatorIsNeverReleased) {
 }
 
 constexpr uint64_t M1 = 1ull << 20;
-constexpr uint64_t kBig = ExtentAllocator::kAlignedExtentFactor * M1;  // 16 MiB: aligned
+constexpr uint64_t kBig = kAlignedExtentFactor * M1;  // 16 MiB: aligned
 
 TEST(ExtentAllocator, LargeExtentsStartOnTheAlignmentAndSmallOnesFillTheGap) {
   auto a = std::make_shared<ExtentAllocator>(1, 0, M1);
